@@ -1,0 +1,144 @@
+"""mtf_core: Mesh TensorFlow's named-dimension language for TensorFlow 2.
+
+>>> import mtf_core as mtf
+>>> graph = mtf.Graph()
+>>> mesh = mtf.Mesh(graph, "my_mesh")
+>>> x = mtf.zeros(mesh, "batch:4,hidden:8")
+>>> str(mtf.reduce_sum(x, reduced_dim="hidden").shape)
+'batch:4'
+
+The TensorFlow-facing parts (``Lowering``, ``placement_mesh_impl``,
+``PlacementMeshImpl``, ``compile_function``) load TensorFlow on first use, so
+planning code that never lowers stays TensorFlow-free.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from mtf_core import dtypes
+from mtf_core.autodiff import custom_gradient, gradients, recompute_grad
+from mtf_core.errors import (
+    DTypeError,
+    GraphError,
+    IndivisibleDimensionError,
+    LayoutError,
+    LoweringError,
+    MtfError,
+    SerializationError,
+    ShapeError,
+)
+from mtf_core.graph import Graph, Mesh, Operation, Tensor
+from mtf_core.layout import LayoutRules, TensorLayout, convert_to_layout_rules
+from mtf_core.ops.creation import (
+    Constant,
+    ImportTensor,
+    constant,
+    fill,
+    import_tf_tensor,
+    ones,
+    ones_like,
+    placeholder,
+    zeros,
+    zeros_like,
+)
+from mtf_core.ops.einsum import Einsum, einsum, matmul
+from mtf_core.ops.elementwise import (
+    abs,
+    add,
+    add_n,
+    cast,
+    ceil,
+    cos,
+    divide,
+    elu,
+    equal,
+    exp,
+    floor,
+    floordiv,
+    gelu,
+    greater,
+    greater_equal,
+    identity,
+    is_finite,
+    leaky_relu,
+    less,
+    less_equal,
+    log,
+    logical_and,
+    logical_not,
+    logical_or,
+    maximum,
+    minimum,
+    mod,
+    multiply,
+    negative,
+    not_equal,
+    pow,
+    reciprocal,
+    relu,
+    round,
+    rsqrt,
+    sigmoid,
+    sign,
+    silu,
+    sin,
+    softplus,
+    sqrt,
+    square,
+    stop_gradient,
+    sub,
+    subtract,
+    swish,
+    tanh,
+    where,
+)
+from mtf_core.ops.reduce import (
+    broadcast,
+    log_softmax,
+    reduce_all,
+    reduce_any,
+    reduce_logsumexp,
+    reduce_max,
+    reduce_mean,
+    reduce_min,
+    reduce_sum,
+    softmax,
+    transpose,
+)
+from mtf_core.ops.variables import Assign, Variable, assign, assign_add, assign_sub, get_variable
+from mtf_core.shapes import (
+    Dimension,
+    MeshShape,
+    Shape,
+    convert_to_dimension,
+    convert_to_shape,
+)
+
+float32 = dtypes.float32
+float16 = dtypes.float16
+bfloat16 = dtypes.bfloat16
+int32 = dtypes.int32
+int64 = dtypes.int64
+
+# Loaded on first use: these import TensorFlow.
+_LAZY = {
+    "Lowering": ("mtf_core.lowering.lowering", "Lowering"),
+    "PlacementMeshImpl": ("mtf_core.lowering.placement", "PlacementMeshImpl"),
+    "placement_mesh_impl": ("mtf_core.lowering.placement", None),
+    "VariableStore": ("mtf_core.lowering.variables", "VariableStore"),
+    "compile_function": ("mtf_core.lowering.compiled", "compile_function"),
+    "CompiledFunction": ("mtf_core.lowering.compiled", "CompiledFunction"),
+    "logical_devices": ("mtf_core.lowering.devices", "logical_cpu_devices"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        module, attr = _LAZY[name]
+        mod = importlib.import_module(module)
+        value = mod if attr is None else getattr(mod, attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'mtf_core' has no attribute {name!r}")

@@ -1,0 +1,291 @@
+"""Graph, Mesh, Tensor and Operation: the Python structure a program builds.
+
+A graph is a list of operations in creation order (which is a valid
+topological order).  Nothing here knows about TensorFlow: each operation says
+its output shape, which dimensions it can be split over, its flops, its
+gradient and how it lowers, and :mod:`mtf_core.lowering` does the rest.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from mtf_core import dtypes
+from mtf_core.errors import GraphError, ShapeError
+from mtf_core.shapes import Shape, convert_to_shape
+
+if TYPE_CHECKING:
+    from mtf_core.ops.variables import Variable
+
+
+class Graph:
+    """A Mesh TensorFlow graph: operations in creation (topological) order."""
+
+    def __init__(self) -> None:
+        self.operations: list[Operation] = []
+        self.all_variables: list[Variable] = []
+        self.trainable_variables: list[Variable] = []
+        self._names: set[str] = set()
+        self._counts: dict[str, itertools.count[int]] = {}
+        self.meshes: list[Mesh] = []
+
+    def unique_name(self, name: str) -> str:
+        if name not in self._names:
+            self._names.add(name)
+            return name
+        counter = self._counts.setdefault(name, itertools.count(1))
+        while True:
+            candidate = f"{name}_{next(counter)}"
+            if candidate not in self._names:
+                self._names.add(candidate)
+                return candidate
+
+    @property
+    def tensors(self) -> list[Tensor]:
+        return [t for op in self.operations for t in op.outputs]
+
+    def operation_by_name(self, name: str) -> Operation:
+        for op in self.operations:
+            if op.name == name:
+                return op
+        raise GraphError(f"graph has no operation named {name!r}")
+
+    def __repr__(self) -> str:
+        return f"<mtf.Graph with {len(self.operations)} operations>"
+
+
+class Mesh:
+    """A named mesh of processors a tensor lives on (shape given at lowering)."""
+
+    def __init__(self, graph: Graph, name: str) -> None:
+        if not isinstance(graph, Graph):
+            raise GraphError(f"Mesh needs an mtf.Graph, got {graph!r}")
+        self.graph = graph
+        self.name = name
+        graph.meshes.append(self)
+
+    def __repr__(self) -> str:
+        return f"Mesh({self.name!r})"
+
+
+class Tensor:
+    """A distributed tensor: a named shape and a dtype, produced by an operation."""
+
+    __array_priority__ = 100
+
+    def __init__(self, operation: Operation, shape: Shape, dtype: Any, index: int) -> None:
+        self.operation = operation
+        self.shape = convert_to_shape(shape)
+        self.dtype = dtypes.as_dtype_name(dtype)
+        self.index = index
+
+    @property
+    def name(self) -> str:
+        return f"{self.operation.name}:{self.index}"
+
+    @property
+    def mesh(self) -> Mesh:
+        return self.operation.mesh
+
+    @property
+    def graph(self) -> Graph:
+        return self.operation.graph
+
+    @property
+    def size(self) -> int:
+        return self.shape.size
+
+    @property
+    def size_bytes(self) -> int:
+        return self.shape.size * dtypes.size_bytes(self.dtype)
+
+    def __repr__(self) -> str:
+        return f"Tensor[{self.name}, {self.shape}, {self.dtype}]"
+
+    # Arithmetic with named-dimension broadcasting (see ops.elementwise).
+    def __add__(self, other: Any) -> Tensor:
+        from mtf_core.ops import elementwise
+
+        return elementwise.add(self, other)
+
+    def __radd__(self, other: Any) -> Tensor:
+        from mtf_core.ops import elementwise
+
+        return elementwise.add(other, self)
+
+    def __sub__(self, other: Any) -> Tensor:
+        from mtf_core.ops import elementwise
+
+        return elementwise.sub(self, other)
+
+    def __rsub__(self, other: Any) -> Tensor:
+        from mtf_core.ops import elementwise
+
+        return elementwise.sub(other, self)
+
+    def __mul__(self, other: Any) -> Tensor:
+        from mtf_core.ops import elementwise
+
+        return elementwise.multiply(self, other)
+
+    def __rmul__(self, other: Any) -> Tensor:
+        from mtf_core.ops import elementwise
+
+        return elementwise.multiply(other, self)
+
+    def __truediv__(self, other: Any) -> Tensor:
+        from mtf_core.ops import elementwise
+
+        return elementwise.divide(self, other)
+
+    def __rtruediv__(self, other: Any) -> Tensor:
+        from mtf_core.ops import elementwise
+
+        return elementwise.divide(other, self)
+
+    def __neg__(self) -> Tensor:
+        from mtf_core.ops import elementwise
+
+        return elementwise.negative(self)
+
+    __hash__ = object.__hash__
+
+
+class Operation:
+    """Base class of every operation.
+
+    Subclasses call ``super().__init__(inputs, mesh, name)``, then
+    ``self._add_output(shape, dtype)`` for each output, and set
+    ``self._unsplittable`` to the dimension names that must stay whole.
+
+    The planner reads :meth:`splittable_dims`, :meth:`unsplittable_dims` and
+    :meth:`flops`; autodiff calls :meth:`gradient`; the lowering calls
+    :meth:`lower`; serialization calls :meth:`attrs`.
+    """
+
+    #: Operation type name used in serialization and counters.
+    op_type: str = "Operation"
+    #: Stateful operations (assignments, random numbers) are never merged or pruned
+    #: as pure computations.
+    stateful: bool = False
+
+    def __init__(
+        self,
+        inputs: Sequence[Tensor],
+        mesh: Mesh | None = None,
+        name: str | None = None,
+    ) -> None:
+        inputs = list(inputs)
+        for t in inputs:
+            if not isinstance(t, Tensor):
+                raise GraphError(
+                    f"{type(self).__name__} input {t!r} is not an mtf.Tensor"
+                )
+        if mesh is None:
+            if not inputs:
+                raise GraphError(f"{type(self).__name__} needs a mesh or inputs")
+            mesh = inputs[0].mesh
+        for t in inputs:
+            if t.graph is not mesh.graph:
+                raise GraphError(
+                    f"tensor {t.name} belongs to another graph than mesh {mesh.name!r}"
+                )
+        self._inputs = inputs
+        self._outputs: list[Tensor] = []
+        self._mesh = mesh
+        self._unsplittable: frozenset[str] = frozenset()
+        self.name = mesh.graph.unique_name(name or self.op_type.lower())
+        mesh.graph.operations.append(self)
+
+    def _add_output(self, shape: Any, dtype: Any) -> Tensor:
+        t = Tensor(self, convert_to_shape(shape), dtype, len(self._outputs))
+        self._outputs.append(t)
+        return t
+
+    @property
+    def inputs(self) -> list[Tensor]:
+        return list(self._inputs)
+
+    @property
+    def outputs(self) -> list[Tensor]:
+        return list(self._outputs)
+
+    @property
+    def mesh(self) -> Mesh:
+        return self._mesh
+
+    @property
+    def graph(self) -> Graph:
+        return self._mesh.graph
+
+    # -- what the planner reads ---------------------------------------------
+    @property
+    def all_dim_names(self) -> frozenset[str]:
+        return frozenset(
+            d.name for t in itertools.chain(self._inputs, self._outputs) for d in t.shape
+        )
+
+    def unsplittable_dims(self) -> frozenset[str]:
+        """Dimension names this op cannot work on when split."""
+        return self._unsplittable
+
+    def splittable_dims(self) -> frozenset[str]:
+        return self.all_dim_names - self._unsplittable
+
+    def flops(self) -> float:
+        """Floating point operations of the whole (unsplit) op.
+
+        Default: one per output element.
+        """
+        return float(sum(t.size for t in self._outputs))
+
+    # -- autodiff and lowering ---------------------------------------------
+    @property
+    def has_gradient(self) -> bool:
+        return True
+
+    def gradient(self, grad_ys: Sequence[Tensor | None]) -> list[Tensor | None]:
+        raise NotImplementedError(f"{self.op_type} ({self.name}) has no gradient")
+
+    def lower(self, lowering: Any) -> None:
+        raise NotImplementedError(f"{self.op_type} ({self.name}) cannot be lowered")
+
+    def attrs(self) -> dict[str, Any]:
+        """JSON-able attributes that, with the inputs, rebuild this op."""
+        return {}
+
+    def __repr__(self) -> str:
+        ins = ", ".join(t.name for t in self._inputs)
+        return f"<{self.op_type} {self.name}({ins})>"
+
+
+def check_same_mesh(tensors: Iterable[Tensor]) -> Mesh:
+    tensors = list(tensors)
+    mesh = tensors[0].mesh
+    for t in tensors[1:]:
+        if t.mesh is not mesh:
+            raise GraphError(
+                f"tensors {tensors[0].name} and {t.name} live on different meshes "
+                f"({mesh.name!r}, {t.mesh.name!r})"
+            )
+    return mesh
+
+
+def check_same_dtype(tensors: Iterable[Tensor], what: str) -> str:
+    tensors = list(tensors)
+    dt = tensors[0].dtype
+    for t in tensors[1:]:
+        if t.dtype != dt:
+            raise _dtype_mismatch(what, tensors[0], t)
+    return dt
+
+
+def _dtype_mismatch(what: str, a: Tensor, b: Tensor) -> Exception:
+    from mtf_core.errors import DTypeError
+
+    return DTypeError(
+        f"{what}: dtypes differ: {a.name} is {a.dtype}, {b.name} is {b.dtype}; "
+        "cast one of them first"
+    )

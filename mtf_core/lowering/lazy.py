@@ -1,0 +1,26 @@
+"""Pending allreduces (no TensorFlow import here, so ops can use it freely)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+class LazyAllreduceSum:
+    """A laid-out tensor whose allreduce over ``mesh_axes`` has not happened yet.
+
+    Sums of lazy tensors with the same axes stay lazy, so ``a@b + c@d`` is
+    reduced once.  Any other use forces the reduction.
+    """
+
+    def __init__(self, mesh_impl: Any, laid_out: Any, mesh_axes: Sequence[int], op: Any) -> None:
+        self.mesh_impl = mesh_impl
+        self.laid_out = laid_out
+        self.mesh_axes = tuple(sorted(mesh_axes))
+        self.op = op
+        self._reduced: Any = None
+
+    def to_laid_out_tensor(self) -> Any:
+        if self._reduced is None:
+            self._reduced = self.mesh_impl.allreduce_for(self.op, self.laid_out, self.mesh_axes)
+        return self._reduced

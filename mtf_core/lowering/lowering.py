@@ -1,0 +1,142 @@
+"""Lowering: turns an mtf graph into TensorFlow work on a mesh of devices.
+
+Works eagerly (each op runs as it is lowered, handy for debugging) and inside a
+``tf.function`` (see :mod:`mtf_core.lowering.compiled`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from mtf_core.errors import LoweringError
+from mtf_core.graph import Graph, Mesh, Operation, Tensor
+from mtf_core.lowering.counters import Counters
+from mtf_core.lowering.lazy import LazyAllreduceSum  # noqa: F401  (re-exported)
+from mtf_core.lowering.mesh_impl import MeshImpl
+from mtf_core.lowering.variables import VariableStore
+
+
+class _TensorMap:
+    """``lowering.tensors[t]``: the laid-out tensor of ``t``, forcing lazy sums."""
+
+    def __init__(self) -> None:
+        self.raw: dict[Tensor, Any] = {}
+
+    def __getitem__(self, t: Tensor) -> Any:
+        try:
+            v = self.raw[t]
+        except KeyError:
+            raise LoweringError(f"tensor {t.name} has not been lowered") from None
+        return v.to_laid_out_tensor()
+
+    def __setitem__(self, t: Tensor, v: Any) -> None:
+        self.raw[t] = v
+
+    def __contains__(self, t: object) -> bool:
+        return t in self.raw
+
+
+def needed_operations(graph: Graph, targets: Iterable[Tensor | Operation]) -> list[Operation]:
+    """Operations the targets depend on, in graph order."""
+    want: set[Operation] = set()
+    stack = [t.operation if isinstance(t, Tensor) else t for t in targets]
+    while stack:
+        op = stack.pop()
+        if op in want:
+            continue
+        want.add(op)
+        stack.extend(i.operation for i in op.inputs)
+        stack.extend(getattr(op, "control_inputs", ()))
+    return [op for op in graph.operations if op in want]
+
+
+class Lowering:
+    """Lowers ``graph`` onto the mesh implementations in ``mesh_to_impl``.
+
+    Args:
+      graph: the mtf graph.
+      mesh_to_impl: ``{mesh: MeshImpl}`` for every mesh the graph uses.
+      feeds: ``{placeholder tensor: full tf value}``.
+      variables: an existing VariableStore (per-device slice variables); a new
+        one is made (initialized from each variable's initializer) if None.
+      targets: lower only what these tensors/operations need (default: all).
+      seed: integer or scalar int tensor mixed into every random op's seed.
+    """
+
+    def __init__(
+        self,
+        graph: Graph,
+        mesh_to_impl: Mapping[Mesh, MeshImpl],
+        feeds: Mapping[Tensor, Any] | None = None,
+        variables: VariableStore | None = None,
+        targets: Iterable[Tensor | Operation] | None = None,
+        seed: Any = 0,
+        autostack: bool = True,
+    ) -> None:
+        del autostack  # accepted for Mesh TensorFlow compatibility
+        self.tf = tf
+        self.graph = graph
+        self.mesh_to_impl = dict(mesh_to_impl)
+        self.feeds = dict(feeds or {})
+        self.seed = seed
+        self.counters = Counters()
+        self.tensors = _TensorMap()
+        self.lowered_operations: dict[Operation, Any] = {}
+        ops = graph.operations if targets is None else needed_operations(graph, targets)
+        for op in ops:
+            if op.mesh not in self.mesh_to_impl:
+                raise LoweringError(
+                    f"operation {op.name} is on mesh {op.mesh.name!r}, which has no "
+                    f"mesh implementation (given: {[m.name for m in self.mesh_to_impl]})"
+                )
+        for impl in self.mesh_to_impl.values():
+            impl.counters = self.counters
+        for op in ops:
+            for t in op.outputs:
+                self.mesh_impl(op).tensor_layout(t)  # validate layouts up front
+        self.variables = variables if variables is not None else VariableStore(graph, self.mesh_to_impl)
+        for op in ops:
+            impl = self.mesh_impl(op)
+            impl.current_op = op
+            op.lower(self)
+            self._count_flops(op, impl)
+        for impl in self.mesh_to_impl.values():
+            impl.current_op = None
+
+    # -- what ops use ----------------------------------------------------------
+    def mesh_impl(self, x: Tensor | Operation | Mesh) -> MeshImpl:
+        mesh = x if isinstance(x, Mesh) else x.mesh
+        return self.mesh_to_impl[mesh]
+
+    def set_tensor_lowering(self, t: Tensor, laid_out: Any) -> None:
+        self.tensors[t] = laid_out
+
+    def raw_tensor(self, t: Tensor) -> Any:
+        """The lowering of ``t`` without forcing a pending allreduce."""
+        return self.tensors.raw[t]
+
+    def _count_flops(self, op: Operation, impl: MeshImpl) -> None:
+        flops = op.flops()
+        if flops:
+            self.counters.record_flops(op.name, flops / impl.devices_splitting(sorted(op.all_dim_names)))
+
+    # -- Mesh TensorFlow's API -------------------------------------------------
+    def export_to_tf_tensor(self, t: Tensor) -> Any:
+        """The full value of ``t`` as one tf.Tensor."""
+        return self.mesh_impl(t).export_to_tf_tensor(self.tensors[t], t.shape)
+
+    def lowered_operation(self, op: Operation | Tensor) -> Any:
+        """What lowering ``op`` produced (for assignments: the per-device updates)."""
+        if isinstance(op, Tensor):
+            op = op.operation
+        if op in self.lowered_operations:
+            return self.lowered_operations[op]
+        if op.outputs:
+            return self.tensors[op.outputs[0]]
+        raise LoweringError(f"operation {op.name} was not lowered")
+
+    def variable_slices(self, var: Any) -> list[Any]:
+        return self.variables.slices(var)

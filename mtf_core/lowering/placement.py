@@ -1,0 +1,275 @@
+"""PlacementMeshImpl: one TensorFlow op per device, collectives from placed ops.
+
+Each laid-out tensor is a list of per-device ``tf.Tensor`` slices, in pnum
+order.  On one host placed ``add_n`` / ``concat`` / ``identity`` are faster than
+TF's collective ops, and need no ordering tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from mtf_core.errors import LoweringError
+from mtf_core.lowering.mesh_impl import MeshImpl
+from mtf_core.shapes import convert_to_shape
+
+
+class LaidOutTensor:
+    """Per-device slices of one mtf tensor, in pnum order."""
+
+    __slots__ = ("slices",)
+
+    def __init__(self, slices: Sequence[Any]) -> None:
+        self.slices = list(slices)
+
+    def to_laid_out_tensor(self) -> LaidOutTensor:
+        return self
+
+    @property
+    def slice_bytes(self) -> int:
+        s = self.slices[0]
+        return int(s.shape.num_elements()) * s.dtype.size
+
+    def __repr__(self) -> str:
+        return f"LaidOutTensor({len(self.slices)} x {self.slices[0].shape})"
+
+
+def _normalize_device(d: Any) -> str:
+    name = getattr(d, "name", d)
+    if not isinstance(name, str):
+        raise LoweringError(f"device {d!r} is not a device name such as '/cpu:0'")
+    return name
+
+
+class PlacementMeshImpl(MeshImpl):
+    """Mesh implementation that places one slice of each tensor on each device.
+
+    >>> # doctest: +SKIP
+    >>> impl = PlacementMeshImpl("rows:2;cols:2", "batch:rows;hidden:cols",
+    ...                          ["/cpu:0", "/cpu:1", "/cpu:2", "/cpu:3"])
+    """
+
+    def __init__(self, shape: Any, layout: Any, devices: Sequence[Any] | None) -> None:
+        super().__init__(shape, layout)
+        if devices is None:
+            devices = [""] * self.size
+        devices = [_normalize_device(d) for d in devices]
+        if len(devices) != self.size:
+            raise LoweringError(
+                f"mesh [{self.shape}] has {self.size} processors but {len(devices)} "
+                f"devices were given ({devices}); give exactly one device per processor"
+            )
+        self.devices = devices
+
+    LaidOutTensor = LaidOutTensor
+
+    # -- slicewise ------------------------------------------------------------
+    def slicewise(self, fn: Callable[..., Any], *inputs: Any) -> LaidOutTensor:
+        per_input = []
+        for x in inputs:
+            if isinstance(x, LaidOutTensor):
+                per_input.append(x.slices)
+            elif hasattr(x, "to_laid_out_tensor"):
+                per_input.append(x.to_laid_out_tensor().slices)
+            else:
+                per_input.append([x] * self.size)
+        out = []
+        for p, dev in enumerate(self.devices):
+            with tf.device(dev):
+                out.append(fn(*[s[p] for s in per_input]))
+        return LaidOutTensor(out)
+
+    def slicewise_multi(self, fn: Callable[..., Sequence[Any]], n_out: int, *inputs: Any) -> list[LaidOutTensor]:
+        """Like slicewise for a function returning ``n_out`` tensors."""
+        combined = self.slicewise(lambda *a: tuple(fn(*a)), *inputs)
+        return [LaidOutTensor([s[i] for s in combined.slices]) for i in range(n_out)]
+
+    # -- collectives -----------------------------------------------------------
+    def allreduce(self, x: LaidOutTensor, mesh_axes: Sequence[int], reduction: str = "SUM") -> LaidOutTensor:
+        mesh_axes = [a for a in mesh_axes if self.shape[a].size > 1]
+        if not mesh_axes:
+            return x
+        self.record("allreduce", mesh_axes, x.slice_bytes, reduction=reduction)
+        out: list[Any] = [None] * self.size
+        for group in self.processor_groups(mesh_axes):
+            with tf.device(self.devices[group[0]]):
+                parts = [x.slices[p] for p in group]
+                if reduction == "SUM":
+                    total = tf.add_n(parts)
+                elif reduction == "MAX":
+                    total = tf.reduce_max(tf.stack(parts), axis=0)
+                elif reduction == "MIN":
+                    total = tf.reduce_min(tf.stack(parts), axis=0)
+                elif reduction == "LOGICAL_OR":
+                    total = tf.reduce_any(tf.stack(parts), axis=0)
+                elif reduction == "LOGICAL_AND":
+                    total = tf.reduce_all(tf.stack(parts), axis=0)
+                else:
+                    raise LoweringError(f"unknown reduction {reduction!r}")
+            for p in group:
+                with tf.device(self.devices[p]):
+                    out[p] = tf.identity(total)
+        return LaidOutTensor(out)
+
+    def allconcat(self, x: LaidOutTensor, mesh_axis: int, concat_axis: int) -> LaidOutTensor:
+        if self.shape[mesh_axis].size == 1:
+            return x
+        self.record("allconcat", [mesh_axis], x.slice_bytes)
+        out: list[Any] = [None] * self.size
+        for group in self.processor_groups([mesh_axis]):
+            with tf.device(self.devices[group[0]]):
+                full = tf.concat([x.slices[p] for p in group], axis=concat_axis)
+            for p in group:
+                with tf.device(self.devices[p]):
+                    out[p] = tf.identity(full)
+        return LaidOutTensor(out)
+
+    def alltoall(self, x: LaidOutTensor, mesh_axis: int, split_axis: int, concat_axis: int) -> LaidOutTensor:
+        n = self.shape[mesh_axis].size
+        if n == 1:
+            return x
+        self.record("alltoall", [mesh_axis], x.slice_bytes)
+        out: list[Any] = [None] * self.size
+        for group in self.processor_groups([mesh_axis]):
+            pieces = []
+            for p in group:
+                with tf.device(self.devices[p]):
+                    pieces.append(tf.split(x.slices[p], n, axis=split_axis))
+            for j, p in enumerate(group):
+                with tf.device(self.devices[p]):
+                    out[p] = tf.concat([pieces[i][j] for i in range(n)], axis=concat_axis)
+        return LaidOutTensor(out)
+
+    def allsplit(self, x: LaidOutTensor, mesh_axis: int, split_axis: int) -> LaidOutTensor:
+        n = self.shape[mesh_axis].size
+        if n == 1:
+            return x
+        out = []
+        for p, dev in enumerate(self.devices):
+            c = self.pnum_to_processor_coordinates(p)[mesh_axis]
+            s = x.slices[p]
+            size = s.shape[split_axis] // n
+            with tf.device(dev):
+                begin = [0] * s.shape.rank
+                begin[split_axis] = c * size
+                sizes = [-1] * s.shape.rank
+                sizes[split_axis] = size
+                out.append(tf.slice(s, begin, sizes))
+        return LaidOutTensor(out)
+
+    def shift_by_n_processors(self, x: LaidOutTensor, mesh_axis: int, offset: int, wrap: bool) -> LaidOutTensor:
+        """Device at coordinate c receives the slice of coordinate c - offset."""
+        n = self.shape[mesh_axis].size
+        if n == 1 and wrap:
+            return x
+        self.record("shift", [mesh_axis], x.slice_bytes)
+        out = []
+        for p, dev in enumerate(self.devices):
+            coords = self.pnum_to_processor_coordinates(p)
+            src = coords[mesh_axis] - offset
+            with tf.device(dev):
+                if wrap:
+                    coords[mesh_axis] = src % n
+                    out.append(tf.identity(x.slices[self.processor_coordinates_to_pnum(coords)]))
+                elif 0 <= src < n:
+                    coords[mesh_axis] = src
+                    out.append(tf.identity(x.slices[self.processor_coordinates_to_pnum(coords)]))
+                else:
+                    out.append(tf.zeros_like(x.slices[p]))
+        return LaidOutTensor(out)
+
+    # -- variables ---------------------------------------------------------------
+    def make_variables(self, laid: LaidOutTensor, name: str, trainable: bool) -> list[Any]:
+        out = []
+        for p, dev in enumerate(self.devices):
+            with tf.device(dev):
+                out.append(
+                    tf.Variable(laid.slices[p], name=f"{name}_slice_{p}", trainable=trainable)
+                )
+        return out
+
+    def read_variables(self, variables: Sequence[Any]) -> LaidOutTensor:
+        out = []
+        for v, dev in zip(variables, self.devices):
+            with tf.device(dev):
+                out.append(v.read_value())
+        return LaidOutTensor(out)
+
+    def assign_variables(
+        self, variables: Sequence[Any], laid: LaidOutTensor, mode: str = "assign"
+    ) -> list[Any]:
+        out = []
+        for v, s, dev in zip(variables, laid.slices, self.devices):
+            with tf.device(dev):
+                if mode == "assign":
+                    out.append(v.assign(s))
+                elif mode == "add":
+                    out.append(v.assign_add(s))
+                else:
+                    out.append(v.assign_sub(s))
+        return out
+
+    # -- import / export ---------------------------------------------------------
+    def import_tf_tensor(self, tf_tensor: Any, shape: Any) -> LaidOutTensor:
+        shape = convert_to_shape(shape)
+        sizes = self.slice_shape(shape)
+        full = tf.convert_to_tensor(tf_tensor)
+        if full.shape.rank == 0 and len(shape) == 0:
+            return self.slicewise(tf.identity, full)
+        out = []
+        layout = self.tensor_layout(shape)
+        whole = layout.is_fully_replicated
+        for p, dev in enumerate(self.devices):
+            with tf.device(dev):
+                if whole:
+                    out.append(tf.identity(full))
+                else:
+                    out.append(tf.slice(full, self.slice_begin(shape, p), sizes))
+        return LaidOutTensor(out)
+
+    def export_to_tf_tensor(self, x: Any, shape: Any) -> Any:
+        shape = convert_to_shape(shape)
+        x = x.to_laid_out_tensor()
+        layout = self.tensor_layout(shape)
+        m2t = layout.mesh_axis_to_tensor_axis(self.ndims)
+        # Concatenate along each splitting mesh axis, innermost first, taking
+        # coordinate 0 on the axes that replicate.
+        pieces = {p: x.slices[p] for p in range(self.size)}
+        with tf.device(self.devices[0]):
+            for m in reversed(range(self.ndims)):
+                t = m2t[m]
+                new = {}
+                for p in pieces:
+                    c = self.pnum_to_processor_coordinates(p)
+                    if c[m] != 0:
+                        continue
+                    if t is None:
+                        new[p] = pieces[p]
+                    else:
+                        group = []
+                        for i in range(self.shape[m].size):
+                            c2 = list(c)
+                            c2[m] = i
+                            group.append(pieces[self.processor_coordinates_to_pnum(c2)])
+                        new[p] = tf.concat(group, axis=t) if len(group) > 1 else group[0]
+                pieces = new
+            (result,) = pieces.values()
+            return tf.identity(result)
+
+    def laid_out_pnum(self) -> LaidOutTensor:
+        out = []
+        for p, dev in enumerate(self.devices):
+            with tf.device(dev):
+                out.append(tf.constant(p, tf.int32))
+        return LaidOutTensor(out)
+
+    def laid_out_pcoordinate(self, mesh_axis: int) -> LaidOutTensor:
+        out = []
+        for p, dev in enumerate(self.devices):
+            with tf.device(dev):
+                out.append(tf.constant(self.pnum_to_processor_coordinates(p)[mesh_axis], tf.int32))
+        return LaidOutTensor(out)
+

@@ -1,0 +1,110 @@
+"""Per-device slice variables, and moving full values in and out of them.
+
+Variables are initialized from their full value, made once and sliced, so the
+initial model is the same whatever the layout.  ``export``/``import_`` move
+full (unsplit) values, which is what checkpoints store: a checkpoint written
+under one mesh and layout loads under any other.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from mtf_core.errors import LoweringError, ShapeError
+from mtf_core.graph import Graph, Mesh, Tensor
+
+
+def default_initializer(name: str) -> Any:
+    """Glorot-uniform with a seed derived from the variable's name (deterministic)."""
+    seed = zlib.crc32(name.encode()) & 0x7FFFFFFF
+
+    def init(shape: list[int], dtype: Any) -> Any:
+        if len(shape) == 0:
+            return tf.zeros([], dtype)
+        fan_out = shape[-1]
+        fan_in = int(np.prod(shape[:-1])) if len(shape) > 1 else shape[0]
+        limit = float(np.sqrt(6.0 / (fan_in + fan_out)))
+        return tf.random.stateless_uniform(shape, [seed, 0], -limit, limit, dtype=tf.float32)
+
+    return init
+
+
+def _variable_op(var: Any) -> Any:
+    from mtf_core.ops.variables import Variable
+
+    if isinstance(var, Tensor):
+        var = var.operation
+    if not isinstance(var, Variable):
+        raise LoweringError(f"{var!r} is not an mtf variable")
+    return var
+
+
+class VariableStore:
+    """Holds, for each mtf Variable, one ``tf.Variable`` slice per device."""
+
+    def __init__(self, graph: Graph, mesh_to_impl: Mapping[Mesh, Any]) -> None:
+        self.graph = graph
+        self.mesh_to_impl = dict(mesh_to_impl)
+        self._slices: dict[Any, list[tf.Variable]] = {}
+        for var in graph.all_variables:
+            if var.mesh not in self.mesh_to_impl:
+                continue
+            impl = self.mesh_to_impl[var.mesh]
+            init = var.initializer or default_initializer(var.name)
+            full = init(var.shape.to_integer_list(), tf.as_dtype(var.dtype))
+            full = tf.cast(tf.convert_to_tensor(full), var.dtype)
+            laid = impl.import_tf_tensor(full, var.shape)
+            self._slices[var] = impl.make_variables(laid, var.name, var.trainable)
+
+    def __contains__(self, var: Any) -> bool:
+        return _variable_op(var) in self._slices
+
+    def slices(self, var: Any) -> list[tf.Variable]:
+        var = _variable_op(var)
+        try:
+            return self._slices[var]
+        except KeyError:
+            raise LoweringError(f"variable {var.name} has no slices in this store") from None
+
+    @property
+    def variables(self) -> list[Any]:
+        return list(self._slices)
+
+    def export(self, var: Any) -> np.ndarray:
+        """The full value of ``var`` as a NumPy array."""
+        var = _variable_op(var)
+        impl = self.mesh_to_impl[var.mesh]
+        laid = impl.read_variables(self.slices(var))
+        return impl.export_to_tf_tensor(laid, var.shape).numpy()
+
+    def import_(self, var: Any, value: Any) -> None:
+        """Sets ``var`` from its full value (any layout's export)."""
+        var = _variable_op(var)
+        value = np.asarray(value)
+        if list(value.shape) != var.shape.to_integer_list():
+            raise ShapeError(
+                f"variable {var.name} has shape [{var.shape}] but the value has shape "
+                f"{list(value.shape)}"
+            )
+        impl = self.mesh_to_impl[var.mesh]
+        laid = impl.import_tf_tensor(tf.constant(value, dtype=var.dtype), var.shape)
+        impl.assign_variables(self.slices(var), laid)
+
+    def to_dict(self) -> dict[str, np.ndarray]:
+        return {v.name: self.export(v) for v in self._slices}
+
+    def load_dict(self, values: Mapping[str, Any], strict: bool = True) -> None:
+        by_name = {v.name: v for v in self._slices}
+        missing = sorted(set(by_name) - set(values))
+        if strict and missing:
+            raise LoweringError(f"checkpoint lacks variables {missing}")
+        for name, value in values.items():
+            if name in by_name:
+                self.import_(by_name[name], value)
+            elif strict:
+                raise LoweringError(f"checkpoint has variable {name!r}, which the graph lacks")

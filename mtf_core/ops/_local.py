@@ -1,0 +1,51 @@
+"""Helpers for slice-local TensorFlow work inside op lowerings.
+
+``tf`` is always passed in by the lowering (``lowering.tf``): mtf_core.ops never
+imports TensorFlow itself.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Sequence
+from typing import Any
+
+from mtf_core.shapes import Shape
+
+_LETTERS = string.ascii_letters
+
+
+def einsum_equation(input_shapes: Sequence[Shape], output_shape: Shape) -> str:
+    """A tf.einsum equation over dimension names, one letter per name."""
+    letters: dict[str, str] = {}
+    for s in list(input_shapes) + [output_shape]:
+        for d in s:
+            if d.name not in letters:
+                letters[d.name] = _LETTERS[len(letters)]
+    ins = ",".join("".join(letters[d.name] for d in s) for s in input_shapes)
+    return f"{ins}->{''.join(letters[d.name] for d in output_shape)}"
+
+
+def align(tf: Any, x: Any, from_shape: Shape, to_shape: Shape) -> Any:
+    """Transposes/reshapes a local slice of ``from_shape`` to broadcast against
+    ``to_shape`` (every dim of ``from_shape`` must be in ``to_shape``)."""
+    names = from_shape.dimension_names
+    order = [n for n in to_shape.dimension_names if n in names]
+    if order != names:
+        x = tf.transpose(x, [names.index(n) for n in order])
+    if len(order) != len(to_shape):
+        local = x.shape
+        new_shape = []
+        k = 0
+        for n in to_shape.dimension_names:
+            if n in names:
+                new_shape.append(local[k])
+                k += 1
+            else:
+                new_shape.append(1)
+        x = tf.reshape(x, new_shape)
+    return x
+
+
+def tf_dtype(tf: Any, dtype: str) -> Any:
+    return tf.as_dtype(dtype)

@@ -1,0 +1,139 @@
+"""Ops that make tensors: imported TF tensors, placeholders and constants."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from mtf_core import dtypes
+from mtf_core.errors import GraphError, LoweringError
+from mtf_core.graph import Mesh, Operation, Tensor
+from mtf_core.shapes import convert_to_shape
+
+
+class ImportTensor(Operation):
+    """Brings a full TensorFlow value into the mesh, sliced by the layout.
+
+    With no value it is a placeholder, fed at lowering time
+    (``Lowering(feeds={tensor: value})`` or a compiled step's arguments).
+    """
+
+    op_type = "ImportTensor"
+
+    def __init__(self, mesh: Mesh, value: Any, shape: Any, dtype: Any = None, name: str | None = None) -> None:
+        super().__init__([], mesh=mesh, name=name or "import")
+        shape = convert_to_shape(shape)
+        self.value = value
+        if value is not None:
+            vshape = list(getattr(value, "shape", np.shape(value)))
+            if [int(s) if s is not None else -1 for s in vshape] != shape.to_integer_list():
+                raise GraphError(
+                    f"import_tf_tensor: value of shape {vshape} does not match shape "
+                    f"[{shape}] ({shape.to_integer_list()})"
+                )
+            if dtype is None:
+                dtype = getattr(value, "dtype", None) or np.asarray(value).dtype
+        self._add_output(shape, dtype or "float32")
+
+    @property
+    def is_placeholder(self) -> bool:
+        return self.value is None
+
+    def flops(self) -> float:
+        return 0.0
+
+    def gradient(self, grad_ys: Any) -> list[Tensor | None]:
+        return []
+
+    def lower(self, lowering: Any) -> None:
+        out = self.outputs[0]
+        if out in lowering.feeds:
+            value = lowering.feeds[out]
+        elif self.value is not None:
+            value = self.value
+        else:
+            raise LoweringError(
+                f"placeholder {self.name} [{out.shape}] was not fed; pass "
+                "feeds={tensor: value} to Lowering"
+            )
+        tf = lowering.tf
+        value = tf.cast(tf.convert_to_tensor(value), out.dtype)
+        lowering.set_tensor_lowering(out, lowering.mesh_impl(self).import_tf_tensor(value, out.shape))
+
+    def attrs(self) -> dict[str, Any]:
+        return {"placeholder": self.is_placeholder}
+
+
+def import_tf_tensor(mesh: Mesh, tf_tensor: Any, shape: Any = None, name: str | None = None) -> Tensor:
+    """Imports a full ``tf.Tensor`` (or array) as an mtf tensor of ``shape``."""
+    if shape is None:
+        raise GraphError("import_tf_tensor needs the named shape of the tensor")
+    return ImportTensor(mesh, tf_tensor, shape, name=name).outputs[0]
+
+
+def placeholder(mesh: Mesh, shape: Any, dtype: Any = "float32", name: str | None = None) -> Tensor:
+    """A tensor fed with a new full value at each lowering / compiled call."""
+    return ImportTensor(mesh, None, shape, dtype=dtype, name=name or "placeholder").outputs[0]
+
+
+class Constant(Operation):
+    """A tensor filled with one scalar value (or a small array) known at build time."""
+
+    op_type = "Constant"
+
+    def __init__(self, mesh: Mesh, value: Any, shape: Any, dtype: Any, name: str | None = None) -> None:
+        super().__init__([], mesh=mesh, name=name or "constant")
+        shape = convert_to_shape(shape)
+        arr = np.asarray(value)
+        if arr.ndim and list(arr.shape) != shape.to_integer_list():
+            raise GraphError(
+                f"constant: value of shape {list(arr.shape)} does not match [{shape}]"
+            )
+        self.value = arr
+        self._add_output(shape, dtypes.as_dtype_name(dtype))
+
+    def flops(self) -> float:
+        return 0.0
+
+    def gradient(self, grad_ys: Any) -> list[Tensor | None]:
+        return []
+
+    def lower(self, lowering: Any) -> None:
+        tf = lowering.tf
+        out = self.outputs[0]
+        impl = lowering.mesh_impl(self)
+        if self.value.ndim == 0:
+            local = impl.slice_shape(out.shape)
+            v = self.value.item()
+            laid = impl.slicewise(lambda: tf.fill(local, tf.constant(v, out.dtype)))
+        else:
+            laid = impl.import_tf_tensor(tf.constant(self.value, out.dtype), out.shape)
+        lowering.set_tensor_lowering(out, laid)
+
+    def attrs(self) -> dict[str, Any]:
+        return {"value": self.value.tolist()}
+
+
+def constant(mesh: Mesh, value: Any, shape: Any = (), dtype: Any = "float32", name: str | None = None) -> Tensor:
+    return Constant(mesh, value, shape, dtype, name).outputs[0]
+
+
+def zeros(mesh: Mesh, shape: Any, dtype: Any = "float32", name: str | None = None) -> Tensor:
+    return Constant(mesh, 0, shape, dtype, name or "zeros").outputs[0]
+
+
+def ones(mesh: Mesh, shape: Any, dtype: Any = "float32", name: str | None = None) -> Tensor:
+    return Constant(mesh, 1, shape, dtype, name or "ones").outputs[0]
+
+
+def zeros_like(t: Tensor) -> Tensor:
+    return zeros(t.mesh, t.shape, t.dtype)
+
+
+def ones_like(t: Tensor) -> Tensor:
+    return ones(t.mesh, t.shape, t.dtype)
+
+
+def fill(mesh: Mesh, shape: Any, value: Any, dtype: Any = "float32") -> Tensor:
+    return constant(mesh, value, shape, dtype)

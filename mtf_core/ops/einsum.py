@@ -1,0 +1,177 @@
+"""Einsum over named dimensions (and matmul).
+
+Lowering: a local ``tf.einsum`` on each device's slices, then a sum over the
+mesh axes that split reduced-out dimensions.  That sum is left pending
+(:class:`LazyAllreduceSum`) so that sums of einsums reduce once.
+
+An op whose tensors put two different dimension names on one mesh axis cannot
+be computed slice by slice (the slices would not line up); such layouts are
+rejected with a LayoutError naming the dims and the axis.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from mtf_core.errors import LayoutError, ShapeError
+from mtf_core.graph import Operation, Tensor, check_same_mesh
+from mtf_core.lowering.lazy import LazyAllreduceSum
+from mtf_core.ops._local import align, einsum_equation
+from mtf_core.shapes import Shape, convert_to_shape
+
+
+class Einsum(Operation):
+    """``einsum(inputs, output_shape)``: multiply and sum out absent dims."""
+
+    op_type = "Einsum"
+
+    def __init__(self, inputs: Sequence[Tensor], output_shape: Any, name: str | None = None) -> None:
+        inputs = list(inputs)
+        if not inputs:
+            raise ShapeError("einsum needs at least one input")
+        check_same_mesh(inputs)
+        dt = inputs[0].dtype
+        for t in inputs[1:]:
+            if t.dtype != dt:
+                from mtf_core.errors import DTypeError
+
+                raise DTypeError(
+                    f"einsum: dtypes differ: {inputs[0].name} is {dt}, {t.name} is "
+                    f"{t.dtype}; cast one of them first"
+                )
+        super().__init__(inputs, name=name or "einsum")
+        output_shape = convert_to_shape(output_shape)
+        known: dict[str, int] = {}
+        for t in inputs:
+            for d in t.shape:
+                if d.name in known and known[d.name] != d.size:
+                    raise ShapeError(
+                        f"einsum: dimension {d.name!r} has size {known[d.name]} in one "
+                        f"input and {d.size} in {t.name}"
+                    )
+                known[d.name] = d.size
+        for d in output_shape:
+            if d.name not in known:
+                raise ShapeError(
+                    f"einsum: output dimension {d} is in no input "
+                    f"(inputs have {sorted(known)}); use broadcast to add dims"
+                )
+            if known[d.name] != d.size:
+                raise ShapeError(
+                    f"einsum: output dimension {d} has size {d.size} but the inputs "
+                    f"have {d.name}:{known[d.name]}"
+                )
+        self._add_output(output_shape, dt)
+
+    @property
+    def reduced_dims(self) -> list[str]:
+        out = set(self.outputs[0].shape.dimension_names)
+        seen: list[str] = []
+        for t in self.inputs:
+            for d in t.shape:
+                if d.name not in out and d.name not in seen:
+                    seen.append(d.name)
+        return seen
+
+    def flops(self) -> float:
+        sizes = {d.name: d.size for t in self.inputs + self.outputs for d in t.shape}
+        mults = max(len(self.inputs) - 1, 1)
+        return float(2 * mults * math.prod(sizes.values())) if len(self.inputs) > 1 else float(
+            math.prod(sizes.values())
+        )
+
+    def gradient(self, grad_ys: Sequence[Tensor | None]) -> list[Tensor | None]:
+        dy = grad_ys[0]
+        if dy is None:
+            return [None] * len(self.inputs)
+        grads: list[Tensor | None] = []
+        for i, t in enumerate(self.inputs):
+            others = [dy] + [x for j, x in enumerate(self.inputs) if j != i]
+            grads.append(_einsum_or_broadcast(others, t.shape))
+        return grads
+
+    def lower(self, lowering: Any) -> None:
+        tf = lowering.tf
+        impl = lowering.mesh_impl(self)
+        out = self.outputs[0]
+        check_op_layout(self, impl)
+        eq = einsum_equation([t.shape for t in self.inputs], out.shape)
+        ins = [lowering.tensors[t] for t in self.inputs]
+        res = impl.slicewise(lambda *s: tf.einsum(eq, *s), *ins)
+        axes = sorted(
+            {
+                a
+                for n in self.reduced_dims
+                if (a := impl.tensor_dimension_to_mesh_axis(n)) is not None
+                and impl.shape[a].size > 1
+            }
+        )
+        if axes:
+            res = LazyAllreduceSum(impl, res, axes, self)
+        lowering.set_tensor_lowering(out, res)
+
+    def attrs(self) -> dict[str, Any]:
+        return {}
+
+
+def check_op_layout(op: Operation, impl: Any) -> None:
+    """Rejects layouts where one mesh axis splits two dims of the op."""
+    used: dict[int, str] = {}
+    for n in sorted(op.all_dim_names):
+        a = impl.tensor_dimension_to_mesh_axis(n)
+        if a is None:
+            continue
+        if a in used and impl.shape[a].size > 1:
+            raise LayoutError(
+                f"{op.op_type} {op.name} would split both {used[a]!r} and {n!r} over "
+                f"mesh dimension {impl.shape[a].name!r}; one op's dims cannot share a "
+                "mesh dimension"
+            )
+        used[a] = n
+
+
+def _einsum_or_broadcast(inputs: list[Tensor], output_shape: Shape) -> Tensor:
+    """Gradient helper: einsum, broadcasting output dims no input has."""
+    have = {d.name for t in inputs for d in t.shape}
+    missing = [d for d in output_shape if d.name not in have]
+    if not missing:
+        return einsum(inputs, output_shape=output_shape)
+    from mtf_core.ops.reduce import broadcast
+
+    partial = einsum(inputs, output_shape=output_shape - missing)
+    return broadcast(partial, output_shape)
+
+
+def einsum(xs: Sequence[Tensor] | Tensor, *more: Any, output_shape: Any = None, reduced_dims: Any = None, name: str | None = None) -> Tensor:
+    """Einstein summation over named dims.
+
+    ``einsum([a, b], output_shape)`` (Mesh TensorFlow) or ``einsum(a, b,
+    output_shape=...)``.  Without ``output_shape`` the output keeps the dims that
+    appear in exactly one input (numpy's implicit mode), minus ``reduced_dims``.
+    """
+    if isinstance(xs, Tensor):
+        xs = [xs]
+    xs = list(xs)
+    rest = list(more)
+    while rest and isinstance(rest[0], Tensor):
+        xs.append(rest.pop(0))
+    if rest:
+        if output_shape is not None:
+            raise ShapeError("einsum: output_shape given twice")
+        output_shape = rest.pop(0)
+    if output_shape is None:
+        counts: dict[str, int] = {}
+        dims = {}
+        for t in xs:
+            for d in t.shape:
+                counts[d.name] = counts.get(d.name, 0) + 1
+                dims[d.name] = d
+        drop = {d if isinstance(d, str) else d.name for d in (reduced_dims or [])}
+        output_shape = Shape([dims[n] for n in dims if counts[n] == 1 and n not in drop])
+    return Einsum(xs, output_shape, name=name).outputs[0]
+
+
+def matmul(a: Tensor, b: Tensor, output_shape: Any = None, reduced_dims: Any = None, name: str | None = None) -> Tensor:
+    return einsum([a, b], output_shape=output_shape, reduced_dims=reduced_dims, name=name)

@@ -1,0 +1,572 @@
+"""Elementwise ops: unary math and activations, binary ops with named-dim
+broadcasting, ``where``, ``add_n``, ``cast`` and ``stop_gradient``.
+
+Broadcasting is by name: the output has the union of the inputs' dims (first
+input's order, then new dims of the others), or an explicit ``output_shape``.
+None of these ops communicate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from mtf_core import dtypes
+from mtf_core.errors import DTypeError, ShapeError
+from mtf_core.graph import Operation, Tensor, check_same_mesh
+from mtf_core.lowering.lazy import LazyAllreduceSum
+from mtf_core.ops._local import align
+from mtf_core.shapes import Shape, convert_to_shape
+
+# --------------------------------------------------------------------------
+# unary
+# --------------------------------------------------------------------------
+
+# name -> (tf function path, gradient(x, y, dy) -> dx or None)
+GradFn = Callable[[Tensor, Tensor, Tensor], Tensor]
+
+
+def _g_exp(x: Tensor, y: Tensor, dy: Tensor) -> Tensor:
+    return dy * y
+
+
+def _g_log(x: Tensor, y: Tensor, dy: Tensor) -> Tensor:
+    return dy / x
+
+
+def _g_sqrt(x: Tensor, y: Tensor, dy: Tensor) -> Tensor:
+    return dy * 0.5 / y
+
+
+def _g_rsqrt(x: Tensor, y: Tensor, dy: Tensor) -> Tensor:
+    return dy * -0.5 * y / x
+
+
+def _g_square(x: Tensor, y: Tensor, dy: Tensor) -> Tensor:
+    return dy * x * 2.0
+
+
+def _g_sigmoid(x: Tensor, y: Tensor, dy: Tensor) -> Tensor:
+    return dy * y * (1.0 - y)
+
+
+def _g_tanh(x: Tensor, y: Tensor, dy: Tensor) -> Tensor:
+    return dy * (1.0 - square(y))
+
+
+def _g_relu(x: Tensor, y: Tensor, dy: Tensor) -> Tensor:
+    return dy * cast(greater(x, 0.0), dy.dtype)
+
+
+def _g_negative(x: Tensor, y: Tensor, dy: Tensor) -> Tensor:
+    return negative(dy)
+
+
+def _g_abs(x: Tensor, y: Tensor, dy: Tensor) -> Tensor:
+    return dy * sign(x)
+
+
+def _g_reciprocal(x: Tensor, y: Tensor, dy: Tensor) -> Tensor:
+    return negative(dy * square(y))
+
+
+def _g_sin(x: Tensor, y: Tensor, dy: Tensor) -> Tensor:
+    return dy * cos(x)
+
+
+def _g_cos(x: Tensor, y: Tensor, dy: Tensor) -> Tensor:
+    return negative(dy * sin(x))
+
+
+def _g_softplus(x: Tensor, y: Tensor, dy: Tensor) -> Tensor:
+    return dy * sigmoid(x)
+
+
+def _g_silu(x: Tensor, y: Tensor, dy: Tensor) -> Tensor:
+    s = sigmoid(x)
+    return dy * (s + x * s * (1.0 - s))
+
+
+def _g_gelu(x: Tensor, y: Tensor, dy: Tensor) -> Tensor:
+    # tanh approximation: 0.5x(1+tanh(c(x+0.044715x^3)))
+    c = 0.7978845608028654
+    inner = (x + x * x * x * 0.044715) * c
+    t = tanh(inner)
+    dinner = (1.0 + x * x * (3 * 0.044715)) * c
+    return dy * (0.5 * (1.0 + t) + x * 0.5 * (1.0 - t * t) * dinner)
+
+
+def _g_elu(x: Tensor, y: Tensor, dy: Tensor) -> Tensor:
+    pos = cast(greater(x, 0.0), dy.dtype)
+    return dy * (pos + (1.0 - pos) * (y + 1.0))
+
+
+UNARY: dict[str, tuple[str, GradFn | None]] = {
+    "exp": ("math.exp", _g_exp),
+    "log": ("math.log", _g_log),
+    "sqrt": ("math.sqrt", _g_sqrt),
+    "rsqrt": ("math.rsqrt", _g_rsqrt),
+    "square": ("math.square", _g_square),
+    "sigmoid": ("math.sigmoid", _g_sigmoid),
+    "tanh": ("math.tanh", _g_tanh),
+    "relu": ("nn.relu", _g_relu),
+    "negative": ("math.negative", _g_negative),
+    "abs": ("math.abs", _g_abs),
+    "reciprocal": ("math.reciprocal", _g_reciprocal),
+    "sin": ("math.sin", _g_sin),
+    "cos": ("math.cos", _g_cos),
+    "softplus": ("math.softplus", _g_softplus),
+    "silu": ("nn.silu", _g_silu),
+    "gelu": ("nn.gelu", _g_gelu),
+    "elu": ("nn.elu", _g_elu),
+    "sign": ("math.sign", None),
+    "floor": ("math.floor", None),
+    "ceil": ("math.ceil", None),
+    "round": ("math.round", None),
+    "logical_not": ("math.logical_not", None),
+    "is_finite": ("math.is_finite", None),
+}
+
+
+def _tf_fn(tf: Any, path: str) -> Any:
+    obj = tf
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+class UnaryOp(Operation):
+    """``y = f(x)`` slice by slice."""
+
+    op_type = "Unary"
+
+    def __init__(self, fn_name: str, x: Tensor, name: str | None = None) -> None:
+        if fn_name not in UNARY:
+            raise ValueError(f"unknown unary op {fn_name!r}; expected one of {sorted(UNARY)}")
+        super().__init__([x], name=name or fn_name)
+        self.fn_name = fn_name
+        out_dtype = "bool" if fn_name in ("is_finite",) else x.dtype
+        self._add_output(x.shape, out_dtype)
+
+    @property
+    def has_gradient(self) -> bool:
+        return UNARY[self.fn_name][1] is not None
+
+    def gradient(self, grad_ys: Sequence[Tensor | None]) -> list[Tensor | None]:
+        g = UNARY[self.fn_name][1]
+        if g is None or grad_ys[0] is None:
+            return [None]
+        return [g(self.inputs[0], self.outputs[0], grad_ys[0])]
+
+    def lower(self, lowering: Any) -> None:
+        fn = _tf_fn(lowering.tf, UNARY[self.fn_name][0])
+        if self.fn_name == "gelu":
+            f = fn
+            fn = lambda s: f(s, approximate=True)  # noqa: E731
+        x = lowering.tensors[self.inputs[0]]
+        lowering.set_tensor_lowering(self.outputs[0], lowering.mesh_impl(self).slicewise(fn, x))
+
+    def attrs(self) -> dict[str, Any]:
+        return {"fn": self.fn_name}
+
+
+def _unary(fn_name: str) -> Callable[..., Tensor]:
+    def op(x: Tensor, name: str | None = None) -> Tensor:
+        return UnaryOp(fn_name, x, name=name).outputs[0]
+
+    op.__name__ = fn_name
+    op.__doc__ = f"Elementwise {fn_name}."
+    return op
+
+
+exp = _unary("exp")
+log = _unary("log")
+sqrt = _unary("sqrt")
+rsqrt = _unary("rsqrt")
+square = _unary("square")
+sigmoid = _unary("sigmoid")
+tanh = _unary("tanh")
+relu = _unary("relu")
+negative = _unary("negative")
+abs = _unary("abs")  # noqa: A001
+reciprocal = _unary("reciprocal")
+sin = _unary("sin")
+cos = _unary("cos")
+softplus = _unary("softplus")
+silu = _unary("silu")
+swish = silu
+gelu = _unary("gelu")
+elu = _unary("elu")
+sign = _unary("sign")
+floor = _unary("floor")
+ceil = _unary("ceil")
+round = _unary("round")  # noqa: A001
+logical_not = _unary("logical_not")
+is_finite = _unary("is_finite")
+
+
+def leaky_relu(x: Tensor, alpha: float = 0.2) -> Tensor:
+    return maximum(x, x * alpha)
+
+
+# --------------------------------------------------------------------------
+# binary with named broadcasting
+# --------------------------------------------------------------------------
+
+BINARY: dict[str, str] = {
+    "add": "math.add",
+    "sub": "math.subtract",
+    "multiply": "math.multiply",
+    "divide": "math.divide",
+    "minimum": "math.minimum",
+    "maximum": "math.maximum",
+    "pow": "math.pow",
+    "less": "math.less",
+    "less_equal": "math.less_equal",
+    "greater": "math.greater",
+    "greater_equal": "math.greater_equal",
+    "equal": "math.equal",
+    "not_equal": "math.not_equal",
+    "logical_and": "math.logical_and",
+    "logical_or": "math.logical_or",
+    "floordiv": "math.floordiv",
+    "mod": "math.floormod",
+}
+COMPARISONS = frozenset(
+    {"less", "less_equal", "greater", "greater_equal", "equal", "not_equal"}
+)
+
+
+def broadcast_shape(shapes: Sequence[Shape]) -> Shape:
+    """Union of dims by name, in order of first appearance; sizes must agree."""
+    dims: dict[str, Any] = {}
+    for s in shapes:
+        for d in s:
+            if d.name in dims and dims[d.name].size != d.size:
+                raise ShapeError(
+                    f"dimension {d.name!r} has size {dims[d.name].size} in one input "
+                    f"and {d.size} in another"
+                )
+            dims.setdefault(d.name, d)
+    return Shape(list(dims.values()))
+
+
+def _as_tensor(x: Any, like: Tensor) -> Tensor:
+    if isinstance(x, Tensor):
+        return x
+    from mtf_core.ops.creation import constant
+
+    return constant(like.mesh, x, (), like.dtype)
+
+
+class BinaryOp(Operation):
+    """``z = f(x, y)`` with named-dimension broadcasting."""
+
+    op_type = "Binary"
+
+    def __init__(self, fn_name: str, x: Tensor, y: Tensor, output_shape: Any = None, name: str | None = None) -> None:
+        if fn_name not in BINARY:
+            raise ValueError(f"unknown binary op {fn_name!r}")
+        check_same_mesh([x, y])
+        if x.dtype != y.dtype:
+            raise DTypeError(
+                f"{fn_name}: dtypes differ: {x.name} is {x.dtype}, {y.name} is "
+                f"{y.dtype}; cast one of them first"
+            )
+        super().__init__([x, y], name=name or fn_name)
+        self.fn_name = fn_name
+        shape = broadcast_shape([x.shape, y.shape])
+        if output_shape is not None:
+            output_shape = convert_to_shape(output_shape)
+            if set(output_shape.dimension_names) != set(shape.dimension_names):
+                raise ShapeError(
+                    f"{fn_name}: output_shape [{output_shape}] must have exactly the "
+                    f"inputs' dims [{shape}]"
+                )
+            shape = output_shape
+        out_dtype = "bool" if fn_name in COMPARISONS else x.dtype
+        self._add_output(shape, out_dtype)
+
+    @property
+    def has_gradient(self) -> bool:
+        return self.fn_name in ("add", "sub", "multiply", "divide", "minimum", "maximum", "pow")
+
+    def gradient(self, grad_ys: Sequence[Tensor | None]) -> list[Tensor | None]:
+        from mtf_core.ops.reduce import reduce_sum
+
+        dz = grad_ys[0]
+        if dz is None or not self.has_gradient:
+            return [None, None]
+        x, y = self.inputs
+        z = self.outputs[0]
+        f = self.fn_name
+        if f == "add":
+            gx, gy = dz, dz
+        elif f == "sub":
+            gx, gy = dz, negative(dz)
+        elif f == "multiply":
+            gx, gy = dz * y, dz * x
+        elif f == "divide":
+            gx, gy = dz / y, negative(dz * z / y)
+        elif f == "pow":
+            gx = dz * y * pow(x, y - 1.0)
+            gy = dz * z * log(maximum(x, 1e-30))
+        else:  # minimum / maximum: the gradient goes to the selected input
+            pick_x = greater_equal(x, y) if f == "maximum" else less_equal(x, y)
+            mask = cast(pick_x, dz.dtype)
+            gx, gy = dz * mask, dz * (1.0 - mask)
+        return [reduce_sum(gx, output_shape=x.shape), reduce_sum(gy, output_shape=y.shape)]
+
+    def lower(self, lowering: Any) -> None:
+        tf = lowering.tf
+        fn = _tf_fn(tf, BINARY[self.fn_name])
+        x, y = self.inputs
+        out = self.outputs[0]
+        impl = lowering.mesh_impl(self)
+        if self.fn_name == "add" and _lower_lazy_add(lowering, impl, x, y, out):
+            return
+        lx, ly = lowering.tensors[x], lowering.tensors[y]
+        xs, ys, zs = x.shape, y.shape, out.shape
+        res = impl.slicewise(
+            lambda a, b: fn(align(tf, a, xs, zs), align(tf, b, ys, zs)),
+            lx,
+            ly,
+        )
+        lowering.set_tensor_lowering(out, res)
+
+    def attrs(self) -> dict[str, Any]:
+        return {"fn": self.fn_name}
+
+
+def _lower_lazy_add(lowering: Any, impl: Any, x: Tensor, y: Tensor, out: Tensor) -> bool:
+    """Keeps a sum of two pending allreduces over the same axes pending."""
+    rx, ry = lowering.raw_tensor(x), lowering.raw_tensor(y)
+    if not (
+        isinstance(rx, LazyAllreduceSum)
+        and isinstance(ry, LazyAllreduceSum)
+        and rx.mesh_axes == ry.mesh_axes
+        and x.shape == y.shape == out.shape
+        and rx._reduced is None
+        and ry._reduced is None
+    ):
+        return False
+    tf = lowering.tf
+    summed = impl.slicewise(tf.math.add, rx.laid_out, ry.laid_out)
+    lowering.set_tensor_lowering(out, LazyAllreduceSum(impl, summed, rx.mesh_axes, rx.op))
+    return True
+
+
+def _binary(fn_name: str) -> Callable[..., Tensor]:
+    def op(x: Any, y: Any, output_shape: Any = None, name: str | None = None) -> Tensor:
+        if not isinstance(x, Tensor) and not isinstance(y, Tensor):
+            raise ShapeError(f"{fn_name} needs at least one mtf.Tensor, got {x!r} and {y!r}")
+        if not isinstance(x, Tensor):
+            x = _as_tensor(x, y)
+        if not isinstance(y, Tensor):
+            y = _as_tensor(y, x)
+        return BinaryOp(fn_name, x, y, output_shape=output_shape, name=name).outputs[0]
+
+    op.__name__ = fn_name
+    op.__doc__ = f"Elementwise {fn_name} with named-dimension broadcasting."
+    return op
+
+
+add = _binary("add")
+sub = _binary("sub")
+subtract = sub
+multiply = _binary("multiply")
+divide = _binary("divide")
+minimum = _binary("minimum")
+maximum = _binary("maximum")
+pow = _binary("pow")  # noqa: A001
+less = _binary("less")
+less_equal = _binary("less_equal")
+greater = _binary("greater")
+greater_equal = _binary("greater_equal")
+equal = _binary("equal")
+not_equal = _binary("not_equal")
+logical_and = _binary("logical_and")
+logical_or = _binary("logical_or")
+floordiv = _binary("floordiv")
+mod = _binary("mod")
+
+
+# --------------------------------------------------------------------------
+# where, add_n, cast, stop_gradient
+# --------------------------------------------------------------------------
+
+
+class WhereOp(Operation):
+    """``where(cond, x, y)`` with named broadcasting of all three."""
+
+    op_type = "Where"
+
+    def __init__(self, cond: Tensor, x: Tensor, y: Tensor, output_shape: Any = None, name: str | None = None) -> None:
+        check_same_mesh([cond, x, y])
+        if cond.dtype != "bool":
+            raise DTypeError(f"where: condition {cond.name} has dtype {cond.dtype}; expected bool")
+        if x.dtype != y.dtype:
+            raise DTypeError(f"where: {x.name} is {x.dtype} but {y.name} is {y.dtype}")
+        super().__init__([cond, x, y], name=name or "where")
+        shape = broadcast_shape([cond.shape, x.shape, y.shape])
+        if output_shape is not None:
+            shape = convert_to_shape(output_shape)
+        self._add_output(shape, x.dtype)
+
+    def gradient(self, grad_ys: Sequence[Tensor | None]) -> list[Tensor | None]:
+        from mtf_core.ops.reduce import reduce_sum
+
+        dz = grad_ys[0]
+        if dz is None:
+            return [None, None, None]
+        cond, x, y = self.inputs
+        zero = zeros_like_tensor(dz)
+        return [
+            None,
+            reduce_sum(where(cond, dz, zero), output_shape=x.shape),
+            reduce_sum(where(cond, zero, dz), output_shape=y.shape),
+        ]
+
+    def lower(self, lowering: Any) -> None:
+        tf = lowering.tf
+        c, x, y = self.inputs
+        zs = self.outputs[0].shape
+        impl = lowering.mesh_impl(self)
+
+        def fn(a: Any, b: Any, d: Any) -> Any:
+            a, b, d = align(tf, a, c.shape, zs), align(tf, b, x.shape, zs), align(tf, d, y.shape, zs)
+            target = tf.broadcast_dynamic_shape(
+                tf.broadcast_dynamic_shape(tf.shape(a), tf.shape(b)), tf.shape(d)
+            )
+            return tf.where(tf.broadcast_to(a, target), tf.broadcast_to(b, target), tf.broadcast_to(d, target))
+
+        res = impl.slicewise(fn, lowering.tensors[c], lowering.tensors[x], lowering.tensors[y])
+        lowering.set_tensor_lowering(self.outputs[0], res)
+
+
+def where(condition: Tensor, x: Any, y: Any, output_shape: Any = None) -> Tensor:
+    if not isinstance(x, Tensor):
+        x = _as_tensor(x, y)
+    if not isinstance(y, Tensor):
+        y = _as_tensor(y, x)
+    return WhereOp(condition, x, y, output_shape).outputs[0]
+
+
+def zeros_like_tensor(t: Tensor) -> Tensor:
+    from mtf_core.ops.creation import zeros
+
+    return zeros(t.mesh, t.shape, t.dtype)
+
+
+class AddN(Operation):
+    """Sum of tensors of one shape; pending allreduces over the same axes are
+    summed before one reduction."""
+
+    op_type = "AddN"
+
+    def __init__(self, xs: Sequence[Tensor], name: str | None = None) -> None:
+        xs = list(xs)
+        check_same_mesh(xs)
+        shape = xs[0].shape
+        for t in xs:
+            if t.shape != shape:
+                raise ShapeError(f"add_n: {t.name} has shape [{t.shape}], expected [{shape}]")
+            if t.dtype != xs[0].dtype:
+                raise DTypeError(f"add_n: {t.name} is {t.dtype}, expected {xs[0].dtype}")
+        super().__init__(xs, name=name or "add_n")
+        self._add_output(shape, xs[0].dtype)
+
+    def flops(self) -> float:
+        return float(self.outputs[0].size * max(len(self.inputs) - 1, 1))
+
+    def gradient(self, grad_ys: Sequence[Tensor | None]) -> list[Tensor | None]:
+        return [grad_ys[0]] * len(self.inputs)
+
+    def lower(self, lowering: Any) -> None:
+        tf = lowering.tf
+        impl = lowering.mesh_impl(self)
+        raws = [lowering.raw_tensor(t) for t in self.inputs]
+        lazies = [r for r in raws if isinstance(r, LazyAllreduceSum) and r._reduced is None]
+        if len(lazies) == len(raws) and len({r.mesh_axes for r in lazies}) == 1:
+            summed = impl.slicewise(lambda *s: tf.add_n(list(s)), *[r.laid_out for r in lazies])
+            lowering.set_tensor_lowering(
+                self.outputs[0], LazyAllreduceSum(impl, summed, lazies[0].mesh_axes, lazies[0].op)
+            )
+            return
+        ins = [lowering.tensors[t] for t in self.inputs]
+        res = impl.slicewise(lambda *s: tf.add_n(list(s)), *ins)
+        lowering.set_tensor_lowering(self.outputs[0], res)
+
+
+def add_n(xs: Sequence[Tensor]) -> Tensor:
+    xs = list(xs)
+    if not xs:
+        raise ShapeError("add_n needs at least one tensor")
+    if len(xs) == 1:
+        return xs[0]
+    return AddN(xs).outputs[0]
+
+
+class CastOp(Operation):
+    op_type = "Cast"
+
+    def __init__(self, x: Tensor, dtype: Any, name: str | None = None) -> None:
+        super().__init__([x], name=name or "cast")
+        self._add_output(x.shape, dtypes.as_dtype_name(dtype))
+
+    def gradient(self, grad_ys: Sequence[Tensor | None]) -> list[Tensor | None]:
+        dy = grad_ys[0]
+        x = self.inputs[0]
+        if dy is None or not dtypes.is_floating(x.dtype):
+            return [None]
+        return [cast(dy, x.dtype)]
+
+    def lower(self, lowering: Any) -> None:
+        tf = lowering.tf
+        dt = self.outputs[0].dtype
+        res = lowering.mesh_impl(self).slicewise(lambda s: tf.cast(s, dt), lowering.tensors[self.inputs[0]])
+        lowering.set_tensor_lowering(self.outputs[0], res)
+
+    def attrs(self) -> dict[str, Any]:
+        return {"dtype": self.outputs[0].dtype}
+
+
+def cast(x: Tensor, dtype: Any, name: str | None = None) -> Tensor:
+    if dtypes.as_dtype_name(dtype) == x.dtype:
+        return x
+    return CastOp(x, dtype, name).outputs[0]
+
+
+class Identity(Operation):
+    """Passes its input through; ``stop_gradient`` blocks the gradient."""
+
+    op_type = "Identity"
+
+    def __init__(self, x: Tensor, stop: bool = False, name: str | None = None) -> None:
+        super().__init__([x], name=name or ("stop_gradient" if stop else "identity"))
+        self.stop = stop
+        self._add_output(x.shape, x.dtype)
+
+    def flops(self) -> float:
+        return 0.0
+
+    @property
+    def has_gradient(self) -> bool:
+        return not self.stop
+
+    def gradient(self, grad_ys: Sequence[Tensor | None]) -> list[Tensor | None]:
+        return [None] if self.stop else [grad_ys[0]]
+
+    def lower(self, lowering: Any) -> None:
+        lowering.set_tensor_lowering(self.outputs[0], lowering.raw_tensor(self.inputs[0]))
+
+    def attrs(self) -> dict[str, Any]:
+        return {"stop": self.stop}
+
+
+def identity(x: Tensor, name: str | None = None) -> Tensor:
+    return Identity(x, name=name).outputs[0]
+
+
+def stop_gradient(x: Tensor) -> Tensor:
+    return Identity(x, stop=True).outputs[0]

@@ -1,0 +1,221 @@
+"""Reductions (sum, max, min, any, all and the composites mean, logsumexp,
+softmax, log_softmax) and ``broadcast``.
+
+Lowering: a local reduction of each slice, then an allreduce over the mesh axes
+that split reduced dims (sum: pending, so that sums fuse; max/min: at once).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from mtf_core.errors import ShapeError
+from mtf_core.graph import Operation, Tensor
+from mtf_core.lowering.lazy import LazyAllreduceSum
+from mtf_core.ops import elementwise as ew
+from mtf_core.ops._local import align
+from mtf_core.shapes import Dimension, Shape, convert_to_dimension, convert_to_shape
+
+_TF_REDUCE = {
+    "SUM": "reduce_sum",
+    "MAX": "reduce_max",
+    "MIN": "reduce_min",
+    "LOGICAL_OR": "reduce_any",
+    "LOGICAL_AND": "reduce_all",
+}
+
+
+class Reduce(Operation):
+    """Reduces ``x`` to ``output_shape`` (a subset of its dims, any order)."""
+
+    op_type = "Reduce"
+
+    def __init__(self, x: Tensor, output_shape: Shape, reduction: str = "SUM", name: str | None = None) -> None:
+        if reduction not in _TF_REDUCE:
+            raise ValueError(f"unknown reduction {reduction!r}; expected one of {sorted(_TF_REDUCE)}")
+        for d in output_shape:
+            if d not in x.shape.dims:
+                raise ShapeError(
+                    f"reduce: output dimension {d} is not a dimension of {x.name} [{x.shape}]"
+                )
+        super().__init__([x], name=name or f"reduce_{reduction.lower()}")
+        self.reduction = reduction
+        self._add_output(output_shape, x.dtype)
+
+    @property
+    def reduced_dims(self) -> list[Dimension]:
+        return [d for d in self.inputs[0].shape if d not in self.outputs[0].shape.dims]
+
+    def flops(self) -> float:
+        return float(self.inputs[0].size)
+
+    @property
+    def has_gradient(self) -> bool:
+        return self.reduction in ("SUM", "MAX", "MIN")
+
+    def gradient(self, grad_ys: Sequence[Tensor | None]) -> list[Tensor | None]:
+        dy = grad_ys[0]
+        if dy is None or not self.has_gradient:
+            return [None]
+        x = self.inputs[0]
+        g = broadcast(dy, x.shape)
+        if self.reduction == "SUM":
+            return [g]
+        hit = ew.cast(ew.equal(x, broadcast(self.outputs[0], x.shape)), x.dtype)
+        return [g * hit]
+
+    def lower(self, lowering: Any) -> None:
+        tf = lowering.tf
+        impl = lowering.mesh_impl(self)
+        x = self.inputs[0]
+        out = self.outputs[0]
+        in_names = x.shape.dimension_names
+        red_axes = [in_names.index(d.name) for d in self.reduced_dims]
+        kept = [n for n in in_names if n in out.shape.dimension_names]
+        perm = [kept.index(n) for n in out.shape.dimension_names]
+        fn = getattr(tf.math, _TF_REDUCE[self.reduction])
+
+        def local(s: Any) -> Any:
+            r = fn(s, axis=red_axes) if red_axes else s
+            if perm != list(range(len(perm))):
+                r = tf.transpose(r, perm)
+            return r
+
+        res = impl.slicewise(local, lowering.tensors[x])
+        axes = sorted(
+            {
+                a
+                for d in self.reduced_dims
+                if (a := impl.tensor_dimension_to_mesh_axis(d)) is not None
+                and impl.shape[a].size > 1
+            }
+        )
+        if axes:
+            if self.reduction == "SUM":
+                res = LazyAllreduceSum(impl, res, axes, self)
+            else:
+                res = impl.allreduce(res, axes, self.reduction)
+        lowering.set_tensor_lowering(out, res)
+
+    def attrs(self) -> dict[str, Any]:
+        return {"reduction": self.reduction}
+
+
+def _output_shape(x: Tensor, output_shape: Any, reduced_dim: Any) -> Shape:
+    if output_shape is not None and reduced_dim is not None:
+        raise ShapeError("give output_shape or reduced_dim, not both")
+    if output_shape is not None:
+        return convert_to_shape(output_shape)
+    if reduced_dim is None:
+        return Shape([])
+    dims = reduced_dim if isinstance(reduced_dim, (list, tuple, Shape)) and not (
+        isinstance(reduced_dim, tuple) and len(reduced_dim) == 2 and isinstance(reduced_dim[1], int)
+    ) else [reduced_dim]
+    names = set()
+    for d in dims:
+        name = d if isinstance(d, str) and ":" not in d else convert_to_dimension(d).name  # type: ignore[union-attr]
+        if name not in x.shape.dimension_names:
+            raise ShapeError(f"reduce: {x.name} [{x.shape}] has no dimension {name!r}")
+        names.add(name)
+    return Shape([d for d in x.shape if d.name not in names])
+
+
+def _reduce(reduction: str, x: Tensor, output_shape: Any, reduced_dim: Any, name: str | None) -> Tensor:
+    shape = _output_shape(x, output_shape, reduced_dim)
+    if shape == x.shape:
+        return x
+    if set(shape.dimension_names) == set(x.shape.dimension_names):
+        return transpose(x, shape)
+    return Reduce(x, shape, reduction, name).outputs[0]
+
+
+def reduce_sum(x: Tensor, output_shape: Any = None, reduced_dim: Any = None, name: str | None = None) -> Tensor:
+    return _reduce("SUM", x, output_shape, reduced_dim, name)
+
+
+def reduce_max(x: Tensor, output_shape: Any = None, reduced_dim: Any = None, name: str | None = None) -> Tensor:
+    return _reduce("MAX", x, output_shape, reduced_dim, name)
+
+
+def reduce_min(x: Tensor, output_shape: Any = None, reduced_dim: Any = None, name: str | None = None) -> Tensor:
+    return _reduce("MIN", x, output_shape, reduced_dim, name)
+
+
+def reduce_any(x: Tensor, output_shape: Any = None, reduced_dim: Any = None, name: str | None = None) -> Tensor:
+    return _reduce("LOGICAL_OR", x, output_shape, reduced_dim, name)
+
+
+def reduce_all(x: Tensor, output_shape: Any = None, reduced_dim: Any = None, name: str | None = None) -> Tensor:
+    return _reduce("LOGICAL_AND", x, output_shape, reduced_dim, name)
+
+
+def reduce_mean(x: Tensor, output_shape: Any = None, reduced_dim: Any = None, name: str | None = None) -> Tensor:
+    shape = _output_shape(x, output_shape, reduced_dim)
+    count = x.shape.size // max(shape.size, 1)
+    return reduce_sum(x, output_shape=shape, name=name) * (1.0 / count)
+
+
+def reduce_logsumexp(x: Tensor, reduced_dim: Any = None, output_shape: Any = None) -> Tensor:
+    shape = _output_shape(x, output_shape, reduced_dim)
+    m = ew.stop_gradient(reduce_max(x, output_shape=shape))
+    return ew.log(reduce_sum(ew.exp(x - m), output_shape=shape)) + m
+
+
+def softmax(x: Tensor, reduced_dim: Any, extra_logit: Any = None) -> Tensor:
+    shape = _output_shape(x, None, reduced_dim)
+    m = ew.stop_gradient(reduce_max(x, output_shape=shape))
+    e = ew.exp(x - m)
+    return e / reduce_sum(e, output_shape=shape)
+
+
+def log_softmax(x: Tensor, reduced_dim: Any) -> Tensor:
+    return x - reduce_logsumexp(x, reduced_dim)
+
+
+class Broadcast(Operation):
+    """Broadcasts ``x`` to ``output_shape`` (a superset of its dims)."""
+
+    op_type = "Broadcast"
+
+    def __init__(self, x: Tensor, output_shape: Shape, name: str | None = None) -> None:
+        for d in x.shape:
+            if d not in output_shape.dims:
+                raise ShapeError(
+                    f"broadcast: {x.name} dimension {d} is missing from [{output_shape}]"
+                )
+        super().__init__([x], name=name or "broadcast")
+        self._add_output(output_shape, x.dtype)
+
+    def flops(self) -> float:
+        return 0.0
+
+    def gradient(self, grad_ys: Sequence[Tensor | None]) -> list[Tensor | None]:
+        dy = grad_ys[0]
+        return [None if dy is None else reduce_sum(dy, output_shape=self.inputs[0].shape)]
+
+    def lower(self, lowering: Any) -> None:
+        tf = lowering.tf
+        impl = lowering.mesh_impl(self)
+        x, out = self.inputs[0], self.outputs[0]
+        local_shape = impl.slice_shape(out.shape)
+        res = impl.slicewise(
+            lambda s: tf.broadcast_to(align(tf, s, x.shape, out.shape), local_shape),
+            lowering.tensors[x],
+        )
+        lowering.set_tensor_lowering(out, res)
+
+
+def broadcast(x: Tensor, new_shape: Any) -> Tensor:
+    new_shape = convert_to_shape(new_shape)
+    if new_shape == x.shape:
+        return x
+    return Broadcast(x, new_shape).outputs[0]
+
+
+def transpose(x: Tensor, new_shape: Any) -> Tensor:
+    """Reorders dims (a broadcast to the same dims in another order)."""
+    new_shape = convert_to_shape(new_shape)
+    if set(new_shape.dimension_names) != set(x.shape.dimension_names):
+        raise ShapeError(f"transpose: [{new_shape}] must have exactly the dims of [{x.shape}]")
+    return Broadcast(x, new_shape, name="transpose").outputs[0]

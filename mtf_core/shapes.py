@@ -1,0 +1,246 @@
+"""Named dimensions and shapes.
+
+A :class:`Dimension` is a ``(name, size)`` pair; a :class:`Shape` is an ordered
+tuple of dimensions with distinct names.  Mesh shapes are shapes too.  Strings
+are parsed here, once: ``"batch:32,hidden:1024"``, ``"x:2;y:4"`` (separators
+``,`` ``;`` ``.`` and whitespace).
+
+>>> convert_to_shape("a:10, b:5")
+Shape('a:10,b:5')
+>>> str(convert_to_shape("x:2;y:4").dims[1])
+'y:4'
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, Union, overload
+
+from mtf_core.errors import ShapeError
+
+_SEPARATORS = re.compile(r"[,;.\s]+")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-/]*$")
+
+
+@dataclass(frozen=True)
+class Dimension:
+    """A named tensor (or mesh) dimension of a positive size."""
+
+    name: str
+    size: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _NAME.match(self.name):
+            raise ShapeError(
+                f"dimension name {self.name!r} is invalid; expected a non-empty "
+                "identifier such as 'batch' or 'd_model'"
+            )
+        size = self.size
+        if isinstance(size, bool) or not isinstance(size, int):
+            try:
+                as_int = int(size)  # numpy integers
+            except (TypeError, ValueError):
+                as_int = None
+            if as_int is None or isinstance(size, bool) or as_int != size:
+                raise ShapeError(
+                    f"dimension {self.name!r} has size {size!r}; expected an integer"
+                )
+            object.__setattr__(self, "size", as_int)
+        if self.size <= 0:
+            raise ShapeError(
+                f"dimension {self.name!r} has size {self.size}; expected a size >= 1"
+            )
+
+    def __str__(self) -> str:
+        return f"{self.name}:{self.size}"
+
+
+DimensionLike = Union[Dimension, tuple[str, int], str]
+
+
+def convert_to_dimension(d: Any) -> Dimension | None:
+    """Converts ``Dimension``, ``(name, size)`` or ``"name:size"`` to a Dimension.
+
+    ``None`` passes through (Mesh TensorFlow does the same).
+    """
+    if d is None or isinstance(d, Dimension):
+        return d
+    if isinstance(d, str):
+        name, sep, size = d.strip().partition(":")
+        if not sep:
+            raise ShapeError(f"dimension {d!r} has no size; expected 'name:size'")
+        try:
+            return Dimension(name.strip(), int(size))
+        except ValueError as e:
+            if isinstance(e, ShapeError):
+                raise
+            raise ShapeError(
+                f"dimension {d!r} has size {size!r}; expected an integer"
+            ) from None
+    if isinstance(d, (tuple, list)) and len(d) == 2:
+        return Dimension(d[0], d[1])
+    raise ShapeError(
+        f"cannot convert {d!r} to a Dimension; expected Dimension, (name, size) "
+        "or 'name:size'"
+    )
+
+
+@dataclass(frozen=True, init=False)
+class Shape:
+    """An ordered tuple of named dimensions with distinct names."""
+
+    dims: tuple[Dimension, ...]
+
+    def __init__(self, dims: Iterable[DimensionLike] | str | Shape = ()) -> None:
+        if isinstance(dims, Shape):
+            converted: tuple[Dimension, ...] = dims.dims
+        elif isinstance(dims, str):
+            converted = _parse_shape_string(dims)
+        else:
+            out = []
+            for d in dims:
+                cd = convert_to_dimension(d)
+                if cd is None:
+                    raise ShapeError("a shape cannot contain None")
+                out.append(cd)
+            converted = tuple(out)
+        names = [d.name for d in converted]
+        if len(set(names)) != len(names):
+            dup = sorted({n for n in names if names.count(n) > 1})
+            raise ShapeError(
+                f"shape [{', '.join(map(str, converted))}] repeats dimension "
+                f"name(s) {dup}; names in one shape must be distinct"
+            )
+        object.__setattr__(self, "dims", converted)
+
+    # -- sequence protocol -------------------------------------------------
+    def __iter__(self) -> Iterator[Dimension]:
+        return iter(self.dims)
+
+    def __len__(self) -> int:
+        return len(self.dims)
+
+    @overload
+    def __getitem__(self, key: int) -> Dimension: ...
+    @overload
+    def __getitem__(self, key: slice) -> Shape: ...
+    def __getitem__(self, key: int | slice) -> Dimension | Shape:
+        if isinstance(key, slice):
+            return Shape(self.dims[key])
+        return self.dims[key]
+
+    def __contains__(self, item: object) -> bool:
+        if isinstance(item, str):
+            return item in self.dimension_names
+        return item in self.dims
+
+    def __add__(self, other: Any) -> Shape:
+        return Shape(self.dims + convert_to_shape(other).dims)
+
+    def __sub__(self, other: Any) -> Shape:
+        """Removes the dims of ``other`` (names or dims) from this shape."""
+        if isinstance(other, Dimension):
+            other = [other]
+        names = {d if isinstance(d, str) else convert_to_dimension(d).name for d in other}  # type: ignore[union-attr]
+        return Shape([d for d in self.dims if d.name not in names])
+
+    def __str__(self) -> str:
+        return ",".join(str(d) for d in self.dims)
+
+    def __repr__(self) -> str:
+        return f"Shape('{self}')"
+
+    # -- queries ------------------------------------------------------------
+    @property
+    def ndims(self) -> int:
+        return len(self.dims)
+
+    @property
+    def dimension_names(self) -> list[str]:
+        return [d.name for d in self.dims]
+
+    @property
+    def size(self) -> int:
+        return math.prod(d.size for d in self.dims)
+
+    def to_integer_list(self) -> list[int]:
+        return [d.size for d in self.dims]
+
+    def to_string(self) -> str:
+        return str(self)
+
+    def get_dim_by_name(self, name: str) -> Dimension:
+        for d in self.dims:
+            if d.name == name:
+                return d
+        raise ShapeError(f"shape [{self}] has no dimension named {name!r}")
+
+    def has_dim_name(self, name: str) -> bool:
+        return name in self.dimension_names
+
+    def index(self, dim: Dimension | str) -> int:
+        name = dim if isinstance(dim, str) else dim.name
+        try:
+            return self.dimension_names.index(name)
+        except ValueError:
+            raise ShapeError(f"shape [{self}] has no dimension {name!r}") from None
+
+    def resize_dimension(self, name: str, new_size: int) -> Shape:
+        return Shape(
+            [Dimension(name, new_size) if d.name == name else d for d in self.dims]
+        )
+
+    def rename_dimension(self, old_name: str, new_name: str) -> Shape:
+        self.get_dim_by_name(old_name)
+        return Shape(
+            [Dimension(new_name, d.size) if d.name == old_name else d for d in self.dims]
+        )
+
+    def cumprod_to_tensor_axis(self, axis: int) -> int:
+        return math.prod(d.size for d in self.dims[:axis])
+
+
+def _parse_shape_string(text: str) -> tuple[Dimension, ...]:
+    text = text.strip()
+    if not text:
+        return ()
+    parts = [p for p in _SEPARATORS.split(text) if p]
+    dims = []
+    for p in parts:
+        d = convert_to_dimension(p)
+        assert d is not None
+        dims.append(d)
+    return tuple(dims)
+
+
+ShapeLike = Union[Shape, str, Iterable[DimensionLike]]
+
+
+def convert_to_shape(x: Any) -> Shape:
+    """Converts a Shape, a shape string or a list of dimension-likes to a Shape.
+
+    >>> convert_to_shape([("batch", 4), "hidden:8"]).dimension_names
+    ['batch', 'hidden']
+    """
+    if x is None:
+        raise ShapeError("shape is None; expected a Shape, list of dims or 'a:2,b:3'")
+    if isinstance(x, Shape):
+        return x
+    if isinstance(x, Dimension):
+        return Shape([x])
+    if isinstance(x, str) or isinstance(x, Iterable):
+        return Shape(x)
+    raise ShapeError(
+        f"cannot convert {x!r} to a Shape; expected a Shape, a list of dimensions "
+        "or a string such as 'a:10,b:5'"
+    )
+
+
+def convert_to_shape_or_none(x: Any) -> Shape | None:
+    return None if x is None else convert_to_shape(x)
+
+
+MeshShape = Shape
