@@ -107,7 +107,14 @@ from mtf_core.ops.reduce import (
     softmax,
     transpose,
 )
-from mtf_core.ops.variables import Assign, Variable, assign, assign_add, assign_sub, get_variable
+from mtf_core.ops.variables import (
+    Assign,
+    Variable,
+    assign,
+    assign_add,
+    assign_sub,
+    get_variable,
+)
 from mtf_core.shapes import (
     Dimension,
     MeshShape,
@@ -142,3 +149,6 @@ def __getattr__(name: str) -> Any:
         globals()[name] = value
         return value
     raise AttributeError(f"module 'mtf_core' has no attribute {name!r}")
+
+
+from mtf_core import layers  # noqa: E402

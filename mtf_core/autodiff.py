@@ -24,7 +24,11 @@ def _as_tensor(x: Any) -> Tensor:
     return x
 
 
-def gradients(ys: Sequence[Tensor] | Tensor, xs: Sequence[Any], grad_ys: Sequence[Tensor | None] | None = None) -> list[Tensor | None]:
+def gradients(
+    ys: Sequence[Tensor] | Tensor,
+    xs: Sequence[Any],
+    grad_ys: Sequence[Tensor | None] | None = None,
+) -> list[Tensor | None]:
     """d(sum of ys)/d(xs): one tensor (or None if unconnected) per x.
 
     >>> # dw = mtf.gradients([loss], [w])[0]
@@ -54,7 +58,9 @@ def gradients(ys: Sequence[Tensor] | Tensor, xs: Sequence[Any], grad_ys: Sequenc
     grads: dict[Tensor, list[Tensor]] = {}
     for i, y in enumerate(ys):
         g = grad_ys[i] if grad_ys is not None else None
-        grads.setdefault(y, []).append(g if g is not None else ones(y.mesh, y.shape, y.dtype))
+        grads.setdefault(y, []).append(
+            g if g is not None else ones(y.mesh, y.shape, y.dtype)
+        )
     for op in reversed(ops):
         if op not in upstream_ops or not any(t in downstream for t in op.outputs):
             continue
@@ -85,7 +91,12 @@ class _CustomGradientOp(Operation):
 
     op_type = "CustomGradient"
 
-    def __init__(self, fn_outputs: list[Tensor], inputs: list[Tensor], grad_fn: Callable[..., Any]) -> None:
+    def __init__(
+        self,
+        fn_outputs: list[Tensor],
+        inputs: list[Tensor],
+        grad_fn: Callable[..., Any],
+    ) -> None:
         super().__init__(inputs + fn_outputs, name="custom_gradient")
         self._n_in = len(inputs)
         self.grad_fn = grad_fn
@@ -98,7 +109,10 @@ class _CustomGradientOp(Operation):
     def gradient(self, grad_ys: Sequence[Tensor | None]) -> list[Tensor | None]:
         ins = self.inputs[: self._n_in]
         outs = self.inputs[self._n_in :]
-        gys = [g if g is not None else ew.zeros_like_tensor(o) for g, o in zip(grad_ys, outs)]
+        gys = [
+            g if g is not None else ew.zeros_like_tensor(o)
+            for g, o in zip(grad_ys, outs)
+        ]
         gxs = list(self.grad_fn(ins, outs, gys))
         return gxs + [None] * len(outs)
 
@@ -107,7 +121,9 @@ class _CustomGradientOp(Operation):
             lowering.set_tensor_lowering(dst, lowering.raw_tensor(src))
 
 
-def custom_gradient(fn: Callable[..., Any], grad_fn: Callable[..., Any], inputs: Sequence[Tensor]) -> list[Tensor]:
+def custom_gradient(
+    fn: Callable[..., Any], grad_fn: Callable[..., Any], inputs: Sequence[Tensor]
+) -> list[Tensor]:
     """Runs ``fn(*inputs)``; its gradient is ``grad_fn(inputs, outputs, grad_outputs)``
     (returning one gradient per input) instead of autodiff through ``fn``."""
     inputs = list(inputs)
@@ -129,10 +145,14 @@ def recompute_grad(fn: Callable[..., Any], inputs: Sequence[Tensor]) -> Any:
     graph = inputs[0].graph
     n_vars = len(graph.all_variables)
 
-    def grad_fn(ins: list[Tensor], outs: list[Tensor], gys: list[Tensor]) -> list[Tensor | None]:
+    def grad_fn(
+        ins: list[Tensor], outs: list[Tensor], gys: list[Tensor]
+    ) -> list[Tensor | None]:
         fresh = [ew.identity(x) for x in ins]
         recomputed = fn(*fresh)
-        recomputed = [recomputed] if isinstance(recomputed, Tensor) else list(recomputed)
+        recomputed = (
+            [recomputed] if isinstance(recomputed, Tensor) else list(recomputed)
+        )
         return gradients(recomputed, fresh, gys)
 
     out = custom_gradient(fn, grad_fn, inputs)

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from mtf_core import dtypes
-from mtf_core.errors import GraphError, ShapeError
+from mtf_core.errors import GraphError
 from mtf_core.shapes import Shape, convert_to_shape
 
 if TYPE_CHECKING:
@@ -75,7 +75,9 @@ class Tensor:
 
     __array_priority__ = 100
 
-    def __init__(self, operation: Operation, shape: Shape, dtype: Any, index: int) -> None:
+    def __init__(
+        self, operation: Operation, shape: Shape, dtype: Any, index: int
+    ) -> None:
         self.operation = operation
         self.shape = convert_to_shape(shape)
         self.dtype = dtypes.as_dtype_name(dtype)
@@ -224,7 +226,9 @@ class Operation:
     @property
     def all_dim_names(self) -> frozenset[str]:
         return frozenset(
-            d.name for t in itertools.chain(self._inputs, self._outputs) for d in t.shape
+            d.name
+            for t in itertools.chain(self._inputs, self._outputs)
+            for d in t.shape
         )
 
     def unsplittable_dims(self) -> frozenset[str]:
@@ -240,6 +244,12 @@ class Operation:
         Default: one per output element.
         """
         return float(sum(t.size for t in self._outputs))
+
+    def communication(self, ctx: Any) -> list[Any]:
+        """The collectives (:class:`mtf_core.comm.CollectiveSpec`) lowering this op
+        issues under ``ctx`` (a :class:`mtf_core.comm.LayoutContext`), in order.
+        Must agree exactly with what :meth:`lower` records.  Default: none."""
+        return []
 
     # -- autodiff and lowering ---------------------------------------------
     @property

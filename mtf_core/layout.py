@@ -108,7 +108,11 @@ class LayoutRules:
     ) -> int | None:
         """Mesh axis index the dimension is split over, or None."""
         mesh_shape = convert_to_shape(mesh_shape)
-        name = tensor_dimension if isinstance(tensor_dimension, str) else tensor_dimension.name
+        name = (
+            tensor_dimension
+            if isinstance(tensor_dimension, str)
+            else tensor_dimension.name
+        )
         m = self.mesh_dimension_name(name)
         if m is None or m not in mesh_shape.dimension_names:
             return None

@@ -17,7 +17,7 @@ import math
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Union, overload
+from typing import Any, overload
 
 from mtf_core.errors import ShapeError
 
@@ -58,7 +58,7 @@ class Dimension:
         return f"{self.name}:{self.size}"
 
 
-DimensionLike = Union[Dimension, tuple[str, int], str]
+DimensionLike = Dimension | tuple[str, int] | str
 
 
 def convert_to_dimension(d: Any) -> Dimension | None:
@@ -144,7 +144,9 @@ class Shape:
         """Removes the dims of ``other`` (names or dims) from this shape."""
         if isinstance(other, Dimension):
             other = [other]
-        names = {d if isinstance(d, str) else convert_to_dimension(d).name for d in other}  # type: ignore[union-attr]
+        names = {
+            d if isinstance(d, str) else convert_to_dimension(d).name for d in other
+        }  # type: ignore[union-attr]
         return Shape([d for d in self.dims if d.name not in names])
 
     def __str__(self) -> str:
@@ -196,7 +198,10 @@ class Shape:
     def rename_dimension(self, old_name: str, new_name: str) -> Shape:
         self.get_dim_by_name(old_name)
         return Shape(
-            [Dimension(new_name, d.size) if d.name == old_name else d for d in self.dims]
+            [
+                Dimension(new_name, d.size) if d.name == old_name else d
+                for d in self.dims
+            ]
         )
 
     def cumprod_to_tensor_axis(self, axis: int) -> int:
@@ -216,7 +221,7 @@ def _parse_shape_string(text: str) -> tuple[Dimension, ...]:
     return tuple(dims)
 
 
-ShapeLike = Union[Shape, str, Iterable[DimensionLike]]
+ShapeLike = Shape | str | Iterable[DimensionLike]
 
 
 def convert_to_shape(x: Any) -> Shape:

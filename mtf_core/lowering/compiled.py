@@ -47,15 +47,26 @@ class CompiledFunction:
         self.outputs = list(outputs)
         self.updates = list(updates)
         for t in self.inputs:
-            if not (isinstance(t.operation, ImportTensor) and t.operation.is_placeholder):
-                raise LoweringError(f"input {t.name} is not a placeholder (mtf.placeholder)")
-        self.variables = variables if variables is not None else VariableStore(graph, self.mesh_to_impl)
+            if not (
+                isinstance(t.operation, ImportTensor) and t.operation.is_placeholder
+            ):
+                raise LoweringError(
+                    f"input {t.name} is not a placeholder (mtf.placeholder)"
+                )
+        self.variables = (
+            variables
+            if variables is not None
+            else VariableStore(graph, self.mesh_to_impl)
+        )
         self.counters: Counters | None = None
         self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="mtf_step")
         signature = [
-            tf.TensorSpec(t.shape.to_integer_list(), tf.as_dtype(t.dtype)) for t in self.inputs
+            tf.TensorSpec(t.shape.to_integer_list(), tf.as_dtype(t.dtype))
+            for t in self.inputs
         ]
-        self._fn = tf.function(self._run, input_signature=signature, jit_compile=jit_compile)
+        self._fn = tf.function(
+            self._run, input_signature=signature, jit_compile=jit_compile
+        )
         self.concrete = None
 
     def _run(self, *values: Any) -> list[Any]:

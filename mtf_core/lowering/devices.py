@@ -35,11 +35,16 @@ def logical_gpu_devices(n: int, memory_mb: int = 4096) -> list[str]:
     try:
         tf.config.set_logical_device_configuration(
             gpus[0],
-            [tf.config.LogicalDeviceConfiguration(memory_limit=memory_mb) for _ in range(n)],
+            [
+                tf.config.LogicalDeviceConfiguration(memory_limit=memory_mb)
+                for _ in range(n)
+            ],
         )
     except RuntimeError:
         pass
     logical = tf.config.list_logical_devices("GPU")
     if len(logical) < n:
-        raise LoweringError(f"asked for {n} logical GPUs, TensorFlow has {len(logical)}")
+        raise LoweringError(
+            f"asked for {n} logical GPUs, TensorFlow has {len(logical)}"
+        )
     return [d.name for d in logical[:n]]

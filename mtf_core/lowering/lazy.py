@@ -13,7 +13,9 @@ class LazyAllreduceSum:
     reduced once.  Any other use forces the reduction.
     """
 
-    def __init__(self, mesh_impl: Any, laid_out: Any, mesh_axes: Sequence[int], op: Any) -> None:
+    def __init__(
+        self, mesh_impl: Any, laid_out: Any, mesh_axes: Sequence[int], op: Any
+    ) -> None:
         self.mesh_impl = mesh_impl
         self.laid_out = laid_out
         self.mesh_axes = tuple(sorted(mesh_axes))
@@ -22,5 +24,7 @@ class LazyAllreduceSum:
 
     def to_laid_out_tensor(self) -> Any:
         if self._reduced is None:
-            self._reduced = self.mesh_impl.allreduce_for(self.op, self.laid_out, self.mesh_axes)
+            self._reduced = self.mesh_impl.allreduce_for(
+                self.op, self.laid_out, self.mesh_axes
+            )
         return self._reduced

@@ -6,7 +6,7 @@ Works eagerly (each op runs as it is lowered, handy for debugging) and inside a
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import tensorflow as tf
@@ -39,7 +39,9 @@ class _TensorMap:
         return t in self.raw
 
 
-def needed_operations(graph: Graph, targets: Iterable[Tensor | Operation]) -> list[Operation]:
+def needed_operations(
+    graph: Graph, targets: Iterable[Tensor | Operation]
+) -> list[Operation]:
     """Operations the targets depend on, in graph order."""
     want: set[Operation] = set()
     stack = [t.operation if isinstance(t, Tensor) else t for t in targets]
@@ -97,7 +99,11 @@ class Lowering:
         for op in ops:
             for t in op.outputs:
                 self.mesh_impl(op).tensor_layout(t)  # validate layouts up front
-        self.variables = variables if variables is not None else VariableStore(graph, self.mesh_to_impl)
+        self.variables = (
+            variables
+            if variables is not None
+            else VariableStore(graph, self.mesh_to_impl)
+        )
         for op in ops:
             impl = self.mesh_impl(op)
             impl.current_op = op
@@ -121,7 +127,9 @@ class Lowering:
     def _count_flops(self, op: Operation, impl: MeshImpl) -> None:
         flops = op.flops()
         if flops:
-            self.counters.record_flops(op.name, flops / impl.devices_splitting(sorted(op.all_dim_names)))
+            self.counters.record_flops(
+                op.name, flops / impl.devices_splitting(sorted(op.all_dim_names))
+            )
 
     # -- Mesh TensorFlow's API -------------------------------------------------
     def export_to_tf_tensor(self, t: Tensor) -> Any:

@@ -7,13 +7,13 @@ per device) and an SPMD backend are interchangeable.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from mtf_core.comm import LayoutContext, plan_layout_change
 from mtf_core.errors import LayoutError
 from mtf_core.graph import Tensor
-from mtf_core.layout import LayoutRules, TensorLayout, check_layout_rules, convert_to_layout_rules
+from mtf_core.layout import LayoutRules, TensorLayout
 from mtf_core.lowering.counters import CollectiveRecord, Counters
 from mtf_core.shapes import Shape, convert_to_shape
 
@@ -22,12 +22,11 @@ class MeshImpl:
     """A mesh shape, layout rules and the collectives that couple devices."""
 
     def __init__(self, shape: Any, layout: Any) -> None:
-        self.shape: Shape = convert_to_shape(shape)
-        self.layout_rules: LayoutRules = convert_to_layout_rules(layout)
-        check_layout_rules(self.layout_rules, self.shape)
+        self.ctx = LayoutContext.make(shape, layout)
+        self.shape: Shape = self.ctx.mesh_shape
+        self.layout_rules: LayoutRules = self.ctx.rules
         self.counters: Counters | None = None
         self.current_op: Any = None
-        self._layout_cache: dict[Shape, TensorLayout] = {}
 
     # -- geometry -------------------------------------------------------------
     @property
@@ -40,29 +39,21 @@ class MeshImpl:
 
     def tensor_layout(self, arg: Tensor | Shape | Any) -> TensorLayout:
         shape = arg.shape if isinstance(arg, Tensor) else convert_to_shape(arg)
-        layout = self._layout_cache.get(shape)
-        if layout is None:
-            try:
-                layout = self.layout_rules.tensor_layout(shape, self.shape)
-            except LayoutError as e:
-                what = arg.name if isinstance(arg, Tensor) else f"[{shape}]"
-                raise type(e)(f"tensor {what}: {e}") from None
-            self._layout_cache[shape] = layout
-        return layout
+        try:
+            return self.ctx.tensor_layout(shape)
+        except LayoutError as e:
+            what = arg.name if isinstance(arg, Tensor) else f"[{shape}]"
+            raise type(e)(f"tensor {what}: {e}") from None
 
     def tensor_dimension_to_mesh_axis(self, dim: Any) -> int | None:
-        return self.layout_rules.tensor_dimension_to_mesh_axis(dim, self.shape)
+        return self.ctx.mesh_axis(dim)
 
     def mesh_axis_names(self, axes: Sequence[int]) -> tuple[str, ...]:
         return tuple(self.shape[a].name for a in axes)
 
     def slice_shape(self, shape: Any) -> list[int]:
-        shape = convert_to_shape(shape)
-        layout = self.tensor_layout(shape)
-        return [
-            d.size if m is None else d.size // self.shape[m].size
-            for d, m in zip(shape, layout)
-        ]
+        self.tensor_layout(shape)  # raises a LayoutError naming the tensor
+        return self.ctx.slice_shape(shape)
 
     def pnum_to_processor_coordinates(self, pnum: int) -> list[int]:
         coords = []
@@ -121,26 +112,31 @@ class MeshImpl:
 
     def devices_splitting(self, dim_names: Sequence[str]) -> int:
         """How many ways the op's work is divided: product of the mesh axes used."""
-        axes = {self.layout_rules.tensor_dimension_to_mesh_axis(n, self.shape) for n in dim_names}
-        return math.prod(self.shape[a].size for a in axes if a is not None)
+        return self.ctx.devices_splitting(dim_names)
 
     # -- what backends implement --------------------------------------------
     def slicewise(self, fn: Callable[..., Any], *inputs: Any) -> Any:
         raise NotImplementedError
 
-    def allreduce(self, x: Any, mesh_axes: Sequence[int], reduction: str = "SUM") -> Any:
+    def allreduce(
+        self, x: Any, mesh_axes: Sequence[int], reduction: str = "SUM"
+    ) -> Any:
         raise NotImplementedError
 
     def allconcat(self, x: Any, mesh_axis: int, concat_axis: int) -> Any:
         raise NotImplementedError
 
-    def alltoall(self, x: Any, mesh_axis: int, split_axis: int, concat_axis: int) -> Any:
+    def alltoall(
+        self, x: Any, mesh_axis: int, split_axis: int, concat_axis: int
+    ) -> Any:
         raise NotImplementedError
 
     def allsplit(self, x: Any, mesh_axis: int, split_axis: int) -> Any:
         raise NotImplementedError
 
-    def shift_by_n_processors(self, x: Any, mesh_axis: int, offset: int, wrap: bool) -> Any:
+    def shift_by_n_processors(
+        self, x: Any, mesh_axis: int, offset: int, wrap: bool
+    ) -> Any:
         raise NotImplementedError
 
     def import_tf_tensor(self, tf_tensor: Any, shape: Any) -> Any:
@@ -161,7 +157,9 @@ class MeshImpl:
     def read_variables(self, variables: Sequence[Any]) -> Any:
         raise NotImplementedError
 
-    def assign_variables(self, variables: Sequence[Any], laid: Any, mode: str = "assign") -> list[Any]:
+    def assign_variables(
+        self, variables: Sequence[Any], laid: Any, mode: str = "assign"
+    ) -> list[Any]:
         raise NotImplementedError
 
     # -- built on the primitives ------------------------------------------------
@@ -173,26 +171,21 @@ class MeshImpl:
         finally:
             self.current_op = saved
 
-    def change_layout(self, x: Any, old_shape: Shape, new_layout: TensorLayout) -> Any:
-        """Moves a laid-out tensor of ``old_shape`` to ``new_layout`` (same dims).
+    def change_layout(self, x: Any, shape: Shape, new_layout: TensorLayout) -> Any:
+        """Moves a laid-out tensor of ``shape`` from its rules' layout to
+        ``new_layout``, following :func:`mtf_core.comm.plan_layout_change`."""
+        return self.apply_layout_change(x, shape, self.tensor_layout(shape), new_layout)
 
-        split(a on m) -> replicated is an allconcat over m; replicated -> split
-        is a local allsplit; split(a on m) -> split(b on m) is an alltoall.
-        """
-        old_layout = self.tensor_layout(old_shape)
-        old_m2t = old_layout.mesh_axis_to_tensor_axis(self.ndims)
-        new_m2t = new_layout.mesh_axis_to_tensor_axis(self.ndims)
-        # alltoall where one axis moves from one tensor dim to another
-        for m in range(self.ndims):
-            a, b = old_m2t[m], new_m2t[m]
-            if a is not None and b is not None and a != b:
-                x = self.alltoall(x, m, split_axis=b, concat_axis=a)
-        for m in range(self.ndims):
-            a, b = old_m2t[m], new_m2t[m]
-            if a is not None and b is None:
-                x = self.allconcat(x, m, a)
-        for m in range(self.ndims):
-            a, b = old_m2t[m], new_m2t[m]
-            if a is None and b is not None:
-                x = self.allsplit(x, m, b)
+    def apply_layout_change(
+        self, x: Any, shape: Shape, old_layout: TensorLayout, new_layout: TensorLayout
+    ) -> Any:
+        for step in plan_layout_change(
+            self.ctx, shape, "float32", old_layout, new_layout
+        ):
+            if step.kind == "alltoall":
+                x = self.alltoall(x, step.mesh_axis, step.split_axis, step.concat_axis)
+            elif step.kind == "allconcat":
+                x = self.allconcat(x, step.mesh_axis, step.concat_axis)
+            else:
+                x = self.allsplit(x, step.mesh_axis, step.split_axis)
         return x

@@ -82,13 +82,17 @@ class PlacementMeshImpl(MeshImpl):
                 out.append(fn(*[s[p] for s in per_input]))
         return LaidOutTensor(out)
 
-    def slicewise_multi(self, fn: Callable[..., Sequence[Any]], n_out: int, *inputs: Any) -> list[LaidOutTensor]:
+    def slicewise_multi(
+        self, fn: Callable[..., Sequence[Any]], n_out: int, *inputs: Any
+    ) -> list[LaidOutTensor]:
         """Like slicewise for a function returning ``n_out`` tensors."""
         combined = self.slicewise(lambda *a: tuple(fn(*a)), *inputs)
         return [LaidOutTensor([s[i] for s in combined.slices]) for i in range(n_out)]
 
     # -- collectives -----------------------------------------------------------
-    def allreduce(self, x: LaidOutTensor, mesh_axes: Sequence[int], reduction: str = "SUM") -> LaidOutTensor:
+    def allreduce(
+        self, x: LaidOutTensor, mesh_axes: Sequence[int], reduction: str = "SUM"
+    ) -> LaidOutTensor:
         mesh_axes = [a for a in mesh_axes if self.shape[a].size > 1]
         if not mesh_axes:
             return x
@@ -114,7 +118,9 @@ class PlacementMeshImpl(MeshImpl):
                     out[p] = tf.identity(total)
         return LaidOutTensor(out)
 
-    def allconcat(self, x: LaidOutTensor, mesh_axis: int, concat_axis: int) -> LaidOutTensor:
+    def allconcat(
+        self, x: LaidOutTensor, mesh_axis: int, concat_axis: int
+    ) -> LaidOutTensor:
         if self.shape[mesh_axis].size == 1:
             return x
         self.record("allconcat", [mesh_axis], x.slice_bytes)
@@ -127,7 +133,9 @@ class PlacementMeshImpl(MeshImpl):
                     out[p] = tf.identity(full)
         return LaidOutTensor(out)
 
-    def alltoall(self, x: LaidOutTensor, mesh_axis: int, split_axis: int, concat_axis: int) -> LaidOutTensor:
+    def alltoall(
+        self, x: LaidOutTensor, mesh_axis: int, split_axis: int, concat_axis: int
+    ) -> LaidOutTensor:
         n = self.shape[mesh_axis].size
         if n == 1:
             return x
@@ -140,10 +148,14 @@ class PlacementMeshImpl(MeshImpl):
                     pieces.append(tf.split(x.slices[p], n, axis=split_axis))
             for j, p in enumerate(group):
                 with tf.device(self.devices[p]):
-                    out[p] = tf.concat([pieces[i][j] for i in range(n)], axis=concat_axis)
+                    out[p] = tf.concat(
+                        [pieces[i][j] for i in range(n)], axis=concat_axis
+                    )
         return LaidOutTensor(out)
 
-    def allsplit(self, x: LaidOutTensor, mesh_axis: int, split_axis: int) -> LaidOutTensor:
+    def allsplit(
+        self, x: LaidOutTensor, mesh_axis: int, split_axis: int
+    ) -> LaidOutTensor:
         n = self.shape[mesh_axis].size
         if n == 1:
             return x
@@ -160,7 +172,9 @@ class PlacementMeshImpl(MeshImpl):
                 out.append(tf.slice(s, begin, sizes))
         return LaidOutTensor(out)
 
-    def shift_by_n_processors(self, x: LaidOutTensor, mesh_axis: int, offset: int, wrap: bool) -> LaidOutTensor:
+    def shift_by_n_processors(
+        self, x: LaidOutTensor, mesh_axis: int, offset: int, wrap: bool
+    ) -> LaidOutTensor:
         """Device at coordinate c receives the slice of coordinate c - offset."""
         n = self.shape[mesh_axis].size
         if n == 1 and wrap:
@@ -173,21 +187,33 @@ class PlacementMeshImpl(MeshImpl):
             with tf.device(dev):
                 if wrap:
                     coords[mesh_axis] = src % n
-                    out.append(tf.identity(x.slices[self.processor_coordinates_to_pnum(coords)]))
+                    out.append(
+                        tf.identity(
+                            x.slices[self.processor_coordinates_to_pnum(coords)]
+                        )
+                    )
                 elif 0 <= src < n:
                     coords[mesh_axis] = src
-                    out.append(tf.identity(x.slices[self.processor_coordinates_to_pnum(coords)]))
+                    out.append(
+                        tf.identity(
+                            x.slices[self.processor_coordinates_to_pnum(coords)]
+                        )
+                    )
                 else:
                     out.append(tf.zeros_like(x.slices[p]))
         return LaidOutTensor(out)
 
     # -- variables ---------------------------------------------------------------
-    def make_variables(self, laid: LaidOutTensor, name: str, trainable: bool) -> list[Any]:
+    def make_variables(
+        self, laid: LaidOutTensor, name: str, trainable: bool
+    ) -> list[Any]:
         out = []
         for p, dev in enumerate(self.devices):
             with tf.device(dev):
                 out.append(
-                    tf.Variable(laid.slices[p], name=f"{name}_slice_{p}", trainable=trainable)
+                    tf.Variable(
+                        laid.slices[p], name=f"{name}_slice_{p}", trainable=trainable
+                    )
                 )
         return out
 
@@ -254,7 +280,9 @@ class PlacementMeshImpl(MeshImpl):
                             c2 = list(c)
                             c2[m] = i
                             group.append(pieces[self.processor_coordinates_to_pnum(c2)])
-                        new[p] = tf.concat(group, axis=t) if len(group) > 1 else group[0]
+                        new[p] = (
+                            tf.concat(group, axis=t) if len(group) > 1 else group[0]
+                        )
                 pieces = new
             (result,) = pieces.values()
             return tf.identity(result)
@@ -270,6 +298,9 @@ class PlacementMeshImpl(MeshImpl):
         out = []
         for p, dev in enumerate(self.devices):
             with tf.device(dev):
-                out.append(tf.constant(self.pnum_to_processor_coordinates(p)[mesh_axis], tf.int32))
+                out.append(
+                    tf.constant(
+                        self.pnum_to_processor_coordinates(p)[mesh_axis], tf.int32
+                    )
+                )
         return LaidOutTensor(out)
-

@@ -29,7 +29,9 @@ def default_initializer(name: str) -> Any:
         fan_out = shape[-1]
         fan_in = int(np.prod(shape[:-1])) if len(shape) > 1 else shape[0]
         limit = float(np.sqrt(6.0 / (fan_in + fan_out)))
-        return tf.random.stateless_uniform(shape, [seed, 0], -limit, limit, dtype=tf.float32)
+        return tf.random.stateless_uniform(
+            shape, [seed, 0], -limit, limit, dtype=tf.float32
+        )
 
     return init
 
@@ -69,7 +71,9 @@ class VariableStore:
         try:
             return self._slices[var]
         except KeyError:
-            raise LoweringError(f"variable {var.name} has no slices in this store") from None
+            raise LoweringError(
+                f"variable {var.name} has no slices in this store"
+            ) from None
 
     @property
     def variables(self) -> list[Any]:
@@ -107,4 +111,6 @@ class VariableStore:
             if name in by_name:
                 self.import_(by_name[name], value)
             elif strict:
-                raise LoweringError(f"checkpoint has variable {name!r}, which the graph lacks")
+                raise LoweringError(
+                    f"checkpoint has variable {name!r}, which the graph lacks"
+                )

@@ -21,13 +21,22 @@ class ImportTensor(Operation):
 
     op_type = "ImportTensor"
 
-    def __init__(self, mesh: Mesh, value: Any, shape: Any, dtype: Any = None, name: str | None = None) -> None:
+    def __init__(
+        self,
+        mesh: Mesh,
+        value: Any,
+        shape: Any,
+        dtype: Any = None,
+        name: str | None = None,
+    ) -> None:
         super().__init__([], mesh=mesh, name=name or "import")
         shape = convert_to_shape(shape)
         self.value = value
         if value is not None:
             vshape = list(getattr(value, "shape", np.shape(value)))
-            if [int(s) if s is not None else -1 for s in vshape] != shape.to_integer_list():
+            if [
+                int(s) if s is not None else -1 for s in vshape
+            ] != shape.to_integer_list():
                 raise GraphError(
                     f"import_tf_tensor: value of shape {vshape} does not match shape "
                     f"[{shape}] ({shape.to_integer_list()})"
@@ -59,22 +68,30 @@ class ImportTensor(Operation):
             )
         tf = lowering.tf
         value = tf.cast(tf.convert_to_tensor(value), out.dtype)
-        lowering.set_tensor_lowering(out, lowering.mesh_impl(self).import_tf_tensor(value, out.shape))
+        lowering.set_tensor_lowering(
+            out, lowering.mesh_impl(self).import_tf_tensor(value, out.shape)
+        )
 
     def attrs(self) -> dict[str, Any]:
         return {"placeholder": self.is_placeholder}
 
 
-def import_tf_tensor(mesh: Mesh, tf_tensor: Any, shape: Any = None, name: str | None = None) -> Tensor:
+def import_tf_tensor(
+    mesh: Mesh, tf_tensor: Any, shape: Any = None, name: str | None = None
+) -> Tensor:
     """Imports a full ``tf.Tensor`` (or array) as an mtf tensor of ``shape``."""
     if shape is None:
         raise GraphError("import_tf_tensor needs the named shape of the tensor")
     return ImportTensor(mesh, tf_tensor, shape, name=name).outputs[0]
 
 
-def placeholder(mesh: Mesh, shape: Any, dtype: Any = "float32", name: str | None = None) -> Tensor:
+def placeholder(
+    mesh: Mesh, shape: Any, dtype: Any = "float32", name: str | None = None
+) -> Tensor:
     """A tensor fed with a new full value at each lowering / compiled call."""
-    return ImportTensor(mesh, None, shape, dtype=dtype, name=name or "placeholder").outputs[0]
+    return ImportTensor(
+        mesh, None, shape, dtype=dtype, name=name or "placeholder"
+    ).outputs[0]
 
 
 class Constant(Operation):
@@ -82,7 +99,9 @@ class Constant(Operation):
 
     op_type = "Constant"
 
-    def __init__(self, mesh: Mesh, value: Any, shape: Any, dtype: Any, name: str | None = None) -> None:
+    def __init__(
+        self, mesh: Mesh, value: Any, shape: Any, dtype: Any, name: str | None = None
+    ) -> None:
         super().__init__([], mesh=mesh, name=name or "constant")
         shape = convert_to_shape(shape)
         arr = np.asarray(value)
@@ -115,15 +134,25 @@ class Constant(Operation):
         return {"value": self.value.tolist()}
 
 
-def constant(mesh: Mesh, value: Any, shape: Any = (), dtype: Any = "float32", name: str | None = None) -> Tensor:
+def constant(
+    mesh: Mesh,
+    value: Any,
+    shape: Any = (),
+    dtype: Any = "float32",
+    name: str | None = None,
+) -> Tensor:
     return Constant(mesh, value, shape, dtype, name).outputs[0]
 
 
-def zeros(mesh: Mesh, shape: Any, dtype: Any = "float32", name: str | None = None) -> Tensor:
+def zeros(
+    mesh: Mesh, shape: Any, dtype: Any = "float32", name: str | None = None
+) -> Tensor:
     return Constant(mesh, 0, shape, dtype, name or "zeros").outputs[0]
 
 
-def ones(mesh: Mesh, shape: Any, dtype: Any = "float32", name: str | None = None) -> Tensor:
+def ones(
+    mesh: Mesh, shape: Any, dtype: Any = "float32", name: str | None = None
+) -> Tensor:
     return Constant(mesh, 1, shape, dtype, name or "ones").outputs[0]
 
 

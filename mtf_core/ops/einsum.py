@@ -15,10 +15,11 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from mtf_core.errors import LayoutError, ShapeError
+from mtf_core.comm import CollectiveSpec
+from mtf_core.errors import DTypeError, ShapeError
 from mtf_core.graph import Operation, Tensor, check_same_mesh
 from mtf_core.lowering.lazy import LazyAllreduceSum
-from mtf_core.ops._local import align, einsum_equation
+from mtf_core.ops._local import einsum_equation
 from mtf_core.shapes import Shape, convert_to_shape
 
 
@@ -27,7 +28,9 @@ class Einsum(Operation):
 
     op_type = "Einsum"
 
-    def __init__(self, inputs: Sequence[Tensor], output_shape: Any, name: str | None = None) -> None:
+    def __init__(
+        self, inputs: Sequence[Tensor], output_shape: Any, name: str | None = None
+    ) -> None:
         inputs = list(inputs)
         if not inputs:
             raise ShapeError("einsum needs at least one input")
@@ -35,8 +38,6 @@ class Einsum(Operation):
         dt = inputs[0].dtype
         for t in inputs[1:]:
             if t.dtype != dt:
-                from mtf_core.errors import DTypeError
-
                 raise DTypeError(
                     f"einsum: dtypes differ: {inputs[0].name} is {dt}, {t.name} is "
                     f"{t.dtype}; cast one of them first"
@@ -78,8 +79,10 @@ class Einsum(Operation):
     def flops(self) -> float:
         sizes = {d.name: d.size for t in self.inputs + self.outputs for d in t.shape}
         mults = max(len(self.inputs) - 1, 1)
-        return float(2 * mults * math.prod(sizes.values())) if len(self.inputs) > 1 else float(
-            math.prod(sizes.values())
+        return (
+            float(2 * mults * math.prod(sizes.values()))
+            if len(self.inputs) > 1
+            else float(math.prod(sizes.values()))
         )
 
     def gradient(self, grad_ys: Sequence[Tensor | None]) -> list[Tensor | None]:
@@ -92,44 +95,36 @@ class Einsum(Operation):
             grads.append(_einsum_or_broadcast(others, t.shape))
         return grads
 
+    def communication(self, ctx: Any) -> list[CollectiveSpec]:
+        ctx.check_op_dims(f"Einsum {self.name}", sorted(self.all_dim_names))
+        axes = ctx.reduced_axes(self.reduced_dims)
+        if not axes:
+            return []
+        out = self.outputs[0]
+        return [
+            CollectiveSpec(
+                "allreduce",
+                ctx.axis_names(axes),
+                ctx.slice_bytes(out.shape, out.dtype),
+                pending=True,
+            )
+        ]
+
     def lower(self, lowering: Any) -> None:
         tf = lowering.tf
         impl = lowering.mesh_impl(self)
         out = self.outputs[0]
-        check_op_layout(self, impl)
+        impl.ctx.check_op_dims(f"Einsum {self.name}", sorted(self.all_dim_names))
         eq = einsum_equation([t.shape for t in self.inputs], out.shape)
         ins = [lowering.tensors[t] for t in self.inputs]
         res = impl.slicewise(lambda *s: tf.einsum(eq, *s), *ins)
-        axes = sorted(
-            {
-                a
-                for n in self.reduced_dims
-                if (a := impl.tensor_dimension_to_mesh_axis(n)) is not None
-                and impl.shape[a].size > 1
-            }
-        )
+        axes = impl.ctx.reduced_axes(self.reduced_dims)
         if axes:
             res = LazyAllreduceSum(impl, res, axes, self)
         lowering.set_tensor_lowering(out, res)
 
     def attrs(self) -> dict[str, Any]:
         return {}
-
-
-def check_op_layout(op: Operation, impl: Any) -> None:
-    """Rejects layouts where one mesh axis splits two dims of the op."""
-    used: dict[int, str] = {}
-    for n in sorted(op.all_dim_names):
-        a = impl.tensor_dimension_to_mesh_axis(n)
-        if a is None:
-            continue
-        if a in used and impl.shape[a].size > 1:
-            raise LayoutError(
-                f"{op.op_type} {op.name} would split both {used[a]!r} and {n!r} over "
-                f"mesh dimension {impl.shape[a].name!r}; one op's dims cannot share a "
-                "mesh dimension"
-            )
-        used[a] = n
 
 
 def _einsum_or_broadcast(inputs: list[Tensor], output_shape: Shape) -> Tensor:
@@ -144,7 +139,13 @@ def _einsum_or_broadcast(inputs: list[Tensor], output_shape: Shape) -> Tensor:
     return broadcast(partial, output_shape)
 
 
-def einsum(xs: Sequence[Tensor] | Tensor, *more: Any, output_shape: Any = None, reduced_dims: Any = None, name: str | None = None) -> Tensor:
+def einsum(
+    xs: Sequence[Tensor] | Tensor,
+    *more: Any,
+    output_shape: Any = None,
+    reduced_dims: Any = None,
+    name: str | None = None,
+) -> Tensor:
     """Einstein summation over named dims.
 
     ``einsum([a, b], output_shape)`` (Mesh TensorFlow) or ``einsum(a, b,
@@ -169,9 +170,19 @@ def einsum(xs: Sequence[Tensor] | Tensor, *more: Any, output_shape: Any = None, 
                 counts[d.name] = counts.get(d.name, 0) + 1
                 dims[d.name] = d
         drop = {d if isinstance(d, str) else d.name for d in (reduced_dims or [])}
-        output_shape = Shape([dims[n] for n in dims if counts[n] == 1 and n not in drop])
+        output_shape = Shape(
+            [dims[n] for n in dims if counts[n] == 1 and n not in drop]
+        )
     return Einsum(xs, output_shape, name=name).outputs[0]
 
 
-def matmul(a: Tensor, b: Tensor, output_shape: Any = None, reduced_dims: Any = None, name: str | None = None) -> Tensor:
-    return einsum([a, b], output_shape=output_shape, reduced_dims=reduced_dims, name=name)
+def matmul(
+    a: Tensor,
+    b: Tensor,
+    output_shape: Any = None,
+    reduced_dims: Any = None,
+    name: str | None = None,
+) -> Tensor:
+    return einsum(
+        [a, b], output_shape=output_shape, reduced_dims=reduced_dims, name=name
+    )

@@ -142,7 +142,9 @@ class UnaryOp(Operation):
 
     def __init__(self, fn_name: str, x: Tensor, name: str | None = None) -> None:
         if fn_name not in UNARY:
-            raise ValueError(f"unknown unary op {fn_name!r}; expected one of {sorted(UNARY)}")
+            raise ValueError(
+                f"unknown unary op {fn_name!r}; expected one of {sorted(UNARY)}"
+            )
         super().__init__([x], name=name or fn_name)
         self.fn_name = fn_name
         out_dtype = "bool" if fn_name in ("is_finite",) else x.dtype
@@ -164,7 +166,9 @@ class UnaryOp(Operation):
             f = fn
             fn = lambda s: f(s, approximate=True)  # noqa: E731
         x = lowering.tensors[self.inputs[0]]
-        lowering.set_tensor_lowering(self.outputs[0], lowering.mesh_impl(self).slicewise(fn, x))
+        lowering.set_tensor_lowering(
+            self.outputs[0], lowering.mesh_impl(self).slicewise(fn, x)
+        )
 
     def attrs(self) -> dict[str, Any]:
         return {"fn": self.fn_name}
@@ -264,7 +268,14 @@ class BinaryOp(Operation):
 
     op_type = "Binary"
 
-    def __init__(self, fn_name: str, x: Tensor, y: Tensor, output_shape: Any = None, name: str | None = None) -> None:
+    def __init__(
+        self,
+        fn_name: str,
+        x: Tensor,
+        y: Tensor,
+        output_shape: Any = None,
+        name: str | None = None,
+    ) -> None:
         if fn_name not in BINARY:
             raise ValueError(f"unknown binary op {fn_name!r}")
         check_same_mesh([x, y])
@@ -289,7 +300,15 @@ class BinaryOp(Operation):
 
     @property
     def has_gradient(self) -> bool:
-        return self.fn_name in ("add", "sub", "multiply", "divide", "minimum", "maximum", "pow")
+        return self.fn_name in (
+            "add",
+            "sub",
+            "multiply",
+            "divide",
+            "minimum",
+            "maximum",
+            "pow",
+        )
 
     def gradient(self, grad_ys: Sequence[Tensor | None]) -> list[Tensor | None]:
         from mtf_core.ops.reduce import reduce_sum
@@ -315,7 +334,10 @@ class BinaryOp(Operation):
             pick_x = greater_equal(x, y) if f == "maximum" else less_equal(x, y)
             mask = cast(pick_x, dz.dtype)
             gx, gy = dz * mask, dz * (1.0 - mask)
-        return [reduce_sum(gx, output_shape=x.shape), reduce_sum(gy, output_shape=y.shape)]
+        return [
+            reduce_sum(gx, output_shape=x.shape),
+            reduce_sum(gy, output_shape=y.shape),
+        ]
 
     def lower(self, lowering: Any) -> None:
         tf = lowering.tf
@@ -338,7 +360,9 @@ class BinaryOp(Operation):
         return {"fn": self.fn_name}
 
 
-def _lower_lazy_add(lowering: Any, impl: Any, x: Tensor, y: Tensor, out: Tensor) -> bool:
+def _lower_lazy_add(
+    lowering: Any, impl: Any, x: Tensor, y: Tensor, out: Tensor
+) -> bool:
     """Keeps a sum of two pending allreduces over the same axes pending."""
     rx, ry = lowering.raw_tensor(x), lowering.raw_tensor(y)
     if not (
@@ -352,14 +376,18 @@ def _lower_lazy_add(lowering: Any, impl: Any, x: Tensor, y: Tensor, out: Tensor)
         return False
     tf = lowering.tf
     summed = impl.slicewise(tf.math.add, rx.laid_out, ry.laid_out)
-    lowering.set_tensor_lowering(out, LazyAllreduceSum(impl, summed, rx.mesh_axes, rx.op))
+    lowering.set_tensor_lowering(
+        out, LazyAllreduceSum(impl, summed, rx.mesh_axes, rx.op)
+    )
     return True
 
 
 def _binary(fn_name: str) -> Callable[..., Tensor]:
     def op(x: Any, y: Any, output_shape: Any = None, name: str | None = None) -> Tensor:
         if not isinstance(x, Tensor) and not isinstance(y, Tensor):
-            raise ShapeError(f"{fn_name} needs at least one mtf.Tensor, got {x!r} and {y!r}")
+            raise ShapeError(
+                f"{fn_name} needs at least one mtf.Tensor, got {x!r} and {y!r}"
+            )
         if not isinstance(x, Tensor):
             x = _as_tensor(x, y)
         if not isinstance(y, Tensor):
@@ -401,10 +429,19 @@ class WhereOp(Operation):
 
     op_type = "Where"
 
-    def __init__(self, cond: Tensor, x: Tensor, y: Tensor, output_shape: Any = None, name: str | None = None) -> None:
+    def __init__(
+        self,
+        cond: Tensor,
+        x: Tensor,
+        y: Tensor,
+        output_shape: Any = None,
+        name: str | None = None,
+    ) -> None:
         check_same_mesh([cond, x, y])
         if cond.dtype != "bool":
-            raise DTypeError(f"where: condition {cond.name} has dtype {cond.dtype}; expected bool")
+            raise DTypeError(
+                f"where: condition {cond.name} has dtype {cond.dtype}; expected bool"
+            )
         if x.dtype != y.dtype:
             raise DTypeError(f"where: {x.name} is {x.dtype} but {y.name} is {y.dtype}")
         super().__init__([cond, x, y], name=name or "where")
@@ -434,13 +471,23 @@ class WhereOp(Operation):
         impl = lowering.mesh_impl(self)
 
         def fn(a: Any, b: Any, d: Any) -> Any:
-            a, b, d = align(tf, a, c.shape, zs), align(tf, b, x.shape, zs), align(tf, d, y.shape, zs)
+            a, b, d = (
+                align(tf, a, c.shape, zs),
+                align(tf, b, x.shape, zs),
+                align(tf, d, y.shape, zs),
+            )
             target = tf.broadcast_dynamic_shape(
                 tf.broadcast_dynamic_shape(tf.shape(a), tf.shape(b)), tf.shape(d)
             )
-            return tf.where(tf.broadcast_to(a, target), tf.broadcast_to(b, target), tf.broadcast_to(d, target))
+            return tf.where(
+                tf.broadcast_to(a, target),
+                tf.broadcast_to(b, target),
+                tf.broadcast_to(d, target),
+            )
 
-        res = impl.slicewise(fn, lowering.tensors[c], lowering.tensors[x], lowering.tensors[y])
+        res = impl.slicewise(
+            fn, lowering.tensors[c], lowering.tensors[x], lowering.tensors[y]
+        )
         lowering.set_tensor_lowering(self.outputs[0], res)
 
 
@@ -470,9 +517,13 @@ class AddN(Operation):
         shape = xs[0].shape
         for t in xs:
             if t.shape != shape:
-                raise ShapeError(f"add_n: {t.name} has shape [{t.shape}], expected [{shape}]")
+                raise ShapeError(
+                    f"add_n: {t.name} has shape [{t.shape}], expected [{shape}]"
+                )
             if t.dtype != xs[0].dtype:
-                raise DTypeError(f"add_n: {t.name} is {t.dtype}, expected {xs[0].dtype}")
+                raise DTypeError(
+                    f"add_n: {t.name} is {t.dtype}, expected {xs[0].dtype}"
+                )
         super().__init__(xs, name=name or "add_n")
         self._add_output(shape, xs[0].dtype)
 
@@ -486,11 +537,16 @@ class AddN(Operation):
         tf = lowering.tf
         impl = lowering.mesh_impl(self)
         raws = [lowering.raw_tensor(t) for t in self.inputs]
-        lazies = [r for r in raws if isinstance(r, LazyAllreduceSum) and r._reduced is None]
+        lazies = [
+            r for r in raws if isinstance(r, LazyAllreduceSum) and r._reduced is None
+        ]
         if len(lazies) == len(raws) and len({r.mesh_axes for r in lazies}) == 1:
-            summed = impl.slicewise(lambda *s: tf.add_n(list(s)), *[r.laid_out for r in lazies])
+            summed = impl.slicewise(
+                lambda *s: tf.add_n(list(s)), *[r.laid_out for r in lazies]
+            )
             lowering.set_tensor_lowering(
-                self.outputs[0], LazyAllreduceSum(impl, summed, lazies[0].mesh_axes, lazies[0].op)
+                self.outputs[0],
+                LazyAllreduceSum(impl, summed, lazies[0].mesh_axes, lazies[0].op),
             )
             return
         ins = [lowering.tensors[t] for t in self.inputs]
@@ -524,7 +580,9 @@ class CastOp(Operation):
     def lower(self, lowering: Any) -> None:
         tf = lowering.tf
         dt = self.outputs[0].dtype
-        res = lowering.mesh_impl(self).slicewise(lambda s: tf.cast(s, dt), lowering.tensors[self.inputs[0]])
+        res = lowering.mesh_impl(self).slicewise(
+            lambda s: tf.cast(s, dt), lowering.tensors[self.inputs[0]]
+        )
         lowering.set_tensor_lowering(self.outputs[0], res)
 
     def attrs(self) -> dict[str, Any]:
@@ -558,7 +616,9 @@ class Identity(Operation):
         return [None] if self.stop else [grad_ys[0]]
 
     def lower(self, lowering: Any) -> None:
-        lowering.set_tensor_lowering(self.outputs[0], lowering.raw_tensor(self.inputs[0]))
+        lowering.set_tensor_lowering(
+            self.outputs[0], lowering.raw_tensor(self.inputs[0])
+        )
 
     def attrs(self) -> dict[str, Any]:
         return {"stop": self.stop}

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from mtf_core.comm import CollectiveSpec
 from mtf_core.errors import ShapeError
 from mtf_core.graph import Operation, Tensor
 from mtf_core.lowering.lazy import LazyAllreduceSum
@@ -31,9 +32,17 @@ class Reduce(Operation):
 
     op_type = "Reduce"
 
-    def __init__(self, x: Tensor, output_shape: Shape, reduction: str = "SUM", name: str | None = None) -> None:
+    def __init__(
+        self,
+        x: Tensor,
+        output_shape: Shape,
+        reduction: str = "SUM",
+        name: str | None = None,
+    ) -> None:
         if reduction not in _TF_REDUCE:
-            raise ValueError(f"unknown reduction {reduction!r}; expected one of {sorted(_TF_REDUCE)}")
+            raise ValueError(
+                f"unknown reduction {reduction!r}; expected one of {sorted(_TF_REDUCE)}"
+            )
         for d in output_shape:
             if d not in x.shape.dims:
                 raise ShapeError(
@@ -83,20 +92,28 @@ class Reduce(Operation):
             return r
 
         res = impl.slicewise(local, lowering.tensors[x])
-        axes = sorted(
-            {
-                a
-                for d in self.reduced_dims
-                if (a := impl.tensor_dimension_to_mesh_axis(d)) is not None
-                and impl.shape[a].size > 1
-            }
-        )
+        axes = impl.ctx.reduced_axes([d.name for d in self.reduced_dims])
         if axes:
             if self.reduction == "SUM":
                 res = LazyAllreduceSum(impl, res, axes, self)
             else:
                 res = impl.allreduce(res, axes, self.reduction)
         lowering.set_tensor_lowering(out, res)
+
+    def communication(self, ctx: Any) -> list[CollectiveSpec]:
+        axes = ctx.reduced_axes([d.name for d in self.reduced_dims])
+        if not axes:
+            return []
+        out = self.outputs[0]
+        return [
+            CollectiveSpec(
+                "allreduce",
+                ctx.axis_names(axes),
+                ctx.slice_bytes(out.shape, out.dtype),
+                pending=self.reduction == "SUM",
+                reduction=self.reduction,
+            )
+        ]
 
     def attrs(self) -> dict[str, Any]:
         return {"reduction": self.reduction}
@@ -109,19 +126,30 @@ def _output_shape(x: Tensor, output_shape: Any, reduced_dim: Any) -> Shape:
         return convert_to_shape(output_shape)
     if reduced_dim is None:
         return Shape([])
-    dims = reduced_dim if isinstance(reduced_dim, (list, tuple, Shape)) and not (
-        isinstance(reduced_dim, tuple) and len(reduced_dim) == 2 and isinstance(reduced_dim[1], int)
-    ) else [reduced_dim]
+    dims = (
+        reduced_dim
+        if isinstance(reduced_dim, (list, tuple, Shape))
+        and not (
+            isinstance(reduced_dim, tuple)
+            and len(reduced_dim) == 2
+            and isinstance(reduced_dim[1], int)
+        )
+        else [reduced_dim]
+    )
     names = set()
     for d in dims:
-        name = d if isinstance(d, str) and ":" not in d else convert_to_dimension(d).name  # type: ignore[union-attr]
+        name = (
+            d if isinstance(d, str) and ":" not in d else convert_to_dimension(d).name
+        )  # type: ignore[union-attr]
         if name not in x.shape.dimension_names:
             raise ShapeError(f"reduce: {x.name} [{x.shape}] has no dimension {name!r}")
         names.add(name)
     return Shape([d for d in x.shape if d.name not in names])
 
 
-def _reduce(reduction: str, x: Tensor, output_shape: Any, reduced_dim: Any, name: str | None) -> Tensor:
+def _reduce(
+    reduction: str, x: Tensor, output_shape: Any, reduced_dim: Any, name: str | None
+) -> Tensor:
     shape = _output_shape(x, output_shape, reduced_dim)
     if shape == x.shape:
         return x
@@ -130,33 +158,65 @@ def _reduce(reduction: str, x: Tensor, output_shape: Any, reduced_dim: Any, name
     return Reduce(x, shape, reduction, name).outputs[0]
 
 
-def reduce_sum(x: Tensor, output_shape: Any = None, reduced_dim: Any = None, name: str | None = None) -> Tensor:
+def reduce_sum(
+    x: Tensor,
+    output_shape: Any = None,
+    reduced_dim: Any = None,
+    name: str | None = None,
+) -> Tensor:
     return _reduce("SUM", x, output_shape, reduced_dim, name)
 
 
-def reduce_max(x: Tensor, output_shape: Any = None, reduced_dim: Any = None, name: str | None = None) -> Tensor:
+def reduce_max(
+    x: Tensor,
+    output_shape: Any = None,
+    reduced_dim: Any = None,
+    name: str | None = None,
+) -> Tensor:
     return _reduce("MAX", x, output_shape, reduced_dim, name)
 
 
-def reduce_min(x: Tensor, output_shape: Any = None, reduced_dim: Any = None, name: str | None = None) -> Tensor:
+def reduce_min(
+    x: Tensor,
+    output_shape: Any = None,
+    reduced_dim: Any = None,
+    name: str | None = None,
+) -> Tensor:
     return _reduce("MIN", x, output_shape, reduced_dim, name)
 
 
-def reduce_any(x: Tensor, output_shape: Any = None, reduced_dim: Any = None, name: str | None = None) -> Tensor:
+def reduce_any(
+    x: Tensor,
+    output_shape: Any = None,
+    reduced_dim: Any = None,
+    name: str | None = None,
+) -> Tensor:
     return _reduce("LOGICAL_OR", x, output_shape, reduced_dim, name)
 
 
-def reduce_all(x: Tensor, output_shape: Any = None, reduced_dim: Any = None, name: str | None = None) -> Tensor:
+def reduce_all(
+    x: Tensor,
+    output_shape: Any = None,
+    reduced_dim: Any = None,
+    name: str | None = None,
+) -> Tensor:
     return _reduce("LOGICAL_AND", x, output_shape, reduced_dim, name)
 
 
-def reduce_mean(x: Tensor, output_shape: Any = None, reduced_dim: Any = None, name: str | None = None) -> Tensor:
+def reduce_mean(
+    x: Tensor,
+    output_shape: Any = None,
+    reduced_dim: Any = None,
+    name: str | None = None,
+) -> Tensor:
     shape = _output_shape(x, output_shape, reduced_dim)
     count = x.shape.size // max(shape.size, 1)
     return reduce_sum(x, output_shape=shape, name=name) * (1.0 / count)
 
 
-def reduce_logsumexp(x: Tensor, reduced_dim: Any = None, output_shape: Any = None) -> Tensor:
+def reduce_logsumexp(
+    x: Tensor, reduced_dim: Any = None, output_shape: Any = None
+) -> Tensor:
     shape = _output_shape(x, output_shape, reduced_dim)
     m = ew.stop_gradient(reduce_max(x, output_shape=shape))
     return ew.log(reduce_sum(ew.exp(x - m), output_shape=shape)) + m
@@ -192,7 +252,9 @@ class Broadcast(Operation):
 
     def gradient(self, grad_ys: Sequence[Tensor | None]) -> list[Tensor | None]:
         dy = grad_ys[0]
-        return [None if dy is None else reduce_sum(dy, output_shape=self.inputs[0].shape)]
+        return [
+            None if dy is None else reduce_sum(dy, output_shape=self.inputs[0].shape)
+        ]
 
     def lower(self, lowering: Any) -> None:
         tf = lowering.tf
@@ -217,5 +279,7 @@ def transpose(x: Tensor, new_shape: Any) -> Tensor:
     """Reorders dims (a broadcast to the same dims in another order)."""
     new_shape = convert_to_shape(new_shape)
     if set(new_shape.dimension_names) != set(x.shape.dimension_names):
-        raise ShapeError(f"transpose: [{new_shape}] must have exactly the dims of [{x.shape}]")
+        raise ShapeError(
+            f"transpose: [{new_shape}] must have exactly the dims of [{x.shape}]"
+        )
     return Broadcast(x, new_shape, name="transpose").outputs[0]

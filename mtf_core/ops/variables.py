@@ -89,7 +89,10 @@ def get_variable(
 ) -> Tensor:
     """Creates a variable and returns its value tensor."""
     v = Variable(mesh, name, shape, dtype, initializer, trainable).outputs[0]
-    if activation_dtype is not None and dtypes.as_dtype_name(activation_dtype) != v.dtype:
+    if (
+        activation_dtype is not None
+        and dtypes.as_dtype_name(activation_dtype) != v.dtype
+    ):
         from mtf_core.ops.elementwise import cast
 
         return cast(v, activation_dtype)
@@ -110,7 +113,13 @@ class Assign(Operation):
     op_type = "Assign"
     stateful = True
 
-    def __init__(self, var: Variable, value: Tensor, mode: str = "assign", name: str | None = None) -> None:
+    def __init__(
+        self,
+        var: Variable,
+        value: Tensor,
+        mode: str = "assign",
+        name: str | None = None,
+    ) -> None:
         if value.shape != var.shape:
             raise ShapeError(
                 f"assign: value {value.name} has shape [{value.shape}] but variable "

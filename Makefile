@@ -1,0 +1,31 @@
+# make run  : set everything up and start the main job
+# make test : set everything up and run lint and the whole test suite
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: run test lint setup clean bench
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+run: $(STAMP)
+	$(PY) examples/mnist.py --mesh_shape "rows:2;cols:2" --layout "batch:rows;hidden:cols"
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
+
+test: lint
+	TF_CPP_MIN_LOG_LEVEL=2 $(VENV)/bin/pytest -n 2 --dist loadfile -q
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

@@ -1,0 +1,209 @@
+"""Which collectives a layout implies, without TensorFlow.
+
+The lowering *executes* these plans and the cost model *prices* them, so both
+read the same code: :class:`LayoutContext` answers "which mesh axis splits this
+dim, how big is a slice", and :func:`plan_layout_change` says how a tensor moves
+from one layout to another.
+
+Transition table (per mesh axis m):
+
+============================  ============================  ============
+from                          to                            collective
+============================  ============================  ============
+split(a on m)                 replicated on m               allconcat(m)
+partial sum over m            replicated on m               allreduce(m)
+replicated on m               split(a on m)                 allsplit (local, free)
+split(a on m)                 split(b on m)                 alltoall(m)
+============================  ============================  ============
+
+``bytes_per_device`` of a collective is the size of the slice each device
+contributes (its local input slice).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from mtf_core import dtypes
+from mtf_core.errors import LayoutError
+from mtf_core.layout import (
+    LayoutRules,
+    TensorLayout,
+    check_layout_rules,
+    convert_to_layout_rules,
+)
+from mtf_core.shapes import Shape, convert_to_shape
+
+
+@dataclass(frozen=True)
+class CollectiveSpec:
+    """A collective an op will issue under a layout.
+
+    ``pending`` marks an allreduce(SUM) the lowering defers: sums of pending
+    tensors over the same axes stay pending, and it is issued once, when a
+    non-sum consumer (or an export) first needs the value.
+    """
+
+    kind: str
+    mesh_axes: tuple[str, ...]
+    bytes_per_device: int
+    pending: bool = False
+    reduction: str = "SUM"
+
+
+@dataclass
+class LayoutContext:
+    """A mesh shape and layout rules, with the questions ops and costs ask."""
+
+    mesh_shape: Shape
+    rules: LayoutRules
+    _cache: dict[Shape, TensorLayout] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def make(cls, mesh_shape: Any, rules: Any) -> LayoutContext:
+        mesh_shape = convert_to_shape(mesh_shape)
+        rules = convert_to_layout_rules(rules)
+        check_layout_rules(rules, mesh_shape)
+        return cls(mesh_shape, rules)
+
+    @property
+    def ndims(self) -> int:
+        return len(self.mesh_shape)
+
+    @property
+    def size(self) -> int:
+        return self.mesh_shape.size
+
+    def mesh_axis(self, dim: Any) -> int | None:
+        """Index of the mesh axis splitting ``dim`` (a name or Dimension), or None."""
+        return self.rules.tensor_dimension_to_mesh_axis(dim, self.mesh_shape)
+
+    def effective_mesh_axis(self, dim: Any) -> int | None:
+        """Like :meth:`mesh_axis` but None for axes of size 1 (they split nothing)."""
+        a = self.mesh_axis(dim)
+        return a if a is not None and self.mesh_shape[a].size > 1 else None
+
+    def axis_name(self, axis: int) -> str:
+        return self.mesh_shape[axis].name
+
+    def axis_names(self, axes: Sequence[int]) -> tuple[str, ...]:
+        return tuple(self.mesh_shape[a].name for a in sorted(axes))
+
+    def tensor_layout(self, shape: Any) -> TensorLayout:
+        shape = convert_to_shape(shape)
+        layout = self._cache.get(shape)
+        if layout is None:
+            layout = self.rules.tensor_layout(shape, self.mesh_shape)
+            self._cache[shape] = layout
+        return layout
+
+    def slice_shape(self, shape: Any) -> list[int]:
+        shape = convert_to_shape(shape)
+        layout = self.tensor_layout(shape)
+        return [
+            d.size if m is None else d.size // self.mesh_shape[m].size
+            for d, m in zip(shape, layout)
+        ]
+
+    def slice_size(self, shape: Any) -> int:
+        return math.prod(self.slice_shape(shape))
+
+    def slice_bytes(self, shape: Any, dtype: Any) -> int:
+        return self.slice_size(shape) * dtypes.size_bytes(dtype)
+
+    def reduced_axes(self, dim_names: Sequence[str]) -> list[int]:
+        """Mesh axes (size > 1) that split any of ``dim_names``, sorted."""
+        return sorted(
+            {a for n in dim_names if (a := self.effective_mesh_axis(n)) is not None}
+        )
+
+    def devices_splitting(self, dim_names: Sequence[str]) -> int:
+        """Product of the sizes of the mesh axes splitting any of ``dim_names``."""
+        axes = {self.mesh_axis(n) for n in dim_names}
+        return math.prod(self.mesh_shape[a].size for a in axes if a is not None)
+
+    def check_op_dims(self, what: str, dim_names: Sequence[str]) -> None:
+        """Raises if two of an op's dims share a mesh axis of size > 1."""
+        used: dict[int, str] = {}
+        for n in sorted(dim_names):
+            a = self.effective_mesh_axis(n)
+            if a is None:
+                continue
+            if a in used:
+                raise LayoutError(
+                    f"{what} would split both {used[a]!r} and {n!r} over mesh "
+                    f"dimension {self.axis_name(a)!r}; one op's dims cannot share a "
+                    "mesh dimension"
+                )
+            used[a] = n
+
+
+@dataclass(frozen=True)
+class LayoutStep:
+    """One step of a layout change: ``kind`` over ``mesh_axis``."""
+
+    kind: str  # alltoall | allconcat | allsplit
+    mesh_axis: int
+    split_axis: int | None  # tensor axis split (alltoall, allsplit)
+    concat_axis: int | None  # tensor axis gathered (alltoall, allconcat)
+    bytes_per_device: int  # local slice bytes going in (0 for allsplit)
+
+
+def plan_layout_change(
+    ctx: LayoutContext,
+    shape: Shape,
+    dtype: Any,
+    old_layout: TensorLayout,
+    new_layout: TensorLayout,
+) -> list[LayoutStep]:
+    """The steps that move a tensor of ``shape`` between two layouts.
+
+    alltoalls first (axis moves between dims), then allconcats, then allsplits.
+    Mesh axes of size 1 are ignored.
+    """
+    nd = ctx.ndims
+    old_m2t = old_layout.mesh_axis_to_tensor_axis(nd)
+    new_m2t = new_layout.mesh_axis_to_tensor_axis(nd)
+    local = [
+        d.size if m is None else d.size // ctx.mesh_shape[m].size
+        for d, m in zip(shape, old_layout)
+    ]
+    elem = dtypes.size_bytes(dtype)
+    steps: list[LayoutStep] = []
+    live = [m for m in range(nd) if ctx.mesh_shape[m].size > 1]
+    for m in live:
+        a, b = old_m2t[m], new_m2t[m]
+        if a is not None and b is not None and a != b:
+            n = ctx.mesh_shape[m].size
+            steps.append(LayoutStep("alltoall", m, b, a, math.prod(local) * elem))
+            local[b] //= n
+            local[a] *= n
+    for m in live:
+        a, b = old_m2t[m], new_m2t[m]
+        if a is not None and b is None:
+            steps.append(LayoutStep("allconcat", m, None, a, math.prod(local) * elem))
+            local[a] *= ctx.mesh_shape[m].size
+    for m in live:
+        a, b = old_m2t[m], new_m2t[m]
+        if a is None and b is not None:
+            steps.append(LayoutStep("allsplit", m, b, None, 0))
+            local[b] //= ctx.mesh_shape[m].size
+    return steps
+
+
+def layout_change_collectives(
+    ctx: LayoutContext,
+    shape: Shape,
+    dtype: Any,
+    old_layout: TensorLayout,
+    new_layout: TensorLayout,
+) -> list[CollectiveSpec]:
+    """The collectives (allsplit excluded: it moves no data) of a layout change."""
+    return [
+        CollectiveSpec(s.kind, (ctx.axis_name(s.mesh_axis),), s.bytes_per_device)
+        for s in plan_layout_change(ctx, shape, dtype, old_layout, new_layout)
+        if s.kind != "allsplit"
+    ]
