@@ -1,0 +1,97 @@
+"""Runs Mesh TensorFlow 0.1.21 on the shared LM graph; prints one JSON line.
+
+Run with the baseline venv (``make bench-venv-mtf``):
+  .venv-mtf/bin/python bench/baseline/run_mtf.py lower --layers 8 --mesh "x:2;y:4" --layout "batch:x;d_ff:y;heads:y;vocab:y"
+  .venv-mtf/bin/python bench/baseline/run_mtf.py auto --layers 32 --mesh "x:2;y:4"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from ortools.sat.python import cp_model  # noqa: E402,F401  (before TF: CP-SAT crashes if TF loads first)
+import mtf_compat  # noqa: E402,F401  (must precede mesh_tensorflow)
+import mesh_tensorflow as mtf  # noqa: E402
+import mesh_tensorflow.auto_mtf  # noqa: E402,F401
+import numpy as np  # noqa: E402
+import tensorflow.compat.v1 as tf  # noqa: E402
+from graph_common import LMConfig, build_lm  # noqa: E402
+
+
+def make_input(mesh, shape, name):
+    ph = tf.placeholder(tf.int32, shape.to_integer_list, name=name)
+    return mtf.import_tf_tensor(mesh, ph, shape)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mode", choices=["lower", "auto"])
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--mesh", default="x:2;y:4")
+    ap.add_argument("--layout", default="batch:x;d_ff:y;heads:y;vocab:y")
+    ap.add_argument("--steps", type=int, default=3)
+    args = ap.parse_args()
+    cfg = LMConfig(layers=args.layers)
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "m")
+    t0 = time.perf_counter()
+    loss, updates, tokens = build_lm(mtf, mesh, cfg, make_input)
+    build_s = time.perf_counter() - t0
+    mesh_shape = mtf.convert_to_shape(args.mesh)
+    out = {
+        "library": "mesh-tensorflow 0.1.21",
+        "mode": args.mode,
+        "layers": args.layers,
+        "mesh": args.mesh,
+        "build_s": build_s,
+    }
+    if args.mode == "auto":
+        t0 = time.perf_counter()
+        rules = mtf.auto_mtf.layout(graph, mesh_shape, [loss])
+        out["plan_s"] = time.perf_counter() - t0
+        out["rules"] = str(rules)
+        print(json.dumps(out))
+        return
+    n = mesh_shape.size
+    devices = [f"/cpu:{i}" for i in range(n)]
+    impl = mtf.placement_mesh_impl.PlacementMeshImpl(
+        mesh_shape, mtf.convert_to_layout_rules(args.layout), devices
+    )
+    t0 = time.perf_counter()
+    lowering = mtf.Lowering(graph, {mesh: impl})
+    tf_loss = lowering.export_to_tf_tensor(loss)
+    tf_updates = [lowering.lowered_operation(op) for op in updates]
+    init_slices = lowering.copy_masters_to_slices()
+    out["lower_s"] = time.perf_counter() - t0
+    out["layout"] = args.layout
+    config = tf.ConfigProto(
+        device_count={"CPU": n},
+        inter_op_parallelism_threads=2,
+        intra_op_parallelism_threads=2,
+    )
+    rng = np.random.RandomState(0)
+    with tf.Session(config=config) as sess:
+        sess.run(tf.global_variables_initializer())
+        sess.run(init_slices)
+        ph = [t for t in tf.get_default_graph().get_operations() if t.name == "tokens"][
+            0
+        ].outputs[0]
+        feed = {ph: rng.randint(0, cfg.vocab, (cfg.batch, cfg.length)).astype(np.int32)}
+        sess.run([tf_loss, tf_updates], feed)  # warm-up
+        t0 = time.perf_counter()
+        for _ in range(args.steps):
+            loss_v, _ = sess.run([tf_loss, tf_updates], feed)
+        out["step_s"] = (time.perf_counter() - t0) / args.steps
+        out["loss"] = float(loss_v)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
