@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test lint setup clean bench
+.PHONY: run test lint setup clean bench bench-venv-mtf
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,3 +29,13 @@ test: lint
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache
+
+# Separate environment with Mesh TensorFlow 0.1.21 from PyPI, for side-by-side
+# benchmarks only (bench/compare_mtf.py).  Never used by the product or tests.
+.venv-mtf/.installed-stamp:
+	$(PYTHON) -m venv .venv-mtf
+	.venv-mtf/bin/pip install -q --upgrade pip
+	.venv-mtf/bin/pip install -q "tensorflow-cpu==2.21.*" "ortools==9.15.*" "protobuf==6.33.*" "mesh-tensorflow==0.1.21"
+	touch $@
+
+bench-venv-mtf: .venv-mtf/.installed-stamp
