@@ -152,3 +152,36 @@ def __getattr__(name: str) -> Any:
 
 
 from mtf_core import layers  # noqa: E402
+from mtf_core.ops.indexing import argmax, cumsum, gather, one_hot, top_k  # noqa: E402
+from mtf_core.ops.indexing import mtf_range as range  # noqa: E402, A001
+from mtf_core.ops.random import dropout, random_normal, random_uniform  # noqa: E402
+from mtf_core.ops.reshape import (  # noqa: E402
+    rename_dimension,
+    replace_dimensions,
+    reshape,
+)
+from mtf_core.ops.slicing import (  # noqa: E402
+    concat,
+    pad,
+    shift,
+    slice,  # noqa: A004
+    split,
+    stack,
+    unstack,
+)
+from mtf_core.serialization import (  # noqa: E402
+    LoadedGraph,
+    graph_from_dict,
+    graph_from_json,
+    graph_to_dict,
+    graph_to_json,
+)
+
+# The layout planner (a higher layer) loads on first use, by name, so that
+# mtf_core never imports it statically.
+_LAZY.update(
+    {
+        "auto_layout": ("layout_planner.planner", "auto_layout"),
+        "auto_mtf": ("layout_planner.auto_mtf", None),
+    }
+)

@@ -161,8 +161,15 @@ def plan_layout_change(
 ) -> list[LayoutStep]:
     """The steps that move a tensor of ``shape`` between two layouts.
 
-    alltoalls first (axis moves between dims), then allconcats, then allsplits.
-    Mesh axes of size 1 are ignored.
+    A tensor dim is never split over two mesh axes at once: the slices of the
+    inner axis would interleave (device i of the outer axis would hold pieces
+    i, i+n, ... instead of one contiguous block).  So a dim loses its old mesh
+    axis before it gains a new one.  Alltoalls go as soon as their target dim
+    is free (they keep slices small for what follows); an allconcat goes early
+    only to free such a target; when moves block each other in a cycle (two
+    axes swapping dims) one becomes an allconcat now and an allsplit at the
+    end.  Then the remaining allconcats, then the allsplits.  Mesh axes of size
+    1 are ignored.
     """
     nd = ctx.ndims
     old_m2t = old_layout.mesh_axis_to_tensor_axis(nd)
@@ -172,25 +179,49 @@ def plan_layout_change(
         for d, m in zip(shape, old_layout)
     ]
     elem = dtypes.size_bytes(dtype)
-    steps: list[LayoutStep] = []
     live = [m for m in range(nd) if ctx.mesh_shape[m].size > 1]
-    for m in live:
-        a, b = old_m2t[m], new_m2t[m]
-        if a is not None and b is not None and a != b:
-            n = ctx.mesh_shape[m].size
+    # tensor axis -> the mesh axis splitting it right now
+    split_by = {old_m2t[m]: m for m in live if old_m2t[m] is not None}
+    moves = [m for m in live if old_m2t[m] not in (None, new_m2t[m])]
+    concats = [m for m in moves if new_m2t[m] is None]
+    moves = [m for m in moves if m not in concats]
+    splits = [m for m in live if old_m2t[m] is None and new_m2t[m] is not None]
+    steps: list[LayoutStep] = []
+
+    def concat(m: int) -> None:
+        a = old_m2t[m]
+        assert a is not None
+        steps.append(LayoutStep("allconcat", m, None, a, math.prod(local) * elem))
+        local[a] *= ctx.mesh_shape[m].size
+        del split_by[a]
+
+    while moves or concats:
+        ready = [m for m in moves if new_m2t[m] not in split_by]
+        if ready:
+            m = ready[0]
+            a, b = old_m2t[m], new_m2t[m]
+            assert a is not None and b is not None
             steps.append(LayoutStep("alltoall", m, b, a, math.prod(local) * elem))
-            local[b] //= n
-            local[a] *= n
-    for m in live:
-        a, b = old_m2t[m], new_m2t[m]
-        if a is not None and b is None:
-            steps.append(LayoutStep("allconcat", m, None, a, math.prod(local) * elem))
-            local[a] *= ctx.mesh_shape[m].size
-    for m in live:
-        a, b = old_m2t[m], new_m2t[m]
-        if a is None and b is not None:
-            steps.append(LayoutStep("allsplit", m, b, None, 0))
             local[b] //= ctx.mesh_shape[m].size
+            local[a] *= ctx.mesh_shape[m].size
+            del split_by[a]
+            split_by[b] = m
+            moves.remove(m)
+            continue
+        targets = {new_m2t[m] for m in moves}
+        freeing = [m for m in concats if old_m2t[m] in targets]
+        if freeing or not moves:
+            m = (freeing or concats)[0]
+            concats.remove(m)
+        else:  # a cycle of moves: break it
+            m = moves.pop(0)
+            splits.append(m)
+        concat(m)
+    for m in splits:
+        b = new_m2t[m]
+        assert b is not None
+        steps.append(LayoutStep("allsplit", m, b, None, 0))
+        local[b] //= ctx.mesh_shape[m].size
     return steps
 
 

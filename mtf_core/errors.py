@@ -38,3 +38,7 @@ class LoweringError(MtfError, ValueError):
 
 class SerializationError(MtfError, ValueError):
     """A serialized graph is malformed or has an unsupported version."""
+
+
+class ConfigError(MtfError, ValueError):
+    """A configuration value (hyperparameter, model size, CLI option) is invalid."""

@@ -1,28 +1,91 @@
 """Layers built from mtf ops (Mesh TensorFlow's ``mtf.layers``).
 
->>> # h = mtf.layers.dense(x, new_dims=[hidden], name="h")
+Every layer is plain mtf ops over named dims, so it lowers under any layout;
+which dims get split is the layout's business, not the layer's.  Weights are
+mtf variables with deterministic initializers (seeded by the variable's name),
+so a model starts from the same values whatever mesh it is laid out on.
+
+>>> import mtf_core as mtf
+>>> graph = mtf.Graph(); mesh = mtf.Mesh(graph, "m")
+>>> x = mtf.zeros(mesh, "batch:2,d_model:4")
+>>> str(mtf.layers.dense(x, new_dims="d_ff:8", name="ff").shape)
+'batch:2,d_ff:8'
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+import zlib
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from mtf_core.graph import Tensor
+import numpy as np
+
+from mtf_core.errors import ConfigError, ShapeError
+from mtf_core.graph import Mesh, Tensor
 from mtf_core.ops import elementwise as ew
 from mtf_core.ops import reduce as red
+from mtf_core.ops.creation import constant
 from mtf_core.ops.einsum import einsum
 from mtf_core.ops.variables import get_variable
 from mtf_core.shapes import Dimension, Shape, convert_to_dimension, convert_to_shape
+
+# --------------------------------------------------------------------------
+# initializers: callable(shape, dtype) -> full numpy value
+# --------------------------------------------------------------------------
+
+
+def _zeros_initializer() -> Any:
+    def init(shape: Sequence[int], dtype: Any) -> Any:
+        return np.zeros(list(shape), dtype="float32")
+
+    return init
+
+
+def _ones_initializer() -> Any:
+    def init(shape: Sequence[int], dtype: Any) -> Any:
+        return np.ones(list(shape), dtype="float32")
+
+    return init
+
+
+def normal_initializer(stddev: float, seed_name: str) -> Callable[..., np.ndarray]:
+    """Truncated-at-2-sigma normal values, seeded by ``seed_name`` (deterministic,
+    so every layout starts from the same weights)."""
+    seed = zlib.crc32(seed_name.encode())
+
+    def init(shape: Sequence[int], dtype: Any) -> np.ndarray:
+        rng = np.random.default_rng(seed)
+        v = rng.standard_normal(list(shape), dtype=np.float32)
+        return np.clip(v, -2.0, 2.0) * np.float32(stddev)
+
+    return init
 
 
 def _dims(x: Any) -> list[Dimension]:
     if x is None:
         return []
-    if isinstance(x, (Dimension, str)):
+    if isinstance(x, (Dimension, str)) and not (isinstance(x, str) and "," in x):
         d = convert_to_dimension(x)
         return [d] if d is not None else []
     return list(convert_to_shape(x).dims)
+
+
+def _dim_in(x: Tensor, dim: Any, what: str) -> Dimension:
+    """The dimension of ``x`` named like ``dim`` (a name or a Dimension)."""
+    name = dim if isinstance(dim, str) and ":" not in dim else None
+    if name is None:
+        d = convert_to_dimension(dim)
+        assert d is not None
+        name = d.name
+    if name not in x.shape.dimension_names:
+        raise ShapeError(f"{what}: {x.name} [{x.shape}] has no dimension {name!r}")
+    return x.shape.get_dim_by_name(name)
+
+
+# --------------------------------------------------------------------------
+# dense, norms
+# --------------------------------------------------------------------------
 
 
 def dense(
@@ -36,12 +99,30 @@ def dense(
     output_dim: Any = None,
 ) -> Tensor:
     """``activation(x @ w + b)``: reduces ``reduced_dims`` (default: x's last
-    dim) and adds ``new_dims`` (``output_dim`` is Mesh TensorFlow's old name)."""
+    dim) and adds ``new_dims`` (``output_dim`` is Mesh TensorFlow's old name).
+
+    The kernel has shape ``reduced_dims + new_dims``; by default it is drawn
+    from a normal distribution with stddev ``1/sqrt(size of reduced_dims)``.
+    """
     new = _dims(new_dims if new_dims is not None else output_dim)
-    reduced = _dims(reduced_dims) if reduced_dims is not None else [x.shape.dims[-1]]
-    w = get_variable(
-        x.mesh, f"{name}_kernel", Shape(reduced + new), x.dtype, kernel_initializer
+    if not new:
+        raise ShapeError(f"dense {name!r}: give new_dims (the output dimensions)")
+    reduced = (
+        [_dim_in(x, d, f"dense {name!r}") for d in _dims(reduced_dims)]
+        if reduced_dims is not None
+        else [x.shape.dims[-1]]
     )
+    for d in new:
+        if d.name in x.shape.dimension_names and d not in reduced:
+            raise ShapeError(
+                f"dense {name!r}: new dimension {d} is already a dimension of "
+                f"{x.name} [{x.shape}] and is not reduced"
+            )
+    kname = f"{name}_kernel"
+    if kernel_initializer is None:
+        fan_in = math.prod(d.size for d in reduced)
+        kernel_initializer = normal_initializer(fan_in**-0.5, kname)
+    w = get_variable(x.mesh, kname, Shape(reduced + new), x.dtype, kernel_initializer)
     out_shape = (x.shape - reduced) + Shape(new)
     y = einsum([x, w], output_shape=out_shape)
     if use_bias:
@@ -54,30 +135,11 @@ def dense(
     return y
 
 
-def _zeros_initializer() -> Any:
-    def init(shape: Sequence[int], dtype: Any) -> Any:
-        import numpy as np
-
-        return np.zeros(list(shape), dtype="float32")
-
-    return init
-
-
-def _ones_initializer() -> Any:
-    def init(shape: Sequence[int], dtype: Any) -> Any:
-        import numpy as np
-
-        return np.ones(list(shape), dtype="float32")
-
-    return init
-
-
 def layer_norm(
     x: Tensor, dim: Any, epsilon: float = 1e-6, name: str = "layer_norm"
 ) -> Tensor:
     """Normalizes over ``dim`` and applies a learned scale and bias."""
-    d = convert_to_dimension(dim)
-    assert d is not None
+    d = _dim_in(x, dim, f"layer_norm {name!r}")
     scale = get_variable(
         x.mesh, f"{name}_scale", Shape([d]), x.dtype, _ones_initializer()
     )
@@ -91,11 +153,254 @@ def layer_norm(
     return centered * ew.rsqrt(var + epsilon) * scale + bias
 
 
-def softmax_cross_entropy_with_logits(
-    logits: Tensor, targets: Tensor, vocab_dim: Any
+def rms_norm(
+    x: Tensor, dim: Any, epsilon: float = 1e-6, name: str = "rms_norm"
 ) -> Tensor:
-    """Per-example cross entropy; ``targets`` is a distribution (e.g. one_hot)."""
-    d = convert_to_dimension(vocab_dim)
-    assert d is not None
+    """``x / sqrt(mean(x^2 over dim) + eps) * scale`` (no centering, no bias)."""
+    d = _dim_in(x, dim, f"rms_norm {name!r}")
+    scale = get_variable(
+        x.mesh, f"{name}_scale", Shape([d]), x.dtype, _ones_initializer()
+    )
+    ms = red.reduce_mean(ew.square(x), output_shape=x.shape - [d])
+    return x * ew.rsqrt(ms + epsilon) * scale
+
+
+# --------------------------------------------------------------------------
+# one-hot, embedding, dropout
+# --------------------------------------------------------------------------
+
+
+def _one_hot_by_compare(
+    ids: Tensor, vocab: Dimension, on_value: float, off_value: float, dtype: Any
+) -> Tensor:
+    # A comparison with a [vocab] range: every op here splits over vocab, so a
+    # vocab-split layout needs no communication to build it.
+    positions = constant(ids.mesh, np.arange(vocab.size), Shape([vocab]), ids.dtype)
+    hit = ew.cast(ew.equal(ids, positions), dtype)
+    if on_value == 1.0 and off_value == 0.0:
+        return hit
+    return hit * (on_value - off_value) + off_value
+
+
+def embedding_weights(
+    mesh: Mesh,
+    vocab_dim: Any,
+    output_dim: Any,
+    name: str = "embedding",
+    dtype: Any = "float32",
+    stddev: float = 1.0,
+) -> Tensor:
+    """The ``[vocab, output_dim]`` table of :func:`embedding`."""
+    v, d = convert_to_dimension(vocab_dim), convert_to_dimension(output_dim)
+    assert v is not None and d is not None
+    return get_variable(
+        mesh, name, Shape([v, d]), dtype, normal_initializer(stddev, name)
+    )
+
+
+def embedding(
+    ids: Tensor,
+    vocab_dim: Any,
+    output_dim: Any,
+    name: str = "embedding",
+    dtype: Any = "float32",
+    weights: Tensor | None = None,
+) -> Tensor:
+    """Looks ``ids`` up in a learned ``[vocab, output_dim]`` table.
+
+    Implemented as ``einsum(one_hot(ids), table)`` as in Mesh TensorFlow: when
+    ``vocab`` is split, each device looks up its part of the vocabulary and one
+    allreduce over the vocab axis combines them.
+    """
+    v = convert_to_dimension(vocab_dim)
+    assert v is not None
+    if weights is None:
+        weights = embedding_weights(ids.mesh, v, output_dim, name, dtype)
+    hot = _one_hot_by_compare(ids, v, 1.0, 0.0, weights.dtype)
+    return einsum([hot, weights], output_shape=ids.shape + (weights.shape - [v]))
+
+
+def dropout(x: Tensor, rate: float, noise_shape: Any = None) -> Tensor:
+    """Zeroes each element with probability ``rate``, scales the rest by
+    ``1/(1-rate)``.  ``rate == 0`` returns ``x`` unchanged (no random op)."""
+    if not 0.0 <= rate < 1.0:
+        raise ConfigError(f"dropout rate must be in [0, 1), got {rate!r}")
+    if rate == 0.0:
+        return x
+    from mtf_core.ops.random import dropout as random_dropout
+
+    return random_dropout(x, rate=rate, noise_shape=noise_shape)
+
+
+# --------------------------------------------------------------------------
+# feed-forward and attention
+# --------------------------------------------------------------------------
+
+
+def dense_relu_dense(
+    x: Tensor,
+    hidden_dim: Any,
+    output_dim: Any = None,
+    dropout_rate: float = 0.0,
+    activation: Callable[[Tensor], Tensor] = ew.relu,
+    use_bias: bool = False,
+    name: str = "dense_relu_dense",
+) -> Tensor:
+    """Transformer feed-forward: ``dense(activation(dense(x, d_ff)), d_model)``.
+
+    ``output_dim`` defaults to x's last dim.  Under a ``d_ff`` split the first
+    einsum needs no communication and the second ends in one allreduce.
+    """
+    h_dim = convert_to_dimension(hidden_dim)
+    assert h_dim is not None
+    io = x.shape.dims[-1] if output_dim is None else convert_to_dimension(output_dim)
+    h = dense(x, h_dim, use_bias=use_bias, activation=activation, name=f"{name}_wi")
+    h = dropout(h, dropout_rate)
+    return dense(h, io, reduced_dims=[h_dim], use_bias=use_bias, name=f"{name}_wo")
+
+
+def attention_bias_causal(
+    mesh: Mesh, length_dim: Dimension, memory_length_dim: Dimension
+) -> Tensor:
+    """``[length, memory_length]``: 0 where key position <= query position,
+    -1e9 elsewhere (added to attention logits)."""
+    q = np.arange(length_dim.size)[:, None]
+    k = np.arange(memory_length_dim.size)[None, :]
+    bias = np.where(k <= q, 0.0, -1e9).astype(np.float32)
+    return constant(mesh, bias, Shape([length_dim, memory_length_dim]), "float32")
+
+
+def attention_bias_padding(memory_ids: Tensor, pad_id: int = 0) -> Tensor:
+    """``-1e9`` at memory positions holding ``pad_id``, 0 elsewhere."""
+    pad = constant(memory_ids.mesh, pad_id, (), memory_ids.dtype)
+    return ew.cast(ew.equal(memory_ids, pad), "float32") * -1e9
+
+
+def rename_dimension(x: Tensor, old_name: str, new_name: str) -> Tensor:
+    """``x`` with dimension ``old_name`` called ``new_name``."""
+    # Imported here: the reshape family is optional for layers that never rename.
+    from mtf_core.ops.reshape import rename_dimension as rename
+
+    return rename(x, old_name, new_name)
+
+
+def multihead_attention(
+    x: Tensor,
+    heads_dim: Any,
+    kv_dim: Any,
+    memory: Tensor | None = None,
+    bias: Tensor | None = None,
+    length_dim_name: str = "length",
+    memory_length_dim_name: str = "memory_length",
+    dropout_rate: float = 0.0,
+    name: str = "attention",
+) -> Tensor:
+    """Multi-head dot-product attention over named dims.
+
+    ``x [batch, length, d_model]`` attends to ``memory`` (default: ``x``, i.e.
+    self-attention).  The memory's length dim is renamed ``memory_length`` so
+    queries and keys keep distinct names; ``bias`` (e.g.
+    :func:`attention_bias_causal`, :func:`attention_bias_padding`) is added to
+    the ``[..., heads, length, memory_length]`` logits.  Weights have shapes
+    ``[d_model, heads, d_kv]`` (q, k, v) and ``[heads, d_kv, d_model]`` (o),
+    so a ``heads`` split needs one allreduce, at the output projection.
+    """
+    heads = convert_to_dimension(heads_dim)
+    d_kv = convert_to_dimension(kv_dim)
+    assert heads is not None and d_kv is not None
+    io = x.shape.dims[-1]
+    if memory is None:
+        memory = x
+    if memory.shape.dims[-1] != io:
+        raise ShapeError(
+            f"attention {name!r}: memory {memory.name} [{memory.shape}] must end in "
+            f"x's model dimension {io}"
+        )
+    if length_dim_name in memory.shape.dimension_names:
+        memory = rename_dimension(memory, length_dim_name, memory_length_dim_name)
+    if memory_length_dim_name not in memory.shape.dimension_names:
+        raise ShapeError(
+            f"attention {name!r}: memory {memory.name} [{memory.shape}] has neither "
+            f"{length_dim_name!r} nor {memory_length_dim_name!r}"
+        )
+    mem_len = memory.shape.get_dim_by_name(memory_length_dim_name)
+    std = io.size**-0.5
+
+    def weight(suffix: str, shape: list[Dimension], stddev: float) -> Tensor:
+        wname = f"{name}_{suffix}"
+        return get_variable(
+            x.mesh, wname, Shape(shape), x.dtype, normal_initializer(stddev, wname)
+        )
+
+    wq = weight("q", [io, heads, d_kv], std * d_kv.size**-0.5)  # folds 1/sqrt(d_kv)
+    wk = weight("k", [io, heads, d_kv], std)
+    wv = weight("v", [io, heads, d_kv], std)
+    wo = weight("o", [heads, d_kv, io], (heads.size * d_kv.size) ** -0.5)
+    q = einsum([x, wq], output_shape=(x.shape - [io]) + Shape([heads, d_kv]))
+    k = einsum([memory, wk], output_shape=(memory.shape - [io]) + Shape([heads, d_kv]))
+    v = einsum([memory, wv], output_shape=(memory.shape - [io]) + Shape([heads, d_kv]))
+    logits_shape = _heads_first(q.shape - [d_kv], heads, mem_len)
+    logits = einsum([q, k], output_shape=logits_shape)
+    if bias is not None:
+        logits = logits + bias
+    weights = red.softmax(logits, mem_len)
+    weights = dropout(weights, dropout_rate)
+    o = einsum([weights, v], output_shape=q.shape)
+    return einsum([o, wo], output_shape=x.shape)
+
+
+def _heads_first(shape: Shape, heads: Dimension, mem_len: Dimension) -> Shape:
+    """``[batch..., heads, length, memory_length]`` from ``[batch..., length, heads]``."""
+    rest = [d for d in shape if d.name != heads.name]
+    return Shape([*rest[:-1], heads, rest[-1], mem_len])
+
+
+# --------------------------------------------------------------------------
+# losses
+# --------------------------------------------------------------------------
+
+
+def softmax_cross_entropy_with_logits(
+    logits: Tensor,
+    targets: Tensor,
+    vocab_dim: Any,
+    z_loss: float = 0.0,
+    label_smoothing: float = 0.0,
+) -> Tensor:
+    """Per-example cross entropy; ``targets`` is a distribution over ``vocab_dim``
+    (e.g. ``one_hot``).
+
+    ``label_smoothing`` mixes the targets with the uniform distribution;
+    ``z_loss`` adds ``z_loss * logsumexp(logits)^2``, which keeps the softmax
+    normalizer near 1 (Mesh TensorFlow's z-loss).
+    """
+    d = _dim_in(logits, vocab_dim, "softmax_cross_entropy_with_logits")
+    if d.name not in targets.shape.dimension_names:
+        raise ShapeError(
+            f"softmax_cross_entropy_with_logits: targets {targets.name} "
+            f"[{targets.shape}] have no vocab dimension {d.name!r}"
+        )
+    if not 0.0 <= label_smoothing < 1.0:
+        raise ConfigError(f"label_smoothing must be in [0, 1), got {label_smoothing!r}")
+    if label_smoothing:
+        targets = targets * (1.0 - label_smoothing) + label_smoothing / d.size
     lse = red.reduce_logsumexp(logits, reduced_dim=d)
-    return lse - red.reduce_sum(logits * targets, reduced_dim=d)
+    loss = lse - red.reduce_sum(logits * targets, reduced_dim=d)
+    if z_loss:
+        loss = loss + ew.square(lse) * z_loss
+    return loss
+
+
+def sparse_softmax_cross_entropy(
+    logits: Tensor,
+    target_ids: Tensor,
+    vocab_dim: Any,
+    z_loss: float = 0.0,
+    label_smoothing: float = 0.0,
+) -> Tensor:
+    """Cross entropy against integer targets (one-hot over ``vocab_dim``)."""
+    d = _dim_in(logits, vocab_dim, "sparse_softmax_cross_entropy")
+    hot = _one_hot_by_compare(target_ids, d, 1.0, 0.0, logits.dtype)
+    return softmax_cross_entropy_with_logits(
+        logits, hot, d, z_loss=z_loss, label_smoothing=label_smoothing
+    )

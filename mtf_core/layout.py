@@ -135,8 +135,9 @@ class LayoutRules:
                 if m in used:
                     raise LayoutError(
                         f"tensor [{tensor_shape}] would split both {used[m]!r} and "
-                        f"{d.name!r} over mesh dimension {mesh_dim.name!r}; two "
-                        "dimensions of one tensor cannot share a mesh dimension"
+                        f"{d.name!r} over mesh dimension {mesh_dim.name!r} of size "
+                        f"{mesh_dim.size}; two dimensions of one tensor cannot share "
+                        "a mesh dimension"
                     )
                 if d.size % mesh_dim.size:
                     raise IndivisibleDimensionError(

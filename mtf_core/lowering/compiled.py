@@ -64,8 +64,14 @@ class CompiledFunction:
             tf.TensorSpec(t.shape.to_integer_list(), tf.as_dtype(t.dtype))
             for t in self.inputs
         ]
+        # autograph=False: _run has no tensor-dependent Python control flow, and
+        # autograph would both slow tracing ~2x and wrap mtf errors (e.g.
+        # IndivisibleDimensionError) in a StagingError.
         self._fn = tf.function(
-            self._run, input_signature=signature, jit_compile=jit_compile
+            self._run,
+            input_signature=signature,
+            jit_compile=jit_compile,
+            autograph=False,
         )
         self.concrete = None
 

@@ -118,6 +118,15 @@ class MeshImpl:
     def slicewise(self, fn: Callable[..., Any], *inputs: Any) -> Any:
         raise NotImplementedError
 
+    def slicewise_multi(
+        self, fn: Callable[..., Sequence[Any]], n_out: int, *inputs: Any
+    ) -> list[Any]:
+        """Like slicewise for a function returning ``n_out`` tensors (backends
+        may override this to call ``fn`` once per device)."""
+        return [
+            self.slicewise(lambda *a, i=i: fn(*a)[i], *inputs) for i in range(n_out)
+        ]
+
     def allreduce(
         self, x: Any, mesh_axes: Sequence[int], reduction: str = "SUM"
     ) -> Any:

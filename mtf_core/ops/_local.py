@@ -33,7 +33,11 @@ def align(tf: Any, x: Any, from_shape: Shape, to_shape: Shape) -> Any:
     order = [n for n in to_shape.dimension_names if n in names]
     if order != names:
         x = tf.transpose(x, [names.index(n) for n in order])
-    if len(order) != len(to_shape):
+    # Broadcasting aligns trailing axes, so a slice whose dims are a suffix of
+    # ``to_shape`` (a scalar included) needs no reshape: one TF op (and its
+    # shape constant) fewer per device.
+    suffix = to_shape.dimension_names[len(to_shape) - len(order) :]
+    if order != suffix:
         local = x.shape
         new_shape = []
         k = 0

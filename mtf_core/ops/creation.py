@@ -125,7 +125,10 @@ class Constant(Operation):
         if self.value.ndim == 0:
             local = impl.slice_shape(out.shape)
             v = self.value.item()
-            laid = impl.slicewise(lambda: tf.fill(local, tf.constant(v, out.dtype)))
+            if local:
+                laid = impl.slicewise(lambda: tf.fill(local, tf.constant(v, out.dtype)))
+            else:  # a scalar: one Const per device, not Const + shape + Fill
+                laid = impl.slicewise(lambda: tf.constant(v, out.dtype))
         else:
             laid = impl.import_tf_tensor(tf.constant(self.value, out.dtype), out.shape)
         lowering.set_tensor_lowering(out, laid)

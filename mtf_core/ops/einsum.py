@@ -20,7 +20,7 @@ from mtf_core.errors import DTypeError, ShapeError
 from mtf_core.graph import Operation, Tensor, check_same_mesh
 from mtf_core.lowering.lazy import LazyAllreduceSum
 from mtf_core.ops._local import einsum_equation
-from mtf_core.shapes import Shape, convert_to_shape
+from mtf_core.shapes import Shape, convert_to_dimension, convert_to_shape
 
 
 class Einsum(Operation):
@@ -149,8 +149,9 @@ def einsum(
     """Einstein summation over named dims.
 
     ``einsum([a, b], output_shape)`` (Mesh TensorFlow) or ``einsum(a, b,
-    output_shape=...)``.  Without ``output_shape`` the output keeps the dims that
-    appear in exactly one input (numpy's implicit mode), minus ``reduced_dims``.
+    output_shape=...)``.  Without ``output_shape`` the output keeps every input
+    dim except ``reduced_dims`` (names or dims) or, when those are not given
+    either, the dims that appear in exactly one input (numpy's implicit mode).
     """
     if isinstance(xs, Tensor):
         xs = [xs]
@@ -169,11 +170,20 @@ def einsum(
             for d in t.shape:
                 counts[d.name] = counts.get(d.name, 0) + 1
                 dims[d.name] = d
-        drop = {d if isinstance(d, str) else d.name for d in (reduced_dims or [])}
-        output_shape = Shape(
-            [dims[n] for n in dims if counts[n] == 1 and n not in drop]
-        )
+        if reduced_dims is None:
+            drop = {n for n in dims if counts[n] > 1}
+        else:  # Mesh TensorFlow: every input dim except reduced_dims
+            drop = {_dim_name(d) for d in reduced_dims}
+        output_shape = Shape([dims[n] for n in dims if n not in drop])
     return Einsum(xs, output_shape, name=name).outputs[0]
+
+
+def _dim_name(d: Any) -> str:
+    if isinstance(d, str) and ":" not in d:
+        return d
+    dim = convert_to_dimension(d)
+    assert dim is not None
+    return dim.name
 
 
 def matmul(

@@ -1,0 +1,193 @@
+"""Deferred (pending) allreduces, simulated exactly as the lowering runs them.
+
+An einsum or ``reduce_sum`` over a split dim leaves its allreduce(SUM) pending
+(:class:`mtf_core.lowering.lazy.LazyAllreduceSum`).  The lowering then:
+
+* keeps ``x + y`` pending when ``x`` and ``y`` are both still pending over the
+  same mesh axes and ``x``, ``y`` and the sum have equal shapes;
+* keeps ``add_n(xs)`` pending when every input is still pending over one set
+  of axes;
+* passes a pending value through ``identity``/``stop_gradient`` unchanged (the
+  output *is* the input's pending value, so forcing either forces both);
+* issues the allreduce once, when anything else reads the value (in the order
+  the consumer reads its inputs) or when the value is exported.
+
+This module mirrors those rules without TensorFlow.  :func:`static_deferral`
+says, from the graph alone, which tensors *may* be pending under some layout;
+the cost units group their producers and consumers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from mtf_core.comm import CollectiveSpec, LayoutContext
+from mtf_core.graph import Operation, Tensor
+from mtf_core.ops.einsum import Einsum
+from mtf_core.ops.elementwise import AddN, BinaryOp, Identity
+from mtf_core.ops.indexing import Gather
+from mtf_core.ops.reduce import Reduce
+from mtf_core.ops.reshape import gather_collectives
+from mtf_core.ops.slicing import _WholeDimOp
+
+
+class _Pending:
+    """One LazyAllreduceSum: its axes, its slice bytes, whether it ran yet."""
+
+    __slots__ = ("axes", "bytes_per_device", "issued")
+
+    def __init__(self, axes: tuple[str, ...], bytes_per_device: int) -> None:
+        self.axes = axes
+        self.bytes_per_device = bytes_per_device
+        self.issued = False
+
+
+class Issued(NamedTuple):
+    """A collective that runs while an op lowers; ``forced``: a deferred
+    allreduce of one of its inputs (else one of the op's own)."""
+
+    spec: CollectiveSpec
+    forced: bool
+
+
+def _sum_spec(p: _Pending) -> CollectiveSpec:
+    return CollectiveSpec("allreduce", p.axes, p.bytes_per_device)
+
+
+class DeferredAllreduces:
+    """Tracks pending allreduces while walking ops in lowering order."""
+
+    def __init__(self, ctx: LayoutContext) -> None:
+        self.ctx = ctx
+        self._pending: dict[Tensor, _Pending] = {}
+
+    def force(self, t: Tensor) -> list[CollectiveSpec]:
+        """What reading ``t`` (or exporting it) issues: its allreduce, once."""
+        p = self._pending.get(t)
+        if p is None or p.issued:
+            return []
+        p.issued = True
+        return [_sum_spec(p)]
+
+    def _live(self, t: Tensor) -> _Pending | None:
+        p = self._pending.get(t)
+        return None if p is None or p.issued else p
+
+    def step(self, op: Operation, own: Sequence[CollectiveSpec]) -> list[Issued]:
+        """Lowers ``op`` whose own collectives (``op.communication``) are ``own``.
+
+        Returns what runs while lowering it, in order: each pending input
+        allreduce it forces (``forced=True``) and each of its own collectives
+        that runs now.  A pending collective in ``own`` becomes the pending
+        value of ``op.outputs[0]`` instead.
+        """
+        if isinstance(op, Identity):
+            p = self._pending.get(op.inputs[0])
+            if p is not None:
+                self._pending[op.outputs[0]] = p
+            return []
+        if isinstance(op, BinaryOp) and op.fn_name == "add":
+            x, y = op.inputs
+            out = op.outputs[0]
+            px, py = self._live(x), self._live(y)
+            if (
+                px is not None
+                and py is not None
+                and px.axes == py.axes
+                and x.shape == y.shape == out.shape
+            ):
+                self._keep_pending(out, px.axes)
+                return []
+        if isinstance(op, AddN):
+            ps = [self._live(t) for t in op.inputs]
+            axes = {p.axes for p in ps if p is not None}
+            if all(p is not None for p in ps) and len(axes) == 1:
+                self._keep_pending(op.outputs[0], axes.pop())
+                return []
+        done: list[Issued] = []
+        per_input = self._per_input(op, own)
+        if per_input is not None:
+            # Reads and gathers one input after the other.
+            for t, specs in zip(op.inputs, per_input):
+                done.extend(Issued(c, True) for c in self.force(t))
+                done.extend(Issued(c, False) for c in specs)
+            return done
+        for t in op.inputs:
+            done.extend(Issued(c, True) for c in self.force(t))
+        for spec in own:
+            if spec.pending:
+                self._pending[op.outputs[0]] = _Pending(
+                    spec.mesh_axes, spec.bytes_per_device
+                )
+            else:
+                done.append(Issued(spec, False))
+        return done
+
+    def _keep_pending(self, out: Tensor, axes: tuple[str, ...]) -> None:
+        self._pending[out] = _Pending(axes, self.ctx.slice_bytes(out.shape, out.dtype))
+
+    def _per_input(
+        self, op: Operation, own: Sequence[CollectiveSpec]
+    ) -> list[list[CollectiveSpec]] | None:
+        """For ops that lower input by input (read, then gather), ``own`` split
+        by input; None for ops that read all inputs first."""
+        if not isinstance(op, _WholeDimOp) or len(op.inputs) < 2 or not own:
+            return None
+        parts = [gather_collectives(self.ctx, t, [op.dim_name]) for t in op.inputs]
+        if [c for p in parts for c in p] != list(own):
+            return None
+        return parts
+
+
+def may_defer(op: Operation) -> bool:
+    """Whether ``op`` leaves an allreduce pending under some layout."""
+    if isinstance(op, Einsum):
+        return bool(op.reduced_dims)
+    if isinstance(op, Reduce):
+        return op.reduction == "SUM" and bool(op.reduced_dims)
+    # A lookup along a split dim sums the devices' partial lookups.
+    return isinstance(op, Gather)
+
+
+@dataclass(frozen=True)
+class StaticDeferral:
+    """Which tensors may be pending under some layout, and who produces them.
+
+    ``carriers`` are those tensors; ``propagators`` the identity/add/add_n ops
+    that may keep one pending; ``producers`` the ops that may start one.
+    """
+
+    carriers: frozenset[Tensor]
+    producers: frozenset[Operation]
+    propagators: frozenset[Operation]
+
+
+def static_deferral(ops: Iterable[Operation]) -> StaticDeferral:
+    """The may-be-pending closure of ``ops`` (in lowering order)."""
+    carriers: set[Tensor] = set()
+    producers: set[Operation] = set()
+    propagators: set[Operation] = set()
+    for op in ops:
+        if may_defer(op):
+            producers.add(op)
+            carriers.add(op.outputs[0])
+        elif isinstance(op, Identity) and op.inputs[0] in carriers:
+            propagators.add(op)
+            carriers.add(op.outputs[0])
+        elif isinstance(op, BinaryOp) and op.fn_name == "add":
+            x, y = op.inputs
+            if (
+                x in carriers
+                and y in carriers
+                and x.shape == y.shape == op.outputs[0].shape
+            ):
+                propagators.add(op)
+                carriers.add(op.outputs[0])
+        elif isinstance(op, AddN) and all(t in carriers for t in op.inputs):
+            propagators.add(op)
+            carriers.add(op.outputs[0])
+    return StaticDeferral(
+        frozenset(carriers), frozenset(producers), frozenset(propagators)
+    )

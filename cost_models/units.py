@@ -1,0 +1,214 @@
+"""Cost units: the graph's cost cut into pieces that each read few dim names.
+
+The planner's integer program prices every piece under every local assignment
+of its dims, so pieces must be small and exact.  Two kinds:
+
+* ``"op"`` (one per op): the op's compute time and its own collectives that run
+  at once (layout changes, max/min allreduces, ...).  Reads the layout of the
+  op's dim names only.
+* ``"deferred"`` (one per group of ops linked by possibly-pending values): the
+  deferred allreduce(SUM)s.  Whether ``a@b + c@d`` reduces once or twice, and
+  over which axes, depends on the layout of every producer in the group, so
+  its ``dim_names`` is the union of the producers' and sum-propagators' dims;
+  the consumers that force the sums are in ``ops`` (their order matters) but
+  their dims are not read.
+
+For every valid layout, summing :func:`unit_cost` over :func:`cost_units`
+gives exactly :func:`cost_models.costs.evaluate`'s compute time and
+communication per axis (the collectives too, as a multiset).
+
+Units whose ``signature`` is equal cost the same under every layout (same op
+types and attributes, same shapes and dtypes, same wiring), so the planner can
+price one and reuse it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from cost_models.collectives import axes_key, collective_time_s
+from cost_models.deferred import DeferredAllreduces, may_defer, static_deferral
+from cost_models.hardware import CostModelError, HardwareProfile
+from cost_models.op_costs import compute_time_s, flops_per_device
+from mtf_core.comm import CollectiveSpec, LayoutContext
+from mtf_core.errors import GraphError
+from mtf_core.graph import Graph, Operation, Tensor
+
+OP = "op"
+DEFERRED = "deferred"
+
+
+@dataclass(frozen=True)
+class CostUnit:
+    """Ops priced together, and the dim names whose layout their cost reads."""
+
+    ops: tuple[Operation, ...]
+    dim_names: frozenset[str]
+    kind: str = OP  # "op" | "deferred"
+    exported: tuple[Tensor, ...] = ()  # deferred units: outputs forced at the end
+    signature: Hashable = field(default=None, compare=False)
+
+    def __repr__(self) -> str:
+        names = ",".join(op.name for op in self.ops[:4])
+        more = "..." if len(self.ops) > 4 else ""
+        return f"CostUnit({self.kind}: {names}{more}; dims {sorted(self.dim_names)})"
+
+
+@dataclass(frozen=True)
+class UnitCost:
+    """What one unit costs under one layout."""
+
+    compute_s: float
+    comm_s_by_axis: tuple[tuple[str, float], ...]
+    collectives: tuple[CollectiveSpec, ...]
+    flops_per_device: float = 0.0
+
+    @property
+    def comm_s(self) -> float:
+        return sum(s for _, s in self.comm_s_by_axis)
+
+
+def comm_by_axis(
+    collectives: Sequence[CollectiveSpec], ctx: LayoutContext, hw: HardwareProfile
+) -> tuple[tuple[str, float], ...]:
+    """Seconds per axes key (``"model"``, or ``"batch,model"`` for a collective
+    over both), sorted by key; collectives summed in the order given."""
+    out: dict[str, float] = {}
+    for c in collectives:
+        key = axes_key(c)
+        out[key] = out.get(key, 0.0) + collective_time_s(c, ctx.mesh_shape, hw)
+    return tuple(sorted(out.items()))
+
+
+def own_collectives(op: Operation, ctx: LayoutContext) -> list[CollectiveSpec]:
+    """``op.communication(ctx)``, checked against what the units know defers."""
+    specs = list(op.communication(ctx))
+    if any(s.pending for s in specs) and not may_defer(op):
+        raise CostModelError(
+            f"{op.op_type} {op.name} leaves an allreduce pending, but "
+            "cost_models.deferred.may_defer does not know that op type defers; "
+            "teach it, or the cost units would miss that allreduce"
+        )
+    return specs
+
+
+def unit_cost(unit: CostUnit, ctx: LayoutContext, hw: HardwareProfile) -> UnitCost:
+    """Cost of ``unit`` under ``ctx``; reads only the layout of ``unit.dim_names``."""
+    if unit.kind == OP:
+        (op,) = unit.ops
+        issued = [s for s in own_collectives(op, ctx) if not s.pending]
+        return UnitCost(
+            compute_time_s(op, ctx, hw),
+            comm_by_axis(issued, ctx, hw),
+            tuple(issued),
+            flops_per_device(op, ctx),
+        )
+    if unit.kind != DEFERRED:
+        raise CostModelError(
+            f"unknown cost unit kind {unit.kind!r}; expected op or deferred"
+        )
+    sim = DeferredAllreduces(ctx)
+    forced_all: list[CollectiveSpec] = []
+    for op in unit.ops:
+        own = [s for s in op.communication(ctx) if s.pending] if may_defer(op) else []
+        forced_all.extend(i.spec for i in sim.step(op, own) if i.forced)
+    for t in unit.exported:
+        forced_all.extend(sim.force(t))
+    return UnitCost(0.0, comm_by_axis(forced_all, ctx, hw), tuple(forced_all))
+
+
+def cost_units(graph: Graph, outputs: Sequence[Tensor] = ()) -> list[CostUnit]:
+    """The graph's cost units: one ``op`` unit per op (graph order), then one
+    ``deferred`` unit per group of ops linked by possibly-pending values."""
+    ops = list(graph.operations)
+    for t in outputs:
+        if not isinstance(t, Tensor) or t.graph is not graph:
+            raise GraphError(
+                f"output {t!r} is not a tensor of this graph; expected mtf.Tensors"
+            )
+    sigs = {op: _op_signature(op) for op in ops}
+    units = [
+        CostUnit((op,), frozenset(op.all_dim_names), OP, signature=(OP, sigs[op]))
+        for op in ops
+    ]
+    static = static_deferral(ops)
+    parent: dict[Operation, Operation] = {}
+
+    def find(op: Operation) -> Operation:
+        parent.setdefault(op, op)
+        while parent[op] is not op:
+            parent[op] = parent[parent[op]]
+            op = parent[op]
+        return op
+
+    for op in ops:
+        for t in op.inputs:
+            if t in static.carriers:
+                a, b = find(t.operation), find(op)
+                if a is not b:
+                    parent[b] = a
+    exported = [t for t in dict.fromkeys(outputs) if t in static.carriers]
+    for t in exported:
+        find(t.operation)
+    groups: dict[Operation, list[Operation]] = {}
+    for op in ops:  # graph order within each group
+        if op in parent:
+            groups.setdefault(find(op), []).append(op)
+    for members in groups.values():
+        member_set = set(members)
+        dims: set[str] = set()
+        for op in members:
+            if op in static.producers or op in static.propagators:
+                dims.update(op.all_dim_names)
+        ex = tuple(t for t in exported if t.operation in member_set)
+        units.append(
+            CostUnit(
+                tuple(members),
+                frozenset(dims),
+                DEFERRED,
+                ex,
+                signature=_group_signature(members, ex, sigs),
+            )
+        )
+    return units
+
+
+# Attributes that name things or seed them, never changing what an op costs.
+_COSTLESS_ATTRS = frozenset({"variable", "seed", "initializer"})
+
+
+def _op_signature(op: Operation) -> Hashable:
+    # Ops without inputs (constants, variables, placeholders) cost the same
+    # whatever their values; skip their (possibly large) attributes.
+    attrs: Any = ()
+    if op.inputs:
+        attrs = repr(
+            sorted((k, v) for k, v in op.attrs().items() if k not in _COSTLESS_ATTRS)
+        )
+    return (
+        type(op).__name__,
+        op.op_type,
+        attrs,
+        tuple((str(t.shape), t.dtype) for t in op.inputs),
+        tuple((str(t.shape), t.dtype) for t in op.outputs),
+        op.flops(),
+    )
+
+
+def _group_signature(
+    members: list[Operation],
+    exported: tuple[Tensor, ...],
+    sigs: dict[Operation, Hashable],
+) -> Hashable:
+    index = {op: i for i, op in enumerate(members)}
+    wiring = tuple(
+        tuple(
+            (index[t.operation], t.index) if t.operation in index else None
+            for t in op.inputs
+        )
+        for op in members
+    )
+    ex = tuple((index[t.operation], t.index) for t in exported)
+    return (DEFERRED, tuple(sigs[op] for op in members), wiring, ex)

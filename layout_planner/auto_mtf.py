@@ -1,0 +1,71 @@
+"""Mesh TensorFlow's ``mtf.auto_mtf`` API, on the new planner.
+
+Like the original, both functions minimise peak memory per device (the
+``memory`` objective); ties go to the faster layout, then to the canonical
+rule order (see :func:`layout_planner.planner.auto_layout`), so the answer is
+the same on every run.
+
+>>> import mtf_core as mtf
+>>> g = mtf.Graph(); m = mtf.Mesh(g, "my_mesh")
+>>> x = mtf.zeros(m, "a:10,b:5"); y = mtf.zeros(m, "b:5,c:20")
+>>> z = mtf.einsum([x, y], "a:10,c:20")
+>>> str(mtf.auto_mtf.layout(g, "m1:4,m2:2", [z]))
+'a:m2;c:m1'
+>>> rules, mesh = mtf.auto_mtf.layout_and_mesh_shape(g, 8, [z])
+>>> str(mesh), str(rules)
+('mesh_0:4,mesh_1:2', 'a:mesh_1;c:mesh_0')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from layout_planner.mesh_search import search_mesh_shape
+from layout_planner.planner import auto_layout, hardware_with_limit, solve_params
+from layout_planner.program import Objective
+from mtf_core.graph import Graph, Tensor
+from mtf_core.layout import LayoutRules
+from mtf_core.shapes import Shape
+
+# The memory objective needs no hardware; time only breaks ties.
+_HARDWARE = "cpu-host"
+
+
+def layout(
+    mtf_graph: Graph, mesh_shape: Any, mtf_outputs: Sequence[Tensor] = ()
+) -> LayoutRules:
+    """Layout rules minimising peak memory of ``mtf_graph`` on ``mesh_shape``."""
+    plan = auto_layout(
+        mtf_graph,
+        mesh_shape,
+        outputs=list(mtf_outputs),
+        hardware=_HARDWARE,
+        objective="memory",
+        top_k=1,
+        verify=False,
+    )
+    return plan.layout_rules
+
+
+def layout_and_mesh_shape(
+    mtf_graph: Graph,
+    num_machines: int,
+    mtf_outputs: Sequence[Tensor] = (),
+    max_mesh_shape_dimensions: int = 2,
+) -> tuple[LayoutRules, Shape]:
+    """The mesh shape (axes ``mesh_0``, ``mesh_1``, ..., sizes non-increasing)
+    and layout rules with the least peak memory on ``num_machines`` devices."""
+    plan = search_mesh_shape(
+        mtf_graph,
+        num_machines,
+        outputs=list(mtf_outputs),
+        hardware=hardware_with_limit(_HARDWARE, None),
+        objective=Objective.MEMORY,
+        params=solve_params(1, 60.0, None, 0),
+        max_dims=max_mesh_shape_dimensions,
+        verify=False,
+        axis_names=tuple(f"mesh_{i}" for i in range(max(max_mesh_shape_dimensions, 1))),
+        ordered=False,
+    )
+    return plan.layout_rules, plan.mesh_shape

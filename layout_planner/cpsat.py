@@ -1,0 +1,366 @@
+"""The layout integer program in OR-tools CP-SAT, and the solve loop.
+
+Import this module only where solving is safe (see
+:mod:`layout_planner.solver_process`): OR-tools crashes in ``Solve`` when
+TensorFlow was loaded into the process before it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ortools.sat.python import cp_model
+
+from layout_planner.errors import SolverError
+from layout_planner.program import (
+    IntegerProgram,
+    Objective,
+    ProgramResult,
+    Solution,
+    SolveParams,
+    SolveStatus,
+)
+
+# Every CP-SAT status, mapped explicitly.
+_STATUS = {
+    cp_model.OPTIMAL: SolveStatus.OPTIMAL,
+    cp_model.FEASIBLE: SolveStatus.FEASIBLE,
+    cp_model.INFEASIBLE: SolveStatus.INFEASIBLE,
+    cp_model.MODEL_INVALID: SolveStatus.MODEL_INVALID,
+    cp_model.UNKNOWN: SolveStatus.UNKNOWN,
+}
+
+# Tie-break weights are powers of (axes + 1); keep each weighted sum well
+# inside CP-SAT's int64 arithmetic.
+_MAX_WEIGHT = 2**60
+# The least time a phase gets, even when the plan's budget is spent, so that a
+# tie-break always has a chance to confirm its (usually trivial) optimum.
+_MIN_PHASE_S = 0.05
+
+
+class LayoutModel:
+    """CP-SAT model of "which mesh axis splits each dimension name".
+
+    Variables::
+
+        x[d,m] in {0,1}   dim name d is split over mesh axis m (only for axes
+                          of size > 1 that divide d, and d splittable)
+        z[S,a] in {0,1}   dim set S (the free dims of a cost unit or a tensor)
+                          takes local assignment a
+        B >= 0            the largest collective result buffer (bytes)
+        P >= 0            peak bytes per device (memory objective only)
+
+    Constraints::
+
+        sum_m x[d,m] <= 1                       one axis per dim
+        x[d,m] + x[e,m] <= 1                    d, e share a tensor
+        sum_a z[S,a] = 1,  z[S,a] = 0 if the lowering rejects a
+        x[d,m] = sum_{a : a(d) = m} z[S,a]      for every d in S  (links z to x)
+        B >= sum_a buf[S,a] z[S,a]              for every S
+        c_L + sum_{(S,b) in L} sum_a (b / f[S,a]) z[S,a] + B <= cap   (time)
+                                                          <= P     (memory)
+
+    for every non-dominated live set L (``c_L``: bytes no layout splits;
+    ``b``: unsplit bytes of L's tensors whose free dims are S; ``f[S,a]``:
+    product of the axis sizes a uses, which divides every one of them).
+
+    Objective: ``T = T0 + sum_{S,a} t[S,a] z[S,a]`` (integer picoseconds of
+    compute + communication summed over the cost units whose free dims are
+    S).  ``time``: minimise T.  ``memory``: minimise P, then T.  Ties: minimise
+    ``sum_d W_d code_d`` with ``code_d = sum_m (m + 1) x[d,m]`` (0: not split)
+    and ``W_d = (axes + 1)^(rank of d from the end)``, dims in name order, i.e.
+    the lexicographically smallest choice vector.
+    """
+
+    def __init__(self, program: IntegerProgram) -> None:
+        self.program = program
+        self.model = cp_model.CpModel()
+        self._create_variables()
+        self._add_layout_constraints()
+        self._add_memory_constraints()
+        self._set_objective()
+
+    # -- phases ------------------------------------------------------------------
+    def _create_variables(self) -> None:
+        p = self.program
+        m = self.model
+        self.x = [m.new_bool_var(p.x_labels[i]) for i in range(p.num_x)]
+        self.z = [
+            [m.new_bool_var(f"z{s}_{a}") for a in range(len(ds.choices))]
+            for s, ds in enumerate(p.dimsets)
+        ]
+        max_buf = max(
+            (max(ds.buffer_bytes, default=0) for ds in p.dimsets), default=0
+        )
+        self.buffer = m.new_int_var(0, max_buf, "B") if max_buf > 0 else None
+        self.peak = None
+        if p.objective is Objective.MEMORY:
+            self.peak = m.new_int_var(0, self._peak_upper_bound(max_buf), "P")
+
+    def _add_layout_constraints(self) -> None:
+        p = self.program
+        m = self.model
+        for xs in p.dim_x:
+            if len(xs) > 1:
+                m.add_at_most_one(self.x[i] for i in xs)
+        for i, j in p.conflicts:
+            m.add_at_most_one(self.x[i], self.x[j])
+        for s, ds in enumerate(p.dimsets):
+            zs = self.z[s]
+            m.add_exactly_one(zs)
+            for a, bad in enumerate(ds.invalid):
+                if bad:
+                    m.add(zs[a] == 0)
+            for pos, d in enumerate(ds.dims):
+                for xi in p.dim_x[d]:
+                    m.add(
+                        self.x[xi]
+                        == sum(zs[a] for a, ch in enumerate(ds.choices) if ch[pos] == xi)
+                    )
+            if self.buffer is not None and any(ds.buffer_bytes):
+                m.add(self.buffer >= _weighted(zs, ds.buffer_bytes))
+
+    def _add_memory_constraints(self) -> None:
+        p = self.program
+        m = self.model
+        for row, const in zip(p.memory_rows, p.row_constants):
+            expr = self._row_expr(row) + const
+            if self.buffer is not None:
+                expr = expr + self.buffer
+            if self.peak is not None:
+                m.add(self.peak >= expr)
+            else:
+                m.add(expr <= p.capacity_bytes)
+
+    def _set_objective(self) -> None:
+        self.model.minimize(self.primary())
+
+    # -- expressions (as (variable index, coefficient) terms) -------------------
+    def _row_expr(self, row: Sequence[tuple[int, int]]) -> cp_model.LinearExprT:
+        terms: list[cp_model.IntVar] = []
+        coefs: list[int] = []
+        for s, unsplit in row:
+            ds = self.program.dimsets[s]
+            for a, f in enumerate(ds.factor):
+                terms.append(self.z[s][a])
+                coefs.append(unsplit // f)
+        return cp_model.LinearExpr.weighted_sum(terms, coefs)
+
+    def time_terms(self) -> Terms:
+        idx: list[int] = []
+        coefs: list[int] = []
+        for s, ds in enumerate(self.program.dimsets):
+            for a, t in enumerate(ds.time_ps):
+                if t:
+                    idx.append(self.z[s][a].index)
+                    coefs.append(t)
+        return Terms(idx, coefs, self.program.time_offset_ps)
+
+    def primary(self) -> cp_model.LinearExprT:
+        if self.peak is not None:
+            return self.peak
+        return self.time_terms().on(self.model)
+
+    def tiebreak_chunks(self) -> list[list[int]]:
+        """Dims (indices into ``dim_x``) grouped so each chunk's weights fit."""
+        base = 1 + max((len(xs) for xs in self.program.dim_x), default=0)
+        per_chunk = 1
+        while base ** (per_chunk + 1) < _MAX_WEIGHT:
+            per_chunk += 1
+        dims = [d for d, xs in enumerate(self.program.dim_x) if xs]
+        return [dims[i : i + per_chunk] for i in range(0, len(dims), per_chunk)]
+
+    def tiebreak_terms(self, dims: Sequence[int]) -> Terms:
+        base = 1 + max((len(self.program.dim_x[d]) for d in dims), default=0)
+        idx: list[int] = []
+        coefs: list[int] = []
+        for rank, d in enumerate(dims):
+            weight = base ** (len(dims) - 1 - rank)
+            for k, xi in enumerate(self.program.dim_x[d]):
+                idx.append(self.x[xi].index)
+                coefs.append(weight * (k + 1))
+        return Terms(idx, coefs, 0)
+
+    def _peak_upper_bound(self, max_buf: int) -> int:
+        rows = [
+            c + sum(b for _, b in row)
+            for row, c in zip(self.program.memory_rows, self.program.row_constants)
+        ]
+        return max(rows, default=0) + max_buf
+
+    def add_no_good(self, x_values: Sequence[bool]) -> None:
+        """Forbids the layout ``x_values`` (so the next solve finds another)."""
+        self.model.add_bool_or(
+            [v.Not() if val else v for v, val in zip(self.x, x_values)]
+        )
+
+
+@dataclass(frozen=True)
+class Terms:
+    """A linear expression by variable index, so it can be rebuilt on a clone."""
+
+    indices: list[int]
+    coefs: list[int]
+    offset: int
+
+    def on(self, model: cp_model.CpModel) -> cp_model.LinearExprT:
+        vs = [model.get_int_var_from_proto_index(i) for i in self.indices]
+        return cp_model.LinearExpr.weighted_sum(vs, self.coefs) + self.offset
+
+    def value(self, values: Sequence[int]) -> int:
+        return self.offset + sum(c * values[i] for i, c in zip(self.indices, self.coefs))
+
+
+def _weighted(
+    vs: Sequence[cp_model.IntVar], coefs: Sequence[int]
+) -> cp_model.LinearExprT:
+    return cp_model.LinearExpr.weighted_sum(list(vs), list(coefs))
+
+
+@dataclass
+class _Run:
+    """One solve's outcome."""
+
+    status: SolveStatus
+    objective: float
+    bound: float
+    values: list[int]
+    wall_s: float
+
+
+class _Solver:
+    """Runs the phases of :func:`solve_program` against one deadline."""
+
+    def __init__(self, lm: LayoutModel, params: SolveParams) -> None:
+        self.lm = lm
+        self.params = params
+        self.deadline = time.monotonic() + params.time_limit_s
+        self.num_solves = 0
+        self.phases: list[tuple[str, str, float]] = []
+
+    def solve(
+        self,
+        model: cp_model.CpModel,
+        phase: str,
+        workers: int,
+        hint: Sequence[int] | None,
+    ) -> _Run:
+        solver = cp_model.CpSolver()
+        prm = solver.parameters
+        prm.num_workers = workers
+        prm.random_seed = self.params.seed
+        prm.max_time_in_seconds = max(self.deadline - time.monotonic(), _MIN_PHASE_S)
+        prm.log_search_progress = False
+        if hint is not None:
+            model.clear_hints()
+            for i, v in enumerate(hint):
+                model.add_hint(model.get_int_var_from_proto_index(i), v)
+        code = solver.solve(model)
+        status = _STATUS.get(code)
+        if status is None:  # pragma: no cover - a status CP-SAT may add later
+            raise SolverError(f"CP-SAT returned an unmapped status {code!r}")
+        self.num_solves += 1
+        wall = solver.wall_time
+        self.phases.append((phase, status.value, wall))
+        if status is SolveStatus.MODEL_INVALID:
+            raise SolverError(
+                f"CP-SAT says the layout model is invalid in phase {phase!r}: "
+                f"{model.validate()}"
+            )
+        if not status.has_solution:
+            return _Run(status, float("nan"), float("nan"), [], wall)
+        return _Run(
+            status,
+            solver.objective_value,
+            solver.best_objective_bound,
+            list(solver.response_proto.solution),
+            wall,
+        )
+
+
+def solve_program(program: IntegerProgram, params: SolveParams) -> ProgramResult:
+    """Solves ``program`` for up to ``params.top_k`` distinct layouts, best first.
+
+    For each rank: minimise the primary objective (all workers), then (memory
+    objective) minimise time at that peak, then the tie-break at those values
+    (one worker: the tie-break optimum is unique, so the answer does not depend
+    on the worker count).  Then forbid that layout and go again.
+    """
+    t0 = time.monotonic()
+    lm = LayoutModel(program)
+    run = _Solver(lm, params)
+    solutions: list[Solution] = []
+    first_status = SolveStatus.UNKNOWN
+    complete = True
+    for rank in range(max(params.top_k, 1)):
+        if rank and time.monotonic() >= run.deadline:
+            complete = False
+            break
+        sol = _solve_one(lm, run, rank)
+        if rank == 0:
+            first_status = sol.status if isinstance(sol, Solution) else sol
+        if not isinstance(sol, Solution):
+            if rank and sol is not SolveStatus.INFEASIBLE:
+                complete = False
+            break
+        solutions.append(sol)
+        if program.num_x == 0:
+            break
+        lm.add_no_good(sol.x)
+    proto = lm.model.proto
+    return ProgramResult(
+        status=first_status,
+        solutions=tuple(solutions),
+        wall_time_s=time.monotonic() - t0,
+        num_solves=run.num_solves,
+        num_variables=len(proto.variables),
+        num_constraints=len(proto.constraints),
+        top_k_complete=complete,
+        phases=tuple(run.phases),
+    )
+
+
+def _solve_one(lm: LayoutModel, run: _Solver, rank: int) -> Solution | SolveStatus:
+    workers = max(run.params.num_workers, 1)
+    first = run.solve(lm.model, f"rank{rank}:primary", workers, None)
+    if not first.status.has_solution:
+        return first.status
+    status = first.status
+    values = first.values
+    model = lm.model.clone()
+    time_terms = lm.time_terms()
+    peak: int | None = None
+    if lm.peak is not None:
+        peak = round(first.objective)
+        model.add(model.get_int_var_from_proto_index(lm.peak.index) <= peak)
+        model.minimize(time_terms.on(model))
+        second = run.solve(model, f"rank{rank}:time", workers, values)
+        if second.status.has_solution:
+            values = second.values
+            if second.status is not SolveStatus.OPTIMAL:
+                status = SolveStatus.FEASIBLE
+        else:
+            status = SolveStatus.FEASIBLE
+    time_ps = time_terms.value(values)
+    model.add(time_terms.on(model) == time_ps)
+    for chunk in lm.tiebreak_chunks():
+        terms = lm.tiebreak_terms(chunk)
+        model.minimize(terms.on(model))
+        tb = run.solve(model, f"rank{rank}:tiebreak", 1, values)
+        if not tb.status.has_solution:
+            status = SolveStatus.FEASIBLE
+            break  # keep the layout we have: it is as good, only less canonical
+        values = tb.values
+        if tb.status is not SolveStatus.OPTIMAL:
+            status = SolveStatus.FEASIBLE
+        model.add(terms.on(model) == terms.value(values))
+    return Solution(
+        x=tuple(bool(values[v.index]) for v in lm.x),
+        time_ps=time_ps,
+        peak_bytes=peak,
+        status=status,
+        best_bound=first.bound,
+        objective=first.objective,
+    )

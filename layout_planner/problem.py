@@ -1,0 +1,402 @@
+"""A planning problem: the graph's cost and memory as tables over dim sets.
+
+Built in phases from one request (graph, mesh shape, hardware, outputs):
+
+1. ``_collect``: the dimension graph, the cost units and the memory model
+   (from :mod:`cost_models`), and each dim name's allowed mesh axes.
+2. ``_price_units``: units are grouped by their *free* dims (the ones some
+   axis may split) and by signature (units with equal signatures cost the same
+   under every layout, e.g. the same op in every layer).  For every local
+   assignment of a dim set, one representative per signature is priced with
+   ``cost_models.unit_cost`` and multiplied by its count.  An assignment the
+   lowering rejects (``LayoutError``) is marked invalid.  So the tables, and
+   the integer program, grow with the number of distinct dim sets and
+   signatures, not with depth.
+3. ``_memory_rows``: each live set becomes a vector "unsplit bytes per tensor
+   dim set"; vectors another vector dominates (component-wise) need no
+   constraint and are dropped.
+
+The tables also price any full layout in microseconds (:meth:`table_cost`),
+which the explanations use; the exact, independent price of a layout is
+always ``cost_models.evaluate``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from cost_models.collectives import collective_buffer_bytes
+from cost_models.hardware import HardwareProfile
+from cost_models.memory import MemoryModel, memory_model
+from cost_models.units import CostUnit, cost_units, unit_cost
+from layout_planner.dim_graph import Assignment, DimensionGraph
+from layout_planner.program import (
+    PS_PER_S,
+    DimsetSpec,
+    IntegerProgram,
+    Objective,
+)
+from mtf_core.comm import LayoutContext
+from mtf_core.errors import LayoutError
+from mtf_core.graph import Graph, Tensor
+from mtf_core.layout import LayoutRules
+from mtf_core.shapes import Shape
+
+
+@dataclass
+class DimsetTable:
+    """Costs of every local assignment of one set of free dims."""
+
+    dims: tuple[str, ...]
+    assignments: list[Assignment]
+    factor: list[int]
+    time_s: list[float]
+    compute_s: list[float]
+    comm_s: list[dict[str, float]]
+    buffer_bytes: list[int]
+    invalid: list[str | None]
+    num_units: int = 0
+    index: dict[Assignment, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TableCost:
+    """A layout priced from the tables (see :meth:`LayoutProblem.table_cost`)."""
+
+    time_s: float
+    compute_s: float
+    comm_s_by_axis: tuple[tuple[str, float], ...]
+    peak_bytes: int
+    invalid: str | None  # why the lowering rejects the layout, if it does
+
+
+@dataclass(frozen=True)
+class BuildStats:
+    """How big the problem is and how long each phase took (seconds)."""
+
+    num_ops: int
+    num_units: int
+    num_signatures: int
+    num_dims: int
+    num_free_dims: int
+    num_dimsets: int
+    num_assignments: int
+    num_unit_pricings: int
+    num_live_sets: int
+    num_memory_rows: int
+    collect_s: float
+    price_s: float
+    memory_s: float
+
+
+class LayoutProblem:
+    """One request's dimension graph, cost tables and memory rows."""
+
+    def __init__(
+        self,
+        graph: Graph,
+        mesh_shape: Shape,
+        hardware: HardwareProfile,
+        outputs: Sequence[Tensor] = (),
+    ) -> None:
+        self.graph = graph
+        self.mesh_shape = mesh_shape
+        self.hw = hardware
+        self.outputs = list(outputs)
+        t0 = time.perf_counter()
+        self._collect()
+        t1 = time.perf_counter()
+        self._price_units()
+        t2 = time.perf_counter()
+        self._memory_rows()
+        t3 = time.perf_counter()
+        self.stats = BuildStats(
+            num_ops=len(graph.operations),
+            num_units=len(self.units),
+            num_signatures=self._num_signatures,
+            num_dims=len(self.dim_graph.names),
+            num_free_dims=len(self.free_dims),
+            num_dimsets=len(self.tables),
+            num_assignments=sum(len(t.assignments) for t in self.tables),
+            num_unit_pricings=self._num_pricings,
+            num_live_sets=len(self.memory.live_sets),
+            num_memory_rows=len(self.rows),
+            collect_s=t1 - t0,
+            price_s=t2 - t1,
+            memory_s=t3 - t2,
+        )
+
+    # -- phase 1 ---------------------------------------------------------------------
+    def _collect(self) -> None:
+        self.dim_graph = DimensionGraph.from_graph(self.graph)
+        self.units: list[CostUnit] = cost_units(self.graph, self.outputs)
+        self.memory: MemoryModel = memory_model(self.graph, self.outputs)
+        self.allowed = {
+            n: self.dim_graph.allowed_axes(n, self.mesh_shape)
+            for n in self.dim_graph.names
+        }
+        self.free_dims = [n for n in self.dim_graph.names if self.allowed[n]]
+        self.x_index: dict[tuple[str, int], int] = {}
+        for n in self.free_dims:
+            for a in self.allowed[n]:
+                self.x_index[(n, a)] = len(self.x_index)
+        self.tables: list[DimsetTable] = []
+        self.table_of: dict[tuple[str, ...], int] = {}
+
+    def free(self, names: Any) -> tuple[str, ...]:
+        return tuple(sorted(n for n in names if self.allowed.get(n)))
+
+    def _table(self, dims: tuple[str, ...]) -> DimsetTable:
+        i = self.table_of.get(dims)
+        if i is not None:
+            return self.tables[i]
+        assignments = self.dim_graph.local_assignments(dims, self.allowed)
+        sizes = [d.size for d in self.mesh_shape]
+        n = len(assignments)
+        table = DimsetTable(
+            dims=dims,
+            assignments=assignments,
+            factor=[math.prod(sizes[a] for a in asg if a is not None) for asg in assignments],
+            time_s=[0.0] * n,
+            compute_s=[0.0] * n,
+            comm_s=[{} for _ in range(n)],
+            buffer_bytes=[0] * n,
+            invalid=[None] * n,
+            index={asg: k for k, asg in enumerate(assignments)},
+        )
+        self.table_of[dims] = len(self.tables)
+        self.tables.append(table)
+        return table
+
+    # -- phase 2 ---------------------------------------------------------------------
+    def _price_units(self) -> None:
+        groups: dict[tuple[str, ...], dict[Any, list[CostUnit]]] = {}
+        for unit in self.units:
+            key = unit.signature if unit.signature is not None else id(unit)
+            groups.setdefault(self.free(unit.dim_names), {}).setdefault(
+                key, []
+            ).append(unit)
+        self._num_signatures = sum(len(g) for g in groups.values())
+        self._num_pricings = 0
+        for dims in sorted(groups):
+            table = self._table(dims)
+            by_sig = list(groups[dims].values())
+            table.num_units = sum(len(us) for us in by_sig)
+            for k, asg in enumerate(table.assignments):
+                ctx = self.context(dict(zip(dims, asg)))
+                comm: dict[str, float] = {}
+                compute = 0.0
+                buffer = 0
+                try:
+                    for units in by_sig:
+                        uc = unit_cost(units[0], ctx, self.hw)
+                        self._num_pricings += 1
+                        count = len(units)
+                        compute += count * uc.compute_s
+                        for axis, s in uc.comm_s_by_axis:
+                            comm[axis] = comm.get(axis, 0.0) + count * s
+                        for c in uc.collectives:
+                            buffer = max(
+                                buffer, collective_buffer_bytes(c, self.mesh_shape)
+                            )
+                except LayoutError as e:
+                    table.invalid[k] = str(e)
+                    continue
+                table.compute_s[k] = compute
+                table.comm_s[k] = comm
+                table.time_s[k] = compute + sum(comm.values())
+                table.buffer_bytes[k] = buffer
+
+    def context(self, assignment: Mapping[str, int | None]) -> LayoutContext:
+        """A LayoutContext for ``{dim: mesh axis index or None}``."""
+        return LayoutContext(self.mesh_shape, self.rules_for(assignment))
+
+    def rules_for(self, assignment: Mapping[str, int | None]) -> LayoutRules:
+        return LayoutRules(
+            (d, self.mesh_shape[a].name)
+            for d, a in assignment.items()
+            if a is not None
+        )
+
+    # -- phase 3 ---------------------------------------------------------------------
+    def _memory_rows(self) -> None:
+        tensors = self.memory.tensors
+        tensor_table = []
+        for t in tensors:
+            dims = self.free(t.dim_names)
+            self._table(dims)
+            tensor_table.append(self.table_of[dims])
+        n_tables = len(self.tables)
+        empty = self.table_of.get(())
+        vectors: dict[tuple[int, ...], None] = {}
+        current = np.zeros(n_tables + 1, dtype=np.int64)
+        previous: frozenset[int] = frozenset()
+        for live in self.memory.live_sets:
+            for i in live - previous:
+                current[_slot(tensor_table[i], empty, n_tables)] += tensors[i].bytes
+            for i in previous - live:
+                current[_slot(tensor_table[i], empty, n_tables)] -= tensors[i].bytes
+            previous = live
+            vectors.setdefault(tuple(int(v) for v in current), None)
+        self.tensor_table = tensor_table
+        self.rows = _non_dominated(list(vectors))
+
+    # -- the integer program -------------------------------------------------------------
+    def program(self, objective: Objective, capacity_bytes: int) -> IntegerProgram:
+        """The integer program for ``objective`` under ``capacity_bytes``."""
+        n_tables = len(self.tables)
+        dim_id = {d: i for i, d in enumerate(self.free_dims)}
+        dim_x = tuple(
+            tuple(self.x_index[(d, a)] for a in self.allowed[d]) for d in self.free_dims
+        )
+        conflicts = []
+        for a, b in self.dim_graph.tensor_conflicts():
+            for axis in set(self.allowed.get(a, ())) & set(self.allowed.get(b, ())):
+                conflicts.append((self.x_index[(a, axis)], self.x_index[(b, axis)]))
+        dimsets = []
+        for table in self.tables:
+            choices = tuple(
+                tuple(
+                    -1 if ax is None else self.x_index[(d, ax)]
+                    for d, ax in zip(table.dims, asg)
+                )
+                for asg in table.assignments
+            )
+            dimsets.append(
+                DimsetSpec(
+                    dims=tuple(dim_id[d] for d in table.dims),
+                    choices=choices,
+                    time_ps=tuple(round(t * PS_PER_S) for t in table.time_s),
+                    buffer_bytes=tuple(table.buffer_bytes),
+                    factor=tuple(table.factor),
+                    invalid=tuple(r is not None for r in table.invalid),
+                )
+            )
+        rows = tuple(
+            tuple((s, int(v[s])) for s in range(n_tables) if v[s]) for v in self.rows
+        )
+        constants = tuple(int(v[n_tables]) for v in self.rows)
+        labels = [""] * len(self.x_index)
+        for (d, a), i in self.x_index.items():
+            labels[i] = f"{d}@{self.mesh_shape[a].name}"
+        return IntegerProgram(
+            num_x=len(self.x_index),
+            x_labels=tuple(labels),
+            dim_x=dim_x,
+            conflicts=tuple(sorted(set(conflicts))),
+            dimsets=tuple(dimsets),
+            memory_rows=rows,
+            row_constants=constants,
+            capacity_bytes=int(capacity_bytes),
+            objective=objective,
+        )
+
+    # -- layouts <-> x values ----------------------------------------------------------------
+    def assignment_from_x(self, x: Sequence[bool]) -> dict[str, int | None]:
+        out: dict[str, int | None] = {d: None for d in self.free_dims}
+        for (d, a), i in self.x_index.items():
+            if x[i]:
+                out[d] = a
+        return out
+
+    def assignment_from_rules(self, rules: LayoutRules) -> dict[str, int | None]:
+        """``{free dim: axis or None}`` for ``rules`` (rules naming dims the graph
+        lacks, or axes the mesh lacks, split nothing and are ignored)."""
+        names = self.mesh_shape.dimension_names
+        out: dict[str, int | None] = {d: None for d in self.free_dims}
+        for d, m in rules:
+            if d in self.allowed and m in names:
+                out[d] = names.index(m)
+        return out
+
+    def table_cost(self, assignment: Mapping[str, int | None]) -> TableCost:
+        """Prices a full layout from the tables (exact up to float summation
+        order; ``invalid`` says why the lowering would reject it)."""
+        full = {d: assignment.get(d) for d in self.free_dims}
+        for d, a in full.items():
+            if a is not None and a not in self.allowed[d]:
+                return _invalid(f"{d!r} cannot be split over mesh axis "
+                                f"{self.mesh_shape[a].name!r}")
+        for a, b in self.dim_graph.tensor_conflicts():
+            if full.get(a) is not None and full.get(a) == full.get(b):
+                return _invalid(
+                    f"{a!r} and {b!r} share tensor {self.dim_graph.meeting_place(a, b)}"
+                    f" and cannot both be split over {self.mesh_shape[full[a]].name!r}"
+                )
+        compute = 0.0
+        comm: dict[str, float] = {}
+        buffer = 0
+        picks = []
+        for table in self.tables:
+            k = table.index[tuple(full[d] for d in table.dims)]
+            if table.invalid[k] is not None:
+                return _invalid(table.invalid[k])
+            picks.append(k)
+            compute += table.compute_s[k]
+            for axis, s in table.comm_s[k].items():
+                comm[axis] = comm.get(axis, 0.0) + s
+            buffer = max(buffer, table.buffer_bytes[k])
+        peak = 0
+        for v in self.rows:
+            total = int(v[-1]) + sum(
+                int(v[s]) // self.tables[s].factor[picks[s]]
+                for s in range(len(self.tables))
+                if v[s]
+            )
+            peak = max(peak, total)
+        comm_items = tuple(sorted(comm.items()))
+        return TableCost(
+            time_s=compute + sum(s for _, s in comm_items),
+            compute_s=compute,
+            comm_s_by_axis=comm_items,
+            peak_bytes=peak + buffer,
+            invalid=None,
+        )
+
+    def largest_tensors(
+        self, assignment: Mapping[str, int | None], k: int = 5
+    ) -> list[tuple[str, str, str, int]]:
+        """The ``k`` biggest tensors (name, shape, kind, bytes per device) of the
+        largest live set under ``assignment``: what to name when nothing fits."""
+        ctx = self.context({d: a for d, a in assignment.items() if a is not None})
+        items = [
+            (t.name, str(t.shape), t.kind, t.bytes_per_device(ctx))
+            for t in (
+                self.memory.tensors[i]
+                for i in self.memory.live_sets[self.memory.peak_live_set(ctx)]
+            )
+        ] if self.memory.live_sets else []
+        items.sort(key=lambda r: (-r[3], r[0]))
+        return items[:k]
+
+
+def _slot(table: int, empty: int | None, n_tables: int) -> int:
+    # Tensors no layout splits go to the constant column (the last one).
+    return n_tables if table == empty else table
+
+
+def _invalid(reason: str | None) -> TableCost:
+    return TableCost(float("inf"), float("inf"), (), 0, reason or "invalid layout")
+
+
+def _non_dominated(vectors: list[tuple[int, ...]]) -> list[np.ndarray]:
+    """The vectors no other vector dominates component-wise (duplicates once)."""
+    if not vectors:
+        return []
+    mat = np.array(vectors, dtype=np.int64)
+    order = np.lexsort((np.arange(len(mat)), -mat.sum(axis=1)))
+    kept: list[np.ndarray] = []
+    stack = np.empty((0, mat.shape[1]), dtype=np.int64)
+    for i in order:
+        v = mat[i]
+        if len(kept) and bool(np.all(stack >= v, axis=1).any()):
+            continue
+        kept.append(v)
+        stack = np.vstack([stack, v[None, :]])
+    return kept

@@ -1,0 +1,135 @@
+"""The integer program as plain, picklable data, and what its solver returns.
+
+:mod:`layout_planner.problem` turns a graph into an :class:`IntegerProgram`;
+:mod:`layout_planner.cpsat` builds and solves the CP-SAT model from it, in this
+process or in a clean worker process (:mod:`layout_planner.solver_process`).
+Nothing here imports OR-tools, so a process that loaded TensorFlow first can
+build programs and read results without touching OR-tools at all.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+# Objective coefficients are integer picoseconds: CP-SAT needs integers, and a
+# picosecond keeps even a one-op graph on a CPU host (tens of nanoseconds)
+# exact to far below anything a cost model can claim.
+PS_PER_S = 10**12
+
+
+class SolveStatus(enum.Enum):
+    """Our own solver status; every CP-SAT status maps to one of these."""
+
+    OPTIMAL = "optimal"  # proven best (gap 0)
+    FEASIBLE = "feasible"  # a layout, not proven best (time limit)
+    INFEASIBLE = "infeasible"  # no layout satisfies the constraints (memory)
+    MODEL_INVALID = "model_invalid"  # a bug: the program is malformed
+    UNKNOWN = "unknown"  # time ran out before any layout was found
+
+    @property
+    def has_solution(self) -> bool:
+        return self in (SolveStatus.OPTIMAL, SolveStatus.FEASIBLE)
+
+
+class Objective(enum.Enum):
+    """What the planner minimises."""
+
+    TIME = "time"  # compute + communication, under the memory capacity
+    MEMORY = "memory"  # peak bytes per device, then time
+
+    @classmethod
+    def parse(cls, value: object) -> Objective:
+        if isinstance(value, Objective):
+            return value
+        for o in cls:
+            if value == o.value:
+                return o
+        from layout_planner.errors import PlannerError
+
+        raise PlannerError(
+            f"objective {value!r} is unknown; expected one of "
+            f"{[o.value for o in cls]}"
+        )
+
+
+@dataclass(frozen=True)
+class DimsetSpec:
+    """One set of free dims with its local assignments (``z`` variables).
+
+    ``dims`` are indices into :attr:`IntegerProgram.dim_x`.  ``choices[a][p]``
+    is the x-variable index dim ``p`` takes in assignment ``a`` (-1: not
+    split).  ``time_ps``, ``buffer_bytes`` and ``factor`` are per assignment:
+    summed unit time, largest collective result buffer, and the product of the
+    mesh-axis sizes used (how many pieces a tensor of these dims is cut into).
+    ``invalid[a]`` marks assignments the lowering rejects.
+    """
+
+    dims: tuple[int, ...]
+    choices: tuple[tuple[int, ...], ...]
+    time_ps: tuple[int, ...]
+    buffer_bytes: tuple[int, ...]
+    factor: tuple[int, ...]
+    invalid: tuple[bool, ...]
+
+
+@dataclass(frozen=True)
+class IntegerProgram:
+    """Everything CP-SAT needs, as integers (see :class:`cpsat.LayoutModel`).
+
+    ``dim_x[d]`` lists dim ``d``'s x-variable indices, one per allowed mesh
+    axis, in mesh order.  ``memory_rows[r]`` is one live set: ``(dimset
+    index, unsplit bytes)`` pairs plus ``row_constants[r]`` bytes that no
+    layout splits.
+    """
+
+    num_x: int
+    x_labels: tuple[str, ...]
+    dim_x: tuple[tuple[int, ...], ...]
+    conflicts: tuple[tuple[int, int], ...]
+    dimsets: tuple[DimsetSpec, ...]
+    memory_rows: tuple[tuple[tuple[int, int], ...], ...]
+    row_constants: tuple[int, ...]
+    capacity_bytes: int
+    objective: Objective
+    time_offset_ps: int = 0
+
+    @property
+    def has_memory(self) -> bool:
+        return bool(self.memory_rows)
+
+
+@dataclass(frozen=True)
+class SolveParams:
+    """Solver settings: a wall-clock limit for the whole plan, workers, seed."""
+
+    time_limit_s: float = 60.0
+    num_workers: int = 8
+    seed: int = 0
+    top_k: int = 1
+
+
+@dataclass(frozen=True)
+class Solution:
+    """One layout the solver found: the x values and its objective terms."""
+
+    x: tuple[bool, ...]
+    time_ps: int
+    peak_bytes: int | None
+    status: SolveStatus
+    best_bound: float
+    objective: float
+
+
+@dataclass(frozen=True)
+class ProgramResult:
+    """What :func:`cpsat.solve_program` returns: ranked solutions and stats."""
+
+    status: SolveStatus
+    solutions: tuple[Solution, ...]
+    wall_time_s: float
+    num_solves: int
+    num_variables: int
+    num_constraints: int
+    top_k_complete: bool
+    phases: tuple[tuple[str, str, float], ...] = field(default=())

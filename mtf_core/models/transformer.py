@@ -1,0 +1,267 @@
+"""Transformer language model and encoder-decoder over named dims.
+
+Dimension names: ``batch, length, d_model, heads, d_kv, d_ff, vocab`` (and
+``memory_length`` for attention keys).  These are the names layout rules and
+presets refer to: ``batch:all`` is data parallelism,
+``d_ff:all;heads:all;vocab:all`` Mesh TensorFlow's model parallelism.
+
+>>> cfg = TransformerConfig(num_layers=1, d_model=8, heads=2, d_kv=4, d_ff=16,
+...                         vocab=32, length=8, batch=2)
+>>> model = build_lm(cfg, optimizer="sgd")
+>>> [t.name for t in model.placeholders]
+['inputs:0', 'targets:0']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from mtf_core import layers
+from mtf_core.errors import ConfigError
+from mtf_core.graph import Graph, Mesh, Tensor
+from mtf_core.models.base import ModelGraph, add_training
+from mtf_core.ops import elementwise as ew
+from mtf_core.ops import reduce as red
+from mtf_core.ops.creation import placeholder
+from mtf_core.optimize import Optimizer
+from mtf_core.shapes import Dimension
+
+_ACTIVATIONS = {"relu": ew.relu, "gelu": ew.gelu, "silu": ew.silu}
+_NORMS = {"layer_norm": layers.layer_norm, "rms_norm": layers.rms_norm}
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    """Sizes and options of a Transformer (pre-norm, learned positions)."""
+
+    num_layers: int = 2
+    d_model: int = 32
+    heads: int = 4
+    d_kv: int = 8
+    d_ff: int = 64
+    vocab: int = 64
+    length: int = 16
+    batch: int = 8
+    dropout_rate: float = 0.0
+    z_loss: float = 0.0
+    label_smoothing: float = 0.0
+    activation: str = "relu"
+    norm: str = "layer_norm"
+
+    def __post_init__(self) -> None:
+        for f in ("num_layers", "d_model", "heads", "d_kv", "d_ff", "vocab"):
+            _positive_int(f, getattr(self, f))
+        _positive_int("length", self.length)
+        _positive_int("batch", self.batch)
+        if self.activation not in _ACTIVATIONS:
+            raise ConfigError(
+                f"activation {self.activation!r} is unknown; expected one of "
+                f"{sorted(_ACTIVATIONS)}"
+            )
+        if self.norm not in _NORMS:
+            raise ConfigError(
+                f"norm {self.norm!r} is unknown; expected one of {sorted(_NORMS)}"
+            )
+        for f in ("dropout_rate", "label_smoothing"):
+            v = getattr(self, f)
+            if not 0.0 <= v < 1.0:
+                raise ConfigError(f"{f} must be in [0, 1), got {v!r}")
+        if self.z_loss < 0:
+            raise ConfigError(f"z_loss must be >= 0, got {self.z_loss!r}")
+
+    # -- named dims -------------------------------------------------------------
+    @property
+    def batch_dim(self) -> Dimension:
+        return Dimension("batch", self.batch)
+
+    @property
+    def length_dim(self) -> Dimension:
+        return Dimension("length", self.length)
+
+    @property
+    def memory_length_dim(self) -> Dimension:
+        return Dimension("memory_length", self.length)
+
+    @property
+    def model_dim(self) -> Dimension:
+        return Dimension("d_model", self.d_model)
+
+    @property
+    def heads_dim(self) -> Dimension:
+        return Dimension("heads", self.heads)
+
+    @property
+    def kv_dim(self) -> Dimension:
+        return Dimension("d_kv", self.d_kv)
+
+    @property
+    def ff_dim(self) -> Dimension:
+        return Dimension("d_ff", self.d_ff)
+
+    @property
+    def vocab_dim(self) -> Dimension:
+        return Dimension("vocab", self.vocab)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TransformerConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(
+                f"unknown TransformerConfig field(s) {unknown}; expected some of "
+                f"{sorted(known)}"
+            )
+        return cls(**d)
+
+    def replace(self, **changes: Any) -> TransformerConfig:
+        return dataclasses.replace(self, **changes)
+
+
+def _positive_int(name: str, v: Any) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ConfigError(f"{name} must be a positive integer, got {v!r}")
+
+
+# --------------------------------------------------------------------------
+# building blocks
+# --------------------------------------------------------------------------
+
+
+def _embed(cfg: TransformerConfig, ids: Tensor, name: str) -> Tensor:
+    x = layers.embedding(ids, cfg.vocab_dim, cfg.model_dim, name=f"{name}_embedding")
+    pos = layers.embedding_weights(
+        ids.mesh, cfg.length_dim, cfg.model_dim, f"{name}_positions", stddev=0.1
+    )
+    return layers.dropout(x + pos, cfg.dropout_rate)
+
+
+def _norm(cfg: TransformerConfig, x: Tensor, name: str) -> Tensor:
+    return _NORMS[cfg.norm](x, cfg.model_dim, name=name)
+
+
+def _attend(
+    cfg: TransformerConfig,
+    x: Tensor,
+    name: str,
+    bias: Tensor | None,
+    memory: Tensor | None = None,
+) -> Tensor:
+    h = _norm(cfg, x, f"{name}_norm")
+    y = layers.multihead_attention(
+        h,
+        cfg.heads_dim,
+        cfg.kv_dim,
+        memory=memory,
+        bias=bias,
+        dropout_rate=cfg.dropout_rate,
+        name=name,
+    )
+    return x + layers.dropout(y, cfg.dropout_rate)
+
+
+def _feed_forward(cfg: TransformerConfig, x: Tensor, name: str) -> Tensor:
+    h = _norm(cfg, x, f"{name}_norm")
+    y = layers.dense_relu_dense(
+        h,
+        cfg.ff_dim,
+        dropout_rate=cfg.dropout_rate,
+        activation=_ACTIVATIONS[cfg.activation],
+        name=name,
+    )
+    return x + layers.dropout(y, cfg.dropout_rate)
+
+
+def _logits_and_loss(
+    cfg: TransformerConfig, x: Tensor, targets: Tensor
+) -> tuple[Tensor, Tensor]:
+    x = _norm(cfg, x, "final_norm")
+    logits = layers.dense(x, cfg.vocab_dim, use_bias=False, name="logits")
+    per_token = layers.sparse_softmax_cross_entropy(
+        logits,
+        targets,
+        cfg.vocab_dim,
+        z_loss=cfg.z_loss,
+        label_smoothing=cfg.label_smoothing,
+    )
+    return logits, red.reduce_mean(per_token)
+
+
+def _placeholders(
+    mesh: Mesh, cfg: TransformerConfig, names: list[str]
+) -> dict[str, Tensor]:
+    shape = [cfg.batch_dim, cfg.length_dim]
+    return {n: placeholder(mesh, shape, "int32", name=n) for n in names}
+
+
+# --------------------------------------------------------------------------
+# models
+# --------------------------------------------------------------------------
+
+
+def build_lm(
+    config: TransformerConfig,
+    optimizer: Optimizer | str | None = None,
+    learning_rate: float | None = None,
+    graph: Graph | None = None,
+) -> ModelGraph:
+    """Decoder-only Transformer language model.
+
+    Placeholders ``inputs`` and ``targets`` are ``[batch, length]`` int32 token
+    ids (``targets`` is ``inputs`` shifted left by one).  The loss is the mean
+    per-token cross entropy in nats.  With an ``optimizer`` (an
+    :class:`~mtf_core.optimize.Optimizer` or a name such as ``"adam"``) the
+    model also carries gradients and updates.
+    """
+    graph = graph if graph is not None else Graph()
+    mesh = Mesh(graph, "mesh")
+    cfg = config
+    ph = _placeholders(mesh, cfg, ["inputs", "targets"])
+    x = _embed(cfg, ph["inputs"], "token")
+    causal = layers.attention_bias_causal(mesh, cfg.length_dim, cfg.memory_length_dim)
+    for i in range(cfg.num_layers):
+        x = _attend(cfg, x, f"layer_{i:03d}/self_attention", causal)
+        x = _feed_forward(cfg, x, f"layer_{i:03d}/ffn")
+    logits, loss = _logits_and_loss(cfg, x, ph["targets"])
+    model = ModelGraph(graph, mesh, ph, loss, logits, cfg)
+    return add_training(model, optimizer, learning_rate)
+
+
+def build_encoder_decoder(
+    config: TransformerConfig,
+    optimizer: Optimizer | str | None = None,
+    learning_rate: float | None = None,
+    graph: Graph | None = None,
+    pad_id: int = 0,
+) -> ModelGraph:
+    """Encoder-decoder Transformer (sequence to sequence).
+
+    Placeholders (all ``[batch, length]`` int32): ``inputs`` (encoder tokens,
+    ``pad_id`` marks padding, which attention masks out), ``decoder_inputs``
+    and ``targets``.  ``config.num_layers`` layers each in the encoder and the
+    decoder; embeddings are not shared.
+    """
+    graph = graph if graph is not None else Graph()
+    mesh = Mesh(graph, "mesh")
+    cfg = config
+    ph = _placeholders(mesh, cfg, ["inputs", "decoder_inputs", "targets"])
+    mem_ids = layers.rename_dimension(ph["inputs"], "length", "memory_length")
+    padding = layers.attention_bias_padding(mem_ids, pad_id)
+    x = _embed(cfg, ph["inputs"], "encoder")
+    for i in range(cfg.num_layers):
+        x = _attend(cfg, x, f"encoder_{i:03d}/self_attention", padding)
+        x = _feed_forward(cfg, x, f"encoder_{i:03d}/ffn")
+    memory = _norm(cfg, x, "encoder_final_norm")
+    y = _embed(cfg, ph["decoder_inputs"], "decoder")
+    causal = layers.attention_bias_causal(mesh, cfg.length_dim, cfg.memory_length_dim)
+    for i in range(cfg.num_layers):
+        y = _attend(cfg, y, f"decoder_{i:03d}/self_attention", causal)
+        y = _attend(cfg, y, f"decoder_{i:03d}/encdec_attention", padding, memory)
+        y = _feed_forward(cfg, y, f"decoder_{i:03d}/ffn")
+    logits, loss = _logits_and_loss(cfg, y, ph["targets"])
+    model = ModelGraph(graph, mesh, ph, loss, logits, cfg)
+    return add_training(model, optimizer, learning_rate)

@@ -1,0 +1,192 @@
+"""Random numbers: ``random_uniform``, ``random_normal`` and ``dropout``.
+
+Layouts never change results, random ones included: each op draws the *full*
+tensor with a stateless TensorFlow generator seeded by ``(op seed,
+lowering.seed)`` and every device keeps its slice of it (as
+``import_tf_tensor`` does).  ``lowering.seed`` is the step counter of a
+compiled function, so each call draws new numbers; an eager ``Lowering`` uses
+the ``seed`` it is given.  The op seed defaults to a hash of the op's name,
+which is deterministic in graph-building order.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from typing import Any
+
+from mtf_core import dtypes
+from mtf_core.errors import DTypeError, ShapeError
+from mtf_core.graph import Mesh, Operation, Tensor
+from mtf_core.shapes import convert_to_shape
+
+_DISTRIBUTIONS = ("uniform", "normal")
+
+
+class RandomOp(Operation):
+    """A tensor of random numbers: ``uniform(minval, maxval)`` or
+    ``normal(mean, stddev)``, identical under every layout."""
+
+    op_type = "Random"
+    stateful = True
+
+    def __init__(
+        self,
+        mesh: Mesh,
+        shape: Any,
+        distribution: str,
+        params: tuple[float, float],
+        dtype: Any,
+        seed: int | None,
+        name: str | None = None,
+    ) -> None:
+        if distribution not in _DISTRIBUTIONS:
+            raise ValueError(
+                f"unknown distribution {distribution!r}; expected one of "
+                f"{list(_DISTRIBUTIONS)}"
+            )
+        dtype = dtypes.as_dtype_name(dtype)
+        if distribution == "normal" and not dtypes.is_floating(dtype):
+            raise DTypeError(f"random_normal: dtype {dtype} is not a floating dtype")
+        if dtype not in dtypes.FLOATING | {"int32", "int64"}:
+            raise DTypeError(
+                f"random_uniform: dtype {dtype} is not supported; expected a "
+                "floating dtype, int32 or int64"
+            )
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise ValueError(f"random seed {seed!r} is not an integer")
+        super().__init__([], mesh=mesh, name=name or f"random_{distribution}")
+        self.distribution = distribution
+        self.params = (params[0], params[1])
+        # A deterministic default: the name is unique in the graph and assigned
+        # in building order, so rebuilding the graph gives the same numbers.
+        self.seed = (
+            seed if seed is not None else zlib.crc32(self.name.encode()) & 0x7FFFFFFF
+        )
+        self._add_output(convert_to_shape(shape), dtype)
+
+    def flops(self) -> float:
+        return 0.0
+
+    def gradient(self, grad_ys: Sequence[Tensor | None]) -> list[Tensor | None]:
+        return []
+
+    def lower(self, lowering: Any) -> None:
+        tf = lowering.tf
+        out = self.outputs[0]
+        seed = tf.stack(
+            [tf.constant(self.seed, tf.int64), tf.cast(lowering.seed, tf.int64)]
+        )
+        full_shape = out.shape.to_integer_list()
+        a, b = self.params
+        if self.distribution == "uniform":
+            full = tf.random.stateless_uniform(
+                full_shape, seed, minval=a, maxval=b, dtype=out.dtype
+            )
+        else:
+            full = tf.random.stateless_normal(
+                full_shape, seed, mean=a, stddev=b, dtype=out.dtype
+            )
+        lowering.set_tensor_lowering(
+            out, lowering.mesh_impl(self).import_tf_tensor(full, out.shape)
+        )
+
+    def attrs(self) -> dict[str, Any]:
+        return {
+            "distribution": self.distribution,
+            "params": list(self.params),
+            "seed": self.seed,
+            "dtype": self.outputs[0].dtype,
+        }
+
+
+def _check_mesh(mesh: Any, what: str) -> Mesh:
+    if not isinstance(mesh, Mesh):
+        raise ShapeError(f"{what}: {mesh!r} is not an mtf.Mesh")
+    return mesh
+
+
+def random_uniform(
+    mesh: Mesh,
+    shape: Any,
+    minval: float = 0.0,
+    maxval: float | None = None,
+    dtype: Any = "float32",
+    seed: int | None = None,
+    name: str | None = None,
+) -> Tensor:
+    """Uniform random numbers in ``[minval, maxval)`` (``maxval`` defaults to 1
+    for floats; int dtypes need it)."""
+    _check_mesh(mesh, "random_uniform")
+    if maxval is None:
+        if not dtypes.is_floating(dtype):
+            raise DTypeError(
+                f"random_uniform: dtype {dtypes.as_dtype_name(dtype)} needs maxval"
+            )
+        maxval = 1.0
+    if not maxval > minval:
+        raise ValueError(
+            f"random_uniform: maxval {maxval!r} must be greater than minval {minval!r}"
+        )
+    return RandomOp(
+        mesh, shape, "uniform", (minval, maxval), dtype, seed, name
+    ).outputs[0]
+
+
+def random_normal(
+    mesh: Mesh,
+    shape: Any,
+    mean: float = 0.0,
+    stddev: float = 1.0,
+    dtype: Any = "float32",
+    seed: int | None = None,
+    name: str | None = None,
+) -> Tensor:
+    """Normally distributed random numbers."""
+    _check_mesh(mesh, "random_normal")
+    if not stddev >= 0:
+        raise ValueError(f"random_normal: stddev {stddev!r} must be >= 0")
+    return RandomOp(mesh, shape, "normal", (mean, stddev), dtype, seed, name).outputs[0]
+
+
+def dropout(
+    x: Tensor,
+    keep_prob: float | None = None,
+    rate: float | None = None,
+    noise_shape: Any = None,
+    seed: int | None = None,
+    is_training: bool = True,
+    name: str | None = None,
+) -> Tensor:
+    """Zeroes each element with probability ``rate = 1 - keep_prob`` and scales
+    the rest by ``1 / keep_prob``.
+
+    ``noise_shape`` (a subset of ``x``'s dims) shares one draw along the missing
+    dims.  The mask is an mtf tensor, so the gradient multiplies by the same
+    mask; it is the same under every layout and new at each compiled step.
+    """
+    from mtf_core.ops import elementwise as ew
+
+    if isinstance(keep_prob, bool):
+        raise ValueError(
+            f"dropout: keep_prob is {keep_prob!r}; pass is_training=... by keyword "
+            "(Mesh TensorFlow's dropout(x, is_training, ...) order is not supported)"
+        )
+    if (keep_prob is None) == (rate is None):
+        raise ValueError("dropout: give exactly one of keep_prob and rate")
+    if keep_prob is None:
+        keep_prob = 1.0 - float(rate)  # type: ignore[arg-type]
+    if not 0.0 < keep_prob <= 1.0:
+        raise ValueError(f"dropout: keep_prob {keep_prob!r} must be in (0, 1]")
+    shape = x.shape if noise_shape is None else convert_to_shape(noise_shape)
+    for d in shape:
+        if d not in x.shape.dims:
+            raise ShapeError(
+                f"dropout: noise_shape dimension {d} is not a dimension of {x.name} "
+                f"[{x.shape}]"
+            )
+    if keep_prob == 1.0 or not is_training:
+        return x
+    u = random_uniform(x.mesh, shape, seed=seed, name=name or "dropout_noise")
+    keep = ew.cast(ew.less(u, keep_prob), x.dtype) * (1.0 / keep_prob)
+    return x * keep

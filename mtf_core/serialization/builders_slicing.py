@@ -1,0 +1,111 @@
+"""Builders for reshapes and the slicing family (concat, split, stack, unstack,
+slice, pad, shift).
+
+The op constructors trust their callers (the public functions check the
+arguments), so these builders check attrs the same way before constructing.
+"""
+
+from __future__ import annotations
+
+from mtf_core.errors import SerializationError
+from mtf_core.graph import Operation
+from mtf_core.ops import slicing as sl
+from mtf_core.ops.reshape import Reshape
+from mtf_core.serialization.registry import OpSpec, register
+from mtf_core.shapes import Dimension
+
+
+def _dim_of(spec: OpSpec, key: str, input_index: int = 0) -> Dimension:
+    """The input's dimension named by attr ``key`` (a dimension name)."""
+    name = spec.attrs.get_str(key)
+    x = spec.inputs[input_index]
+    if name not in x.shape.dimension_names:
+        raise SerializationError(
+            f"{spec.attrs.path}.{key}: {x.name} [{x.shape}] has no dimension "
+            f"{name!r}; expected one of {x.shape.dimension_names}"
+        )
+    return x.shape.get_dim_by_name(name)
+
+
+@register(Reshape)
+def _reshape(spec: OpSpec) -> Operation:
+    spec.expect_inputs(1)
+    shape = spec.output_shape()
+    written = spec.attrs.optional("new_shape")
+    if written is not None and written != str(shape):
+        raise SerializationError(
+            f"{spec.attrs.path}.new_shape: {written!r} disagrees with the declared "
+            f"output shape [{shape}]"
+        )
+    return Reshape(spec.inputs[0], shape, name=spec.name)
+
+
+@register(sl.Concat)
+def _concat(spec: OpSpec) -> Operation:
+    spec.expect_min_inputs(1)
+    for i in range(len(spec.inputs)):
+        _dim_of(spec, "concat_dim_name", i)
+    dim_name = spec.attrs.get_str("concat_dim_name")
+    return sl.Concat(spec.inputs, dim_name, name=spec.name)
+
+
+@register(sl.Split)
+def _split(spec: OpSpec) -> Operation:
+    spec.expect_inputs(1)
+    d = _dim_of(spec, "split_dim")
+    sizes = spec.attrs.get_int_list("sizes", minimum=1)
+    if sum(sizes) != d.size:
+        raise SerializationError(
+            f"{spec.attrs.path}.sizes: {sizes} sum to {sum(sizes)}, but dimension "
+            f"{d} has size {d.size}"
+        )
+    return sl.Split(spec.inputs[0], d, sizes, name=spec.name)
+
+
+@register(sl.Stack)
+def _stack(spec: OpSpec) -> Operation:
+    spec.expect_min_inputs(1)
+    dim_name = spec.attrs.get_str("dim_name")
+    axis = spec.attrs.get_int("axis")
+    return sl.Stack(spec.inputs, dim_name, axis, name=spec.name)
+
+
+@register(sl.Unstack)
+def _unstack(spec: OpSpec) -> Operation:
+    spec.expect_inputs(1)
+    return sl.Unstack(spec.inputs[0], _dim_of(spec, "dim"), name=spec.name)
+
+
+@register(sl.Slice)
+def _slice(spec: OpSpec) -> Operation:
+    spec.expect_inputs(1)
+    d = _dim_of(spec, "slice_dim_name")
+    begin = spec.attrs.get_int("begin")
+    size = spec.attrs.get_int("size")
+    if begin < 0 or size < 1 or begin + size > d.size:
+        raise SerializationError(
+            f"{spec.attrs.path}: begin {begin} and size {size} do not select a "
+            f"non-empty range of dimension {d}"
+        )
+    return sl.Slice(spec.inputs[0], begin, size, d.name, name=spec.name)
+
+
+@register(sl.Pad)
+def _pad(spec: OpSpec) -> Operation:
+    spec.expect_inputs(1)
+    d = _dim_of(spec, "dim_name")
+    paddings = spec.attrs.get_int_list("paddings", minimum=0)
+    if len(paddings) != 2:
+        raise SerializationError(
+            f"{spec.attrs.path}.paddings: {paddings} is not [before, after]"
+        )
+    return sl.Pad(spec.inputs[0], (paddings[0], paddings[1]), d.name, name=spec.name)
+
+
+@register(sl.Shift)
+def _shift(spec: OpSpec) -> Operation:
+    spec.expect_inputs(1)
+    d = _dim_of(spec, "dim")
+    offset = spec.attrs.get_int("offset")
+    wrap = spec.attrs.get_bool("wrap", False)
+    return sl.Shift(spec.inputs[0], offset, d, wrap, name=spec.name)

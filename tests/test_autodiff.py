@@ -1,0 +1,202 @@
+"""Reverse-mode autodiff in the mtf graph, and the layers built on it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from layout_cases import ONE_DEVICE, assert_same_under_layouts, lower
+
+import mtf_core as mtf
+
+pytestmark = pytest.mark.tf
+
+
+def _mesh() -> tuple[mtf.Graph, mtf.Mesh]:
+    graph = mtf.Graph()
+    return graph, mtf.Mesh(graph, "mesh")
+
+
+# -- layers: dense, layer_norm, softmax cross entropy ---------------------------
+
+
+def _classifier() -> tuple[mtf.Graph, mtf.Mesh, dict[str, mtf.Tensor], list]:
+    """The MNIST-like network: dense+relu, layer_norm, dense, cross entropy."""
+    graph, mesh = _mesh()
+    x = mtf.placeholder(mesh, "batch:8,rows:4,cols:4")
+    labels = mtf.placeholder(mesh, "batch:8,classes:4")
+    h = mtf.layers.dense(
+        x, "hidden:8", reduced_dims=["rows:4", "cols:4"], activation=mtf.relu, name="h"
+    )
+    h = mtf.layers.layer_norm(h, "hidden", name="ln")
+    logits = mtf.layers.dense(h, "classes:4", name="out")
+    xent = mtf.layers.softmax_cross_entropy_with_logits(logits, labels, "classes")
+    loss = mtf.reduce_mean(xent)
+    variables = list(graph.trainable_variables)
+    grads = mtf.gradients([loss], variables)
+    tensors = {"x": x, "labels": labels, "logits": logits, "xent": xent, "loss": loss}
+    return graph, mesh, tensors, list(zip(variables, grads))
+
+
+def _tf_classifier(
+    x: np.ndarray, labels: np.ndarray, w: dict[str, np.ndarray]
+) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
+    """The same network written directly in TensorFlow."""
+    v = {k: tf.Variable(a) for k, a in w.items()}
+    with tf.GradientTape() as tape:
+        h = tf.nn.relu(tf.einsum("brc,rch->bh", x, v["h_kernel"]) + v["h_bias"])
+        mean = tf.reduce_mean(h, 1, keepdims=True)
+        var = tf.reduce_mean(tf.square(h - mean), 1, keepdims=True)
+        h = (h - mean) * tf.math.rsqrt(var + 1e-6) * v["ln_scale"] + v["ln_bias"]
+        logits = h @ v["out_kernel"] + v["out_bias"]
+        xent = tf.nn.softmax_cross_entropy_with_logits(labels, logits)
+        loss = tf.reduce_mean(xent)
+    grads = tape.gradient(loss, v)
+    return [logits.numpy(), xent.numpy(), loss.numpy()], {
+        k: g.numpy() for k, g in grads.items()
+    }
+
+
+def test_layers_and_their_gradients_do_not_depend_on_layout(
+    devices: list[str],
+) -> None:
+    graph, mesh, t, var_grads = _classifier()
+    rng = np.random.RandomState(0)
+    xv = rng.randn(8, 4, 4).astype(np.float32)
+    labels = np.eye(4, dtype=np.float32)[rng.randint(0, 4, 8)]
+    feeds = {t["x"]: xv, t["labels"]: labels}
+    outputs = [t["logits"], t["xent"], t["loss"]] + [g for _, g in var_grads]
+    got = assert_same_under_layouts(graph, mesh, devices, outputs, feeds)
+
+    # the same network in plain TensorFlow, from the same initial weights
+    _, lowering = lower(graph, mesh, ONE_DEVICE, devices, [t["loss"]], feeds)
+    weights = lowering.variables.to_dict()
+    assert sorted(weights) == [
+        "h_bias",
+        "h_kernel",
+        "ln_bias",
+        "ln_scale",
+        "out_bias",
+        "out_kernel",
+    ]
+    want_values, want_grads = _tf_classifier(xv, labels, weights)
+    for a, b in zip(got[:3], want_values):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    for (var, _), g in zip(var_grads, got[3:]):
+        np.testing.assert_allclose(
+            g, want_grads[var.name], rtol=1e-4, atol=1e-6, err_msg=var.name
+        )
+
+
+# -- gradients ---------------------------------------------------------------------
+
+
+def test_a_tensor_used_twice_gets_the_sum_of_both_gradients(
+    devices: list[str],
+) -> None:
+    graph, mesh = _mesh()
+    x = mtf.placeholder(mesh, "batch:8,hidden:8")
+    y = mtf.reduce_sum(x * x + mtf.sin(x))
+    (dx,) = mtf.gradients([y], [x])
+    xv = np.random.RandomState(1).randn(8, 8).astype(np.float32)
+    (got,) = assert_same_under_layouts(graph, mesh, devices, [dx], {x: xv})
+    np.testing.assert_allclose(got, 2 * xv + np.cos(xv), rtol=1e-5, atol=1e-6)
+
+
+def test_gradients_of_several_ys_add_up(devices: list[str]) -> None:
+    graph, mesh = _mesh()
+    x = mtf.placeholder(mesh, "batch:8,hidden:8")
+    y1 = mtf.reduce_sum(mtf.square(x), reduced_dim="hidden")
+    y2 = mtf.reduce_sum(x * 3.0)
+    (dx,) = mtf.gradients([y1, y2], [x])
+    xv = np.random.RandomState(2).randn(8, 8).astype(np.float32)
+    (got,) = assert_same_under_layouts(graph, mesh, devices, [dx], {x: xv})
+    np.testing.assert_allclose(got, 2 * xv + 3.0, rtol=1e-6)
+
+
+def test_grad_ys_seed_the_backward_pass(devices: list[str]) -> None:
+    graph, mesh = _mesh()
+    x = mtf.placeholder(mesh, "batch:8,hidden:8")
+    y = mtf.reduce_sum(x * 2.0, reduced_dim="hidden")
+    seed = mtf.placeholder(mesh, "batch:8")
+    (dx,) = mtf.gradients([y], [x], grad_ys=[seed])
+    rng = np.random.RandomState(3)
+    xv, sv = rng.randn(8, 8).astype(np.float32), rng.randn(8).astype(np.float32)
+    (got,) = assert_same_under_layouts(graph, mesh, devices, [dx], {x: xv, seed: sv})
+    np.testing.assert_allclose(got, np.repeat(2 * sv[:, None], 8, 1), rtol=1e-6)
+
+
+def test_unconnected_and_blocked_inputs_get_no_gradient() -> None:
+    graph, mesh = _mesh()
+    x = mtf.placeholder(mesh, "batch:8")
+    unused = mtf.placeholder(mesh, "batch:8")
+    blocked = mtf.placeholder(mesh, "batch:8")
+    y = mtf.reduce_sum(x * mtf.stop_gradient(blocked))
+    dx, du, db = mtf.gradients([y], [x, unused, blocked])
+    assert dx is not None and str(dx.shape) == "batch:8"
+    assert du is None and db is None
+
+
+def test_gradients_accept_variables_and_their_value_tensors() -> None:
+    graph, mesh = _mesh()
+    w = mtf.get_variable(mesh, "w", "hidden:4")
+    y = mtf.reduce_sum(w * w)
+    by_tensor, by_op = mtf.gradients([y], [w, w.operation])
+    assert by_tensor is not None and by_op is not None
+    # w * w: both factors' gradients reach w, summed once per requested x
+    assert by_tensor.operation.inputs == by_op.operation.inputs
+    assert len(by_tensor.operation.inputs) == 2
+    with pytest.raises(mtf.GraphError, match="is not an mtf Tensor or Variable"):
+        mtf.gradients([y], ["w"])
+
+
+def test_gradient_graph_is_made_of_mtf_ops_on_the_same_mesh() -> None:
+    graph, mesh, t, var_grads = _classifier()
+    for _, g in var_grads:
+        assert isinstance(g, mtf.Tensor) and g.mesh is mesh
+    assert all(isinstance(op, mtf.Operation) for op in graph.operations)
+
+
+def test_custom_gradient_replaces_autodiff(devices: list[str]) -> None:
+    graph, mesh = _mesh()
+    x = mtf.placeholder(mesh, "batch:8,hidden:8")
+
+    def forward(a: mtf.Tensor) -> mtf.Tensor:
+        return mtf.square(a)
+
+    def backward(ins: list, outs: list, grad_outs: list) -> list:
+        return [grad_outs[0] * 10.0]  # deliberately not the true derivative
+
+    y = mtf.custom_gradient(forward, backward, [x])
+    (dx,) = mtf.gradients([mtf.reduce_sum(y * 2.0)], [x])
+    xv = np.random.RandomState(4).randn(8, 8).astype(np.float32)
+    got_y, got_dx = assert_same_under_layouts(graph, mesh, devices, [y, dx], {x: xv})
+    np.testing.assert_allclose(got_y, xv * xv, rtol=1e-6)
+    np.testing.assert_allclose(got_dx, np.full((8, 8), 20.0), rtol=1e-6)
+
+
+def test_recompute_grad_gives_the_same_gradients(devices: list[str]) -> None:
+    graph, mesh = _mesh()
+    x = mtf.placeholder(mesh, "batch:8,hidden:8")
+    w = mtf.get_variable(mesh, "w", "hidden:8,out:4")
+
+    def block(a: mtf.Tensor, b: mtf.Tensor) -> mtf.Tensor:
+        return mtf.tanh(mtf.einsum([a, b], output_shape="batch:8,out:4"))
+
+    plain = mtf.reduce_sum(mtf.square(block(x, w)))
+    again = mtf.reduce_sum(mtf.square(mtf.recompute_grad(block, [x, w])))
+    grads = mtf.gradients([plain], [x, w]) + mtf.gradients([again], [x, w])
+    xv = np.random.RandomState(5).randn(8, 8).astype(np.float32)
+    got = assert_same_under_layouts(
+        graph, mesh, devices, [plain, again, *grads], {x: xv}
+    )
+    np.testing.assert_allclose(got[0], got[1], rtol=1e-6)
+    for a, b in zip(got[2:4], got[4:6]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_recompute_grad_refuses_functions_that_make_variables() -> None:
+    graph, mesh = _mesh()
+    x = mtf.placeholder(mesh, "batch:8,hidden:8")
+    with pytest.raises(mtf.GraphError, match="fn created variables"):
+        mtf.recompute_grad(lambda a: mtf.layers.dense(a, "out:2", name="inner"), [x])
