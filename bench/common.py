@@ -53,6 +53,19 @@ def median_seconds(fn: Callable[[], Any], repeats: int) -> float:
     return statistics.median(times)
 
 
+def min_seconds(fn: Callable[[], Any], repeats: int) -> float:
+    """Best wall time of ``repeats`` calls of ``fn``: on a shared machine, the
+    estimate least disturbed by other processes."""
+    if repeats <= 0:
+        raise ValueError(f"repeats must be positive, got {repeats}")
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """A GitHub markdown table; numbers right-aligned."""
 

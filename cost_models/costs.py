@@ -35,7 +35,7 @@ from cost_models.memory import (
     max_collective_buffer_bytes,
     memory_model,
 )
-from cost_models.op_costs import compute_time_s, flops_per_device
+from cost_models.op_costs import LayoutSizes, op_compute
 from cost_models.units import (
     CostUnit,
     UnitCost,
@@ -175,6 +175,7 @@ def evaluate(
                 f"output {t!r} is not a tensor of this graph; expected mtf.Tensors"
             )
     sim = DeferredAllreduces(ctx)
+    sizes = LayoutSizes(ctx)
     collectives: list[CollectiveSpec] = []
     names: list[str] = []
     compute_s = 0.0
@@ -183,26 +184,28 @@ def evaluate(
         ran = sim.step(op, op.communication(ctx))
         collectives.extend(i.spec for i in ran)
         names.extend([op.name] * len(ran))
-        compute_s += compute_time_s(op, ctx, hw)
-        flops += flops_per_device(op, ctx)
+        op_flops, op_s = op_compute(op, ctx, hw, sizes)
+        compute_s += op_s
+        flops += op_flops
     for t in outputs:
         forced = sim.force(t)
         collectives.extend(forced)
         names.extend(["<export>"] * len(forced))
     mm = memory if memory is not None else memory_model(graph, outputs)
-    by_kind = mm.bytes_per_device_by_kind(ctx)
+    usage = mm.usage(ctx)
+    by_kind = usage.bytes_by_kind
     buffer = max_collective_buffer_bytes(collectives, ctx)
     return Cost(
         compute_s=compute_s,
         comm_s_by_axis=comm_by_axis(collectives, ctx, hw),
         flops_per_device=flops,
-        peak_memory_bytes=mm.peak_bytes_per_device(ctx) + buffer,
+        peak_memory_bytes=usage.peak_bytes + buffer,
         memory_capacity_bytes=hw.memory_bytes,
         collectives=tuple(collectives),
         collective_ops=tuple(names),
         param_bytes_per_device=by_kind[PARAM],
         slot_bytes_per_device=by_kind[SLOT],
-        activation_peak_bytes=mm.activation_peak_bytes(ctx),
+        activation_peak_bytes=usage.activation_peak_bytes,
         collective_buffer_bytes=buffer,
         mesh_shape=str(ctx.mesh_shape),
         layout_rules=str(ctx.rules),

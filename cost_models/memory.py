@@ -64,6 +64,17 @@ class TensorInfo:
 
 
 @dataclass(frozen=True)
+class MemoryUsage:
+    """Per-device memory of one layout: the largest live set (its index and
+    bytes, and how many of them are activations) and bytes by kind."""
+
+    peak_bytes: int
+    peak_live_set: int
+    activation_peak_bytes: int
+    bytes_by_kind: dict[str, int]
+
+
+@dataclass(frozen=True)
 class MemoryModel:
     """Tensors, their lifetimes, and the steps whose live sets are maximal.
 
@@ -119,15 +130,30 @@ class MemoryModel:
             out.append(frozenset(current))
         return tuple(out)
 
+    @functools.cached_property
+    def _classes(self) -> tuple[list[tuple[Shape, str]], list[int]]:
+        # Few distinct (shape, dtype) pairs: size each once per layout.
+        index: dict[tuple[Shape, str], int] = {}
+        of_tensor = [
+            index.setdefault((t.shape, t.dtype), len(index)) for t in self.tensors
+        ]
+        return list(index), of_tensor
+
     def tensor_bytes_per_device(self, ctx: LayoutContext) -> list[int]:
-        return [t.bytes_per_device(ctx) for t in self.tensors]
+        """Slice bytes of every tensor under ``ctx`` (raises LayoutError for
+        layouts a tensor cannot have)."""
+        classes, of_tensor = self._classes
+        per_class = [ctx.slice_bytes(shape, dtype) for shape, dtype in classes]
+        return [per_class[c] for c in of_tensor]
 
     def live_set_bytes(
         self, ctx: LayoutContext, kinds: Iterable[str] | None = None
     ) -> list[int]:
         """Per-device bytes of each live set, in ``live_sets`` order (only
         tensors of ``kinds``, if given)."""
-        sizes = self.tensor_bytes_per_device(ctx)
+        return self._sweep(self.tensor_bytes_per_device(ctx), kinds)
+
+    def _sweep(self, sizes: list[int], kinds: Iterable[str] | None = None) -> list[int]:
         if kinds is not None:
             keep = set(kinds)
             sizes = [b if t.kind in keep else 0 for b, t in zip(sizes, self.tensors)]
@@ -138,10 +164,22 @@ class MemoryModel:
             out.append(total)
         return out
 
+    def usage(self, ctx: LayoutContext) -> MemoryUsage:
+        """Everything :func:`cost_models.evaluate` reports, in one pass."""
+        sizes = self.tensor_bytes_per_device(ctx)
+        by_set = self._sweep(sizes)
+        by_kind = {PARAM: 0, SLOT: 0, ACTIVATION: 0}
+        for b, t in zip(sizes, self.tensors):
+            by_kind[t.kind] += b
+        if not by_set:
+            return MemoryUsage(0, -1, 0, by_kind)
+        peak = max(range(len(by_set)), key=lambda i: (by_set[i], -i))
+        acts = self._sweep(sizes, [ACTIVATION])[peak]
+        return MemoryUsage(by_set[peak], peak, acts, by_kind)
+
     def peak_live_set(self, ctx: LayoutContext) -> int:
         """Index of the largest live set (the first one on ties)."""
-        by_set = self.live_set_bytes(ctx)
-        return max(range(len(by_set)), key=lambda i: (by_set[i], -i))
+        return self.usage(ctx).peak_live_set
 
     def peak_bytes_per_device(
         self, ctx: LayoutContext, collectives: Iterable[CollectiveSpec] = ()
@@ -154,21 +192,18 @@ class MemoryModel:
 
     def bytes_per_device_by_kind(self, ctx: LayoutContext) -> dict[str, int]:
         """Summed per-device bytes of all params, all slots and all activations."""
-        out = {PARAM: 0, SLOT: 0, ACTIVATION: 0}
-        for t in self.tensors:
-            out[t.kind] += t.bytes_per_device(ctx)
-        return out
+        return self.usage(ctx).bytes_by_kind
 
     def activation_peak_bytes(self, ctx: LayoutContext) -> int:
         """Activation bytes per device of the largest live set."""
-        if not self.steps:
-            return 0
-        return self.live_set_bytes(ctx, [ACTIVATION])[self.peak_live_set(ctx)]
+        return self.usage(ctx).activation_peak_bytes
 
     def members(self, live_set: int) -> list[int]:
         """Tensor indices of live set number ``live_set``."""
         k = self.steps[live_set]
-        return [i for i in range(len(self.tensors)) if self.start[i] <= k <= self.end[i]]
+        return [
+            i for i in range(len(self.tensors)) if self.start[i] <= k <= self.end[i]
+        ]
 
     def largest_in_peak(
         self, ctx: LayoutContext, k: int = 5

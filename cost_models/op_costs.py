@@ -17,9 +17,13 @@ kernel launch overhead, lower efficiency of small matmuls.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
+
 from cost_models.hardware import HardwareProfile
+from mtf_core import dtypes
 from mtf_core.comm import LayoutContext
-from mtf_core.graph import Operation
+from mtf_core.graph import Operation, Tensor
 from mtf_core.ops.elementwise import Identity
 from mtf_core.ops.random import RandomOp
 from mtf_core.ops.variables import Variable
@@ -28,26 +32,86 @@ from mtf_core.ops.variables import Variable
 _ALIASING = (Variable, Identity)
 
 
-def flops_per_device(op: Operation, ctx: LayoutContext) -> float:
+class LayoutSizes:
+    """Slice bytes and work division under one layout, cached per tensor.
+
+    Answers what ``ctx.slice_bytes`` and ``ctx.devices_splitting`` answer, but
+    from a dim-name -> mesh-axis map, without re-checking the layout: use it
+    only once every tensor's layout has been checked (``evaluate`` does), or
+    through the plain functions below, which check.
+    """
+
+    def __init__(self, ctx: LayoutContext) -> None:
+        names = ctx.mesh_shape.dimension_names
+        sizes = ctx.mesh_shape.to_integer_list()
+        self._axis = {t: names.index(m) for t, m in ctx.rules if m in names}
+        self._sizes = sizes
+        self._bytes: dict[Tensor, int] = {}
+
+    def slice_bytes(self, t: Tensor) -> int:
+        b = self._bytes.get(t)
+        if b is None:
+            b = dtypes.size_bytes(t.dtype)
+            for d in t.shape.dims:
+                a = self._axis.get(d.name)
+                b *= d.size if a is None else d.size // self._sizes[a]
+            self._bytes[t] = b
+        return b
+
+    def devices_splitting(self, dim_names: Iterable[str]) -> int:
+        axes = {a for n in dim_names if (a := self._axis.get(n)) is not None}
+        return math.prod(self._sizes[a] for a in axes)
+
+
+def flops_per_device(
+    op: Operation, ctx: LayoutContext, sizes: LayoutSizes | None = None
+) -> float:
     """``op.flops()`` divided over the mesh axes splitting one of its dims."""
     flops = op.flops()
     if not flops:
         return 0.0
-    return flops / ctx.devices_splitting(sorted(op.all_dim_names))
+    names = op.all_dim_names
+    n = (
+        sizes.devices_splitting(names)
+        if sizes is not None
+        else ctx.devices_splitting(sorted(names))
+    )
+    return flops / n
 
 
-def hbm_bytes_per_device(op: Operation, ctx: LayoutContext) -> int:
+def hbm_bytes_per_device(
+    op: Operation, ctx: LayoutContext, sizes: LayoutSizes | None = None
+) -> int:
     """Local bytes ``op`` reads and writes (inputs plus outputs)."""
     if isinstance(op, _ALIASING):
         return 0
     if isinstance(op, RandomOp):
         return sum(t.size_bytes for t in op.outputs)
-    return sum(ctx.slice_bytes(t.shape, t.dtype) for t in op.inputs + op.outputs)
+    tensors = op.inputs + op.outputs
+    if sizes is not None:
+        return sum(sizes.slice_bytes(t) for t in tensors)
+    return sum(ctx.slice_bytes(t.shape, t.dtype) for t in tensors)
 
 
-def compute_time_s(op: Operation, ctx: LayoutContext, hw: HardwareProfile) -> float:
-    """Roofline time of ``op`` on one device: the slower of math and memory."""
-    return max(
-        flops_per_device(op, ctx) / hw.peak_flops,
-        hbm_bytes_per_device(op, ctx) / hw.hbm_bandwidth_bytes_per_s,
+def op_compute(
+    op: Operation,
+    ctx: LayoutContext,
+    hw: HardwareProfile,
+    sizes: LayoutSizes | None = None,
+) -> tuple[float, float]:
+    """``(flops_per_device, compute_time_s)`` of ``op``."""
+    flops = flops_per_device(op, ctx, sizes)
+    return flops, max(
+        flops / hw.peak_flops,
+        hbm_bytes_per_device(op, ctx, sizes) / hw.hbm_bandwidth_bytes_per_s,
     )
+
+
+def compute_time_s(
+    op: Operation,
+    ctx: LayoutContext,
+    hw: HardwareProfile,
+    sizes: LayoutSizes | None = None,
+) -> float:
+    """Roofline time of ``op`` on one device: the slower of math and memory."""
+    return op_compute(op, ctx, hw, sizes)[1]

@@ -31,7 +31,7 @@ from typing import Any
 from cost_models.collectives import axes_key, collective_time_s
 from cost_models.deferred import DeferredAllreduces, may_defer, static_deferral
 from cost_models.hardware import CostModelError, HardwareProfile
-from cost_models.op_costs import compute_time_s, flops_per_device
+from cost_models.op_costs import op_compute
 from mtf_core.comm import CollectiveSpec, LayoutContext
 from mtf_core.errors import GraphError
 from mtf_core.graph import Graph, Operation, Tensor
@@ -99,12 +99,8 @@ def unit_cost(unit: CostUnit, ctx: LayoutContext, hw: HardwareProfile) -> UnitCo
     if unit.kind == OP:
         (op,) = unit.ops
         issued = [s for s in own_collectives(op, ctx) if not s.pending]
-        return UnitCost(
-            compute_time_s(op, ctx, hw),
-            comm_by_axis(issued, ctx, hw),
-            tuple(issued),
-            flops_per_device(op, ctx),
-        )
+        flops, seconds = op_compute(op, ctx, hw)
+        return UnitCost(seconds, comm_by_axis(issued, ctx, hw), tuple(issued), flops)
     if unit.kind != DEFERRED:
         raise CostModelError(
             f"unknown cost unit kind {unit.kind!r}; expected op or deferred"
@@ -128,7 +124,8 @@ def cost_units(graph: Graph, outputs: Sequence[Tensor] = ()) -> list[CostUnit]:
             raise GraphError(
                 f"output {t!r} is not a tensor of this graph; expected mtf.Tensors"
             )
-    sigs = {op: _op_signature(op) for op in ops}
+    keys: dict[Tensor, tuple[str, str]] = {}
+    sigs = {op: _op_signature(op, keys) for op in ops}
     units = [
         CostUnit((op,), frozenset(op.all_dim_names), OP, signature=(OP, sigs[op]))
         for op in ops
@@ -179,7 +176,14 @@ def cost_units(graph: Graph, outputs: Sequence[Tensor] = ()) -> list[CostUnit]:
 _COSTLESS_ATTRS = frozenset({"variable", "seed", "initializer"})
 
 
-def _op_signature(op: Operation) -> Hashable:
+def _tensor_key(t: Tensor, keys: dict[Tensor, tuple[str, str]]) -> tuple[str, str]:
+    k = keys.get(t)
+    if k is None:
+        k = keys[t] = (",".join([f"{d.name}:{d.size}" for d in t.shape.dims]), t.dtype)
+    return k
+
+
+def _op_signature(op: Operation, keys: dict[Tensor, tuple[str, str]]) -> Hashable:
     # Ops without inputs (constants, variables, placeholders) cost the same
     # whatever their values; skip their (possibly large) attributes.
     attrs: Any = ()
@@ -191,8 +195,8 @@ def _op_signature(op: Operation) -> Hashable:
         type(op).__name__,
         op.op_type,
         attrs,
-        tuple((str(t.shape), t.dtype) for t in op.inputs),
-        tuple((str(t.shape), t.dtype) for t in op.outputs),
+        tuple([_tensor_key(t, keys) for t in op.inputs]),
+        tuple([_tensor_key(t, keys) for t in op.outputs]),
         op.flops(),
     )
 

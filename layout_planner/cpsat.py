@@ -35,6 +35,9 @@ _STATUS = {
 # Tie-break weights are powers of (axes + 1); keep each weighted sum well
 # inside CP-SAT's int64 arithmetic.
 _MAX_WEIGHT = 2**60
+# CP-SAT settings that are not per request.  These programs are small and
+# pure-Boolean: presolve probing costs more than the whole search.
+TUNING: dict[str, int] = {"cp_model_probing_level": 0}
 # The least time a phase gets, even when the plan's budget is spent, so that a
 # tie-break always has a chance to confirm its (usually trivial) optimum.
 _MIN_PHASE_S = 0.05
@@ -165,11 +168,13 @@ class LayoutModel:
 
     def tiebreak_chunks(self) -> list[list[int]]:
         """Dims (indices into ``dim_x``) grouped so each chunk's weights fit."""
-        base = 1 + max((len(xs) for xs in self.program.dim_x), default=0)
+        dims = [d for d, xs in enumerate(self.program.dim_x) if xs]
+        if not dims:
+            return []
+        base = 1 + max(len(self.program.dim_x[d]) for d in dims)
         per_chunk = 1
         while base ** (per_chunk + 1) < _MAX_WEIGHT:
             per_chunk += 1
-        dims = [d for d, xs in enumerate(self.program.dim_x) if xs]
         return [dims[i : i + per_chunk] for i in range(0, len(dims), per_chunk)]
 
     def tiebreak_terms(self, dims: Sequence[int]) -> Terms:
@@ -182,6 +187,26 @@ class LayoutModel:
                 idx.append(self.x[xi].index)
                 coefs.append(weight * (k + 1))
         return Terms(idx, coefs, 0)
+
+    def secondary_terms(self) -> Terms | None:
+        """``T * W + tiebreak`` as one objective, or None if it could overflow."""
+        time_terms = self.time_terms()
+        chunks = self.tiebreak_chunks()
+        if len(chunks) > 1:
+            return None
+        tb = self.tiebreak_terms(chunks[0]) if chunks else Terms([], [], 0)
+        weight = sum(tb.coefs) + 1
+        t_max = time_terms.offset + sum(
+            max(ds.time_ps, default=0) for ds in self.program.dimsets
+        )
+        if (t_max + 1) * weight >= _MAX_WEIGHT:
+            return None
+        return Terms(
+            time_terms.indices + tb.indices,
+            [c * weight for c in time_terms.coefs] + tb.coefs,
+            time_terms.offset * weight,
+            weight,
+        )
 
     def _peak_upper_bound(self, max_buf: int) -> int:
         rows = [
@@ -204,6 +229,7 @@ class Terms:
     indices: list[int]
     coefs: list[int]
     offset: int
+    weight: int = 1  # for T * W + tiebreak: W
 
     def on(self, model: cp_model.CpModel) -> cp_model.LinearExprT:
         vs = [model.get_int_var_from_proto_index(i) for i in self.indices]
@@ -253,6 +279,8 @@ class _Solver:
         prm.random_seed = self.params.seed
         prm.max_time_in_seconds = max(self.deadline - time.monotonic(), _MIN_PHASE_S)
         prm.log_search_progress = False
+        for name, value in TUNING.items():
+            setattr(prm, name, value)
         if hint is not None:
             model.clear_hints()
             for i, v in enumerate(hint):
@@ -283,14 +311,19 @@ class _Solver:
 def solve_program(program: IntegerProgram, params: SolveParams) -> ProgramResult:
     """Solves ``program`` for up to ``params.top_k`` distinct layouts, best first.
 
-    For each rank: minimise the primary objective (all workers), then (memory
-    objective) minimise time at that peak, then the tie-break at those values
-    (one worker: the tie-break optimum is unique, so the answer does not depend
-    on the worker count).  Then forbid that layout and go again.
+    For each rank: (memory objective) minimise the peak P; then, at that P,
+    minimise time and the tie-break together as ``T * W + tiebreak`` (``W``
+    exceeds any tie-break value, so this is lexicographic), or one after the
+    other when that product would not fit in int64.  The optimum of that
+    objective is unique, so the answer does not depend on the worker count.
+    Then forbid that layout and go again.
     """
     t0 = time.monotonic()
     lm = LayoutModel(program)
     run = _Solver(lm, params)
+    secondary = lm.secondary_terms()
+    if lm.peak is None and secondary is not None:
+        lm.model.minimize(secondary.on(lm.model))
     solutions: list[Solution] = []
     first_status = SolveStatus.UNKNOWN
     complete = True
@@ -298,7 +331,7 @@ def solve_program(program: IntegerProgram, params: SolveParams) -> ProgramResult
         if rank and time.monotonic() >= run.deadline:
             complete = False
             break
-        sol = _solve_one(lm, run, rank)
+        sol = _solve_one(lm, run, rank, secondary)
         if rank == 0:
             first_status = sol.status if isinstance(sol, Solution) else sol
         if not isinstance(sol, Solution):
@@ -322,45 +355,78 @@ def solve_program(program: IntegerProgram, params: SolveParams) -> ProgramResult
     )
 
 
-def _solve_one(lm: LayoutModel, run: _Solver, rank: int) -> Solution | SolveStatus:
+def _solve_one(
+    lm: LayoutModel, run: _Solver, rank: int, secondary: Terms | None
+) -> Solution | SolveStatus:
     workers = max(run.params.num_workers, 1)
+    time_terms = lm.time_terms()
     first = run.solve(lm.model, f"rank{rank}:primary", workers, None)
     if not first.status.has_solution:
         return first.status
     status = first.status
     values = first.values
-    model = lm.model.clone()
-    time_terms = lm.time_terms()
     peak: int | None = None
+    model = lm.model
     if lm.peak is not None:
         peak = round(first.objective)
+        model = lm.model.clone()
         model.add(model.get_int_var_from_proto_index(lm.peak.index) <= peak)
-        model.minimize(time_terms.on(model))
-        second = run.solve(model, f"rank{rank}:time", workers, values)
-        if second.status.has_solution:
-            values = second.values
-            if second.status is not SolveStatus.OPTIMAL:
+        if secondary is not None:
+            model.minimize(secondary.on(model))
+            second = run.solve(model, f"rank{rank}:time", workers, values)
+            if second.status.has_solution:
+                values = second.values
+                status = _worse(status, second.status)
+            else:
                 status = SolveStatus.FEASIBLE
-        else:
-            status = SolveStatus.FEASIBLE
+    if secondary is None:  # time first, then the tie-break dims chunk by chunk
+        status, values = _lexicographic(lm, run, rank, model, time_terms, status, values)
     time_ps = time_terms.value(values)
-    model.add(time_terms.on(model) == time_ps)
-    for chunk in lm.tiebreak_chunks():
-        terms = lm.tiebreak_terms(chunk)
-        model.minimize(terms.on(model))
-        tb = run.solve(model, f"rank{rank}:tiebreak", 1, values)
-        if not tb.status.has_solution:
-            status = SolveStatus.FEASIBLE
-            break  # keep the layout we have: it is as good, only less canonical
-        values = tb.values
-        if tb.status is not SolveStatus.OPTIMAL:
-            status = SolveStatus.FEASIBLE
-        model.add(terms.on(model) == terms.value(values))
+    if lm.peak is None and secondary is not None:
+        bound = float(first.bound // secondary.weight)
+    else:
+        bound = first.bound
     return Solution(
         x=tuple(bool(values[v.index]) for v in lm.x),
         time_ps=time_ps,
         peak_bytes=peak,
         status=status,
-        best_bound=first.bound,
-        objective=first.objective,
+        best_bound=bound,
+        objective=float(peak if peak is not None else time_ps),
     )
+
+
+def _lexicographic(
+    lm: LayoutModel,
+    run: _Solver,
+    rank: int,
+    model: cp_model.CpModel,
+    time_terms: Terms,
+    status: SolveStatus,
+    values: list[int],
+) -> tuple[SolveStatus, list[int]]:
+    """Time, then each tie-break chunk, each fixed before the next."""
+    model = model.clone()
+    workers = max(run.params.num_workers, 1)
+    if lm.peak is not None:
+        model.minimize(time_terms.on(model))
+        res = run.solve(model, f"rank{rank}:time", workers, values)
+        if not res.status.has_solution:
+            return SolveStatus.FEASIBLE, values
+        values = res.values
+        status = _worse(status, res.status)
+    model.add(time_terms.on(model) == time_terms.value(values))
+    for chunk in lm.tiebreak_chunks():
+        terms = lm.tiebreak_terms(chunk)
+        model.minimize(terms.on(model))
+        res = run.solve(model, f"rank{rank}:tiebreak", workers, values)
+        if not res.status.has_solution:
+            return SolveStatus.FEASIBLE, values  # as good, only less canonical
+        values = res.values
+        status = _worse(status, res.status)
+        model.add(terms.on(model) == terms.value(values))
+    return status, values
+
+
+def _worse(a: SolveStatus, b: SolveStatus) -> SolveStatus:
+    return a if b is SolveStatus.OPTIMAL else SolveStatus.FEASIBLE

@@ -71,6 +71,18 @@ def _dims(x: Any) -> list[Dimension]:
     return list(convert_to_shape(x).dims)
 
 
+def _dim_refs(x: Any) -> list[Any]:
+    """Dims given as names or dims (a list, a Shape, one of them, or a shape
+    string), without converting bare names, which have no size."""
+    if isinstance(x, (list, tuple)) and not (
+        isinstance(x, tuple) and len(x) == 2 and isinstance(x[1], int)
+    ):
+        return list(x)
+    if isinstance(x, str) and ":" not in x:
+        return [x]
+    return _dims(x)
+
+
 def _dim_in(x: Tensor, dim: Any, what: str) -> Dimension:
     """The dimension of ``x`` named like ``dim`` (a name or a Dimension)."""
     name = dim if isinstance(dim, str) and ":" not in dim else None
@@ -108,7 +120,7 @@ def dense(
     if not new:
         raise ShapeError(f"dense {name!r}: give new_dims (the output dimensions)")
     reduced = (
-        [_dim_in(x, d, f"dense {name!r}") for d in _dims(reduced_dims)]
+        [_dim_in(x, d, f"dense {name!r}") for d in _dim_refs(reduced_dims)]
         if reduced_dims is not None
         else [x.shape.dims[-1]]
     )
@@ -404,3 +416,55 @@ def sparse_softmax_cross_entropy(
     return softmax_cross_entropy_with_logits(
         logits, hot, d, z_loss=z_loss, label_smoothing=label_smoothing
     )
+
+
+# --------------------------------------------------------------------------
+# convolution
+# --------------------------------------------------------------------------
+
+
+def conv2d(
+    x: Tensor,
+    output_dim: Any,
+    filter_size: tuple[int, int] = (3, 3),
+    strides: tuple[int, int] = (1, 1),
+    padding: str = "SAME",
+    use_bias: bool = True,
+    name: str = "conv2d",
+) -> Tensor:
+    """A learned 2-D convolution of ``x [batch..., h, w, in_channels]`` to
+    ``[batch..., h', w', output_dim]``.
+
+    The filter is ``[filter_height, filter_width, in_channels, output_dim]``;
+    ``h``, ``w`` and the filter's spatial dims cannot be split (each device
+    convolves whole images), batch and channel dims can.
+    """
+    from mtf_core.ops.conv import conv2d as conv
+
+    out = convert_to_dimension(output_dim)
+    assert out is not None
+    if x.shape.ndims < 4:
+        raise ShapeError(
+            f"conv2d {name!r}: {x.name} [{x.shape}] must be [batch..., h, w, channels]"
+        )
+    cin = x.shape.dims[-1]
+    fshape = Shape(
+        [
+            Dimension("filter_height", filter_size[0]),
+            Dimension("filter_width", filter_size[1]),
+            cin,
+            out,
+        ]
+    )
+    fname = f"{name}_filters"
+    fan_in = filter_size[0] * filter_size[1] * cin.size
+    w = get_variable(
+        x.mesh, fname, fshape, x.dtype, normal_initializer(fan_in**-0.5, fname)
+    )
+    y = conv(x, w, strides, padding)
+    if use_bias:
+        b = get_variable(
+            x.mesh, f"{name}_bias", Shape([out]), x.dtype, _zeros_initializer()
+        )
+        y = y + b
+    return y

@@ -26,7 +26,7 @@ def _classifier() -> tuple[mtf.Graph, mtf.Mesh, dict[str, mtf.Tensor], list]:
     x = mtf.placeholder(mesh, "batch:8,rows:4,cols:4")
     labels = mtf.placeholder(mesh, "batch:8,classes:4")
     h = mtf.layers.dense(
-        x, "hidden:8", reduced_dims=["rows:4", "cols:4"], activation=mtf.relu, name="h"
+        x, "hidden:8", reduced_dims=["rows", "cols"], activation=mtf.relu, name="h"
     )
     h = mtf.layers.layer_norm(h, "hidden", name="ln")
     logits = mtf.layers.dense(h, "classes:4", name="out")

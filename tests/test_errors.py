@@ -126,6 +126,16 @@ def test_tensors_of_different_graphs_do_not_mix() -> None:
         mtf.zeros(m1, "a:2") + mtf.zeros(m2, "a:2")
 
 
+def test_fractional_scalar_with_an_integer_tensor_is_rejected() -> None:
+    _, mesh = _mesh()
+    n = mtf.zeros(mesh, "batch:8", "int32", name="counts")
+    assert (n * 2.0).dtype == "int32"  # a whole number converts exactly
+    with _raises(
+        mtf.DTypeError, "scalar 0.5 cannot combine with counts:0 of dtype int32"
+    ):
+        n * 0.5
+
+
 def test_two_python_scalars_are_not_an_mtf_op() -> None:
     with _raises(mtf.ShapeError, "add needs at least one mtf.Tensor, got 1 and 2"):
         mtf.add(1, 2)

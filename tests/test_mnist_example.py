@@ -31,11 +31,24 @@ def mnist() -> ModuleType:
     return _load_example()
 
 
-def test_digits_split_is_disjoint_and_scaled(mnist: ModuleType) -> None:
+def test_digits_split_uses_every_image_once_scaled_to_unit_range(
+    mnist: ModuleType,
+) -> None:
+    from sklearn.datasets import load_digits
+
     data = mnist.load_digits(seed=0)
     assert data.train_images.shape[1:] == (8, 8)
-    assert len(data.train_labels) + len(data.test_labels) == 1797
     assert len(data.test_labels) == 359
+    raw = load_digits()
+    split = np.concatenate([data.train_images, data.test_images]) * 16.0
+    labels = np.concatenate([data.train_labels, data.test_labels])
+
+    def key(images: np.ndarray, ys: np.ndarray) -> list[tuple[int, bytes]]:
+        return sorted(
+            (int(y), im.astype(np.int64).tobytes()) for im, y in zip(images, ys)
+        )
+
+    assert key(split, labels) == key(raw.images, raw.target)
     assert 0.0 <= data.train_images.min() and data.train_images.max() <= 1.0
     assert set(np.unique(data.test_labels)) == set(range(10))
     assert data.train_labels.dtype == np.int32

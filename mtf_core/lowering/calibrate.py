@@ -109,7 +109,7 @@ def measure_allreduce(devices: Sequence[str], nbytes: int, repeats: int = 5) -> 
 
     @tf.function(autograph=False)
     def step() -> Any:
-        out = impl.allreduce(laid, [0], "SUM")
+        out: Any = impl.allreduce(laid, [0], "SUM")
         with tf.device(devices[0]):
             return tf.add_n([tf.reduce_max(s) for s in out.slices])
 

@@ -260,6 +260,13 @@ def _as_tensor(x: Any, like: Tensor) -> Tensor:
         return x
     from mtf_core.ops.creation import constant
 
+    # Converting 0.5 to an int32 tensor's dtype would silently make it 0.
+    if like.dtype in dtypes.INTEGER and isinstance(x, float) and not x.is_integer():
+        raise DTypeError(
+            f"scalar {x!r} cannot combine with {like.name} of dtype {like.dtype}; "
+            "cast the tensor to a floating dtype first"
+        )
+
     return constant(like.mesh, x, (), like.dtype)
 
 

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mtf_core import dtypes
-from mtf_core.comm import CollectiveSpec
+from mtf_core.comm import CollectiveSpec, LayoutContext
 from mtf_core.errors import DTypeError, ShapeError
 from mtf_core.graph import Mesh, Operation, Tensor, check_same_mesh
 from mtf_core.lowering.lazy import LazyAllreduceSum
@@ -61,7 +61,12 @@ def _dim_of(x: Tensor, dim: Any, what: str) -> Dimension:
     return d
 
 
-def _split_axis(ctx: Any, name: str) -> int | None:
+def _wide_ids(tf: Any, i: Any) -> Any:
+    """Ids as int32/int64 (what tf.one_hot and tf.gather take)."""
+    return i if i.dtype in (tf.int32, tf.int64) else tf.cast(i, tf.int32)
+
+
+def _split_axis(ctx: LayoutContext, name: str) -> int | None:
     """Mesh axis (of size > 1) splitting dimension ``name``, or None."""
     return ctx.effective_mesh_axis(name)
 
@@ -117,17 +122,14 @@ class OneHot(Operation):
         on, off = tf.cast(self.on_value, dt), tf.cast(self.off_value, dt)
         ids = lowering.tensors[self.inputs[0]]
         m = _split_axis(impl.ctx, self.output_dim.name)
-        if m is None:
-            res = impl.slicewise(lambda i: tf.one_hot(i, k, on, off, dtype=dt), ids)
-        else:
+
+        def local(i: Any, c: Any) -> Any:
             # Ids outside this device's block [c*k, (c+1)*k) become off values.
-            res = impl.slicewise(
-                lambda i, c: tf.one_hot(
-                    i - tf.cast(c * k, i.dtype), k, on, off, dtype=dt
-                ),
-                ids,
-                impl.laid_out_pcoordinate(m),
-            )
+            i = _wide_ids(tf, i)
+            return tf.one_hot(i - tf.cast(c * k, i.dtype), k, on, off, dtype=dt)
+
+        coord = 0 if m is None else impl.laid_out_pcoordinate(m)
+        res = impl.slicewise(local, ids, coord)
         lowering.set_tensor_lowering(out, res)
 
     def attrs(self) -> dict[str, Any]:
@@ -306,7 +308,7 @@ class Gather(Operation):
 
         def local(w: Any, i: Any, c: Any) -> Any:
             w = _maybe_transpose(tf, w, w_perm)
-            i = _maybe_transpose(tf, i, i_perm)
+            i = _wide_ids(tf, _maybe_transpose(tf, i, i_perm))
             ids = i - tf.cast(c * kv, i.dtype)
             valid = tf.logical_and(ids >= 0, ids < kv)
             g = tf.gather(

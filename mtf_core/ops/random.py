@@ -79,6 +79,8 @@ class RandomOp(Operation):
         )
         full_shape = out.shape.to_integer_list()
         a, b = self.params
+        if not dtypes.is_floating(out.dtype):
+            a, b = int(a), int(b)
         if self.distribution == "uniform":
             full = tf.random.stateless_uniform(
                 full_shape, seed, minval=a, maxval=b, dtype=out.dtype

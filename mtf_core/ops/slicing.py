@@ -72,6 +72,20 @@ def _take(tf: Any, s: Any, axis: int, start: int, length: int) -> Any:
     return tf.slice(s, begin, size)
 
 
+def _zeros_where_missing(
+    grad_ys: Sequence[Tensor | None], outputs: Sequence[Tensor]
+) -> list[Tensor] | None:
+    """The output gradients with zeros for the unused outputs (None if all are)."""
+    if all(g is None for g in grad_ys):
+        return None
+    from mtf_core.ops.creation import zeros
+
+    return [
+        g if g is not None else zeros(t.mesh, t.shape, t.dtype)
+        for g, t in zip(grad_ys, outputs)
+    ]
+
+
 class _WholeDimOp(Operation):
     """An op computed locally once its dimension ``self.dim_name`` is whole."""
 
@@ -185,15 +199,8 @@ class Split(_WholeDimOp):
             self._add_output(x.shape.resize_dimension(split_dim.name, s), x.dtype)
 
     def gradient(self, grad_ys: Sequence[Tensor | None]) -> list[Tensor | None]:
-        if all(g is None for g in grad_ys):
-            return [None]
-        from mtf_core.ops.creation import zeros
-
-        parts = [
-            g if g is not None else zeros(t.mesh, t.shape, t.dtype)
-            for g, t in zip(grad_ys, self.outputs)
-        ]
-        return [concat(parts, self.dim_name)]
+        parts = _zeros_where_missing(grad_ys, self.outputs)
+        return [None if parts is None else concat(parts, self.dim_name)]
 
     def lower(self, lowering: Any) -> None:
         tf = lowering.tf
@@ -217,7 +224,7 @@ def split(
     """Splits ``x`` along ``split_dim`` into ``num_or_size_splits`` equal pieces
     (an int) or pieces of the given sizes (a list); each keeps the dim's name."""
     d = _find_dim(x, split_dim, "split")
-    if isinstance(num_or_size_splits, int) and not isinstance(num_or_size_splits, bool):
+    if isinstance(num_or_size_splits, int):
         n = _check_int(num_or_size_splits, "split: num_or_size_splits", 1)
         if d.size % n:
             raise ShapeError(
@@ -324,14 +331,9 @@ class Unstack(_WholeDimOp):
             self._add_output(x.shape - [dim.name], x.dtype)
 
     def gradient(self, grad_ys: Sequence[Tensor | None]) -> list[Tensor | None]:
-        if all(g is None for g in grad_ys):
+        parts = _zeros_where_missing(grad_ys, self.outputs)
+        if parts is None:
             return [None]
-        from mtf_core.ops.creation import zeros
-
-        parts = [
-            g if g is not None else zeros(t.mesh, t.shape, t.dtype)
-            for g, t in zip(grad_ys, self.outputs)
-        ]
         return [stack(parts, self.dim_name, self.inputs[0].shape.index(self.dim_name))]
 
     def lower(self, lowering: Any) -> None:

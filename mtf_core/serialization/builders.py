@@ -108,7 +108,7 @@ def _assign(spec: OpSpec) -> Operation:
             f"{spec.path}.inputs[0]: {var_t.name} is not a variable's value tensor "
             f"(it comes from a {var.op_type}); Assign's first input must be one"
         )
-    named = spec.attrs.optional("variable")
+    named = spec.attrs.raw("variable")
     if named is not None and named != var.name:
         raise SerializationError(
             f"{spec.attrs.path}.variable: {named!r} disagrees with inputs[0], which "

@@ -60,9 +60,7 @@ def _top_k(spec: OpSpec) -> Operation:
     spec.expect_inputs(1)
     x = spec.inputs[0]
     reduced = _dim_in(spec, x, "reduced_dim", spec.attrs.get_dim("reduced_dim"))
-    k_dim = (
-        None if spec.attrs.optional("k_dim") is None else spec.attrs.get_dim("k_dim")
-    )
+    k_dim = None if spec.attrs.raw("k_dim") is None else spec.attrs.get_dim("k_dim")
     return ix.TopK(x, reduced, k_dim, name=spec.name)
 
 

@@ -31,7 +31,7 @@ def _dim_of(spec: OpSpec, key: str, input_index: int = 0) -> Dimension:
 def _reshape(spec: OpSpec) -> Operation:
     spec.expect_inputs(1)
     shape = spec.output_shape()
-    written = spec.attrs.optional("new_shape")
+    written = spec.attrs.raw("new_shape")
     if written is not None and written != str(shape):
         raise SerializationError(
             f"{spec.attrs.path}.new_shape: {written!r} disagrees with the declared "

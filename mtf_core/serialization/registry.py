@@ -53,6 +53,7 @@ class Attrs:
         return key in self._values
 
     def raw(self, key: str, default: Any = None) -> Any:
+        """The value as the document has it (unchecked), or ``default``."""
         return self._values.get(key, default)
 
     def _get(self, key: str, default: Any) -> Any:
@@ -115,10 +116,6 @@ class Attrs:
             raise SerializationError(f"{path}: {e}") from None
         schema.check_limit(self.limits, "max_dim_size", dim.size, path, "size")
         return dim
-
-    def optional(self, key: str) -> Any:
-        """The raw value, or None when absent."""
-        return self._values.get(key)
 
 
 _REQUIRED = object()

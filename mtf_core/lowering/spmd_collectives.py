@@ -1,0 +1,308 @@
+"""TensorFlow's collective ops, wrapped for the SPMD backend.
+
+The SPMD backend (:mod:`mtf_core.lowering.spmd`) traces one program and runs it
+on every device; devices meet in TensorFlow's collective ops
+(``CollectiveReduceV2``, ``CollectiveGatherV2``, ``CollectiveAllToAllV2``,
+``CollectiveBcastSendV2``/``RecvV2``).  Those ops have traps, each handled here:
+
+* **Keys.** A collective is identified by ``(group_key, instance_key)``.  The
+  group key names a *set of devices* and must mean the same set for the life of
+  the process (and in every process of a cluster), so it is a hash of the
+  sorted device names, checked for collisions.  The instance key names one call
+  site and is pinned to the first shape it sees, so every call site traced gets
+  a fresh one from a process-wide counter.  Every process of a multi-process
+  mesh traces the same programs in the same order, so they agree on the keys.
+* **Ordering.** Inside a ``tf.function`` the executor may start independent
+  collectives in any order; two devices starting them in different orders
+  deadlock.  Every device passes its own ``ordering_token`` (a resource), which
+  makes automatic control dependencies run its collectives in program order.
+* **Ranks.** Gathers and all-to-alls order their blocks by the rank TensorFlow
+  gives each member: devices sorted by (job, replica, task, type, index).  Mesh
+  coordinates may differ from that order (any device list is allowed), so
+  :class:`AxisGroups` keeps the permutation and the backend reorders blocks.
+* **Dtypes.** The CPU kernels take float16/32/64 and int32/64 (bfloat16 only
+  for reduce and all-to-all).  Other dtypes travel in a wider carrier dtype
+  that holds them exactly (bool and small ints as int32, bfloat16 as float32).
+* **No gradients** are needed: mtf differentiates its own graph.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import tensorflow as tf
+
+from mtf_core.errors import LoweringError
+
+_lock = threading.Lock()
+_group_members: dict[int, tuple[str, ...]] = {}
+_instance_keys = itertools.count(1)
+_tokens: dict[str, tf.Variable] = {}
+
+
+# -- device names -----------------------------------------------------------
+def parse_device(name: str, default_job: str = "localhost", default_task: int = 0):
+    """``(job, replica, task, type, index)`` of a device name; missing parts take
+    the defaults (a bare ``/device:CPU:3`` is on the local task)."""
+    try:
+        spec = tf.DeviceSpec.from_string(name)
+    except ValueError as e:
+        raise LoweringError(
+            f"device {name!r} is not a TensorFlow device name: {e}"
+        ) from None
+    if spec.device_type is None:
+        raise LoweringError(
+            f"device {name!r} names no device type; expected e.g. '/device:CPU:0'"
+        )
+    return (
+        spec.job or default_job,
+        spec.replica or 0,
+        default_task if spec.task is None else spec.task,
+        spec.device_type.upper(),
+        spec.device_index or 0,
+    )
+
+
+def full_device_name(parsed: tuple[Any, ...]) -> str:
+    job, replica, task, kind, index = parsed
+    return f"/job:{job}/replica:{replica}/task:{task}/device:{kind}:{index}"
+
+
+# -- keys -------------------------------------------------------------------
+def group_key(members: Sequence[str]) -> int:
+    """The group key of a set of (full) device names, the same in every process."""
+    canon = tuple(sorted(members))
+    key = (zlib.crc32("|".join(canon).encode()) & 0x3FFFFFFF) + 1
+    with _lock:
+        seen = _group_members.setdefault(key, canon)
+    if seen != canon:
+        raise LoweringError(
+            f"collective group key {key} would name two device groups ({seen} and "
+            f"{canon}); this hash collision is vanishingly rare: reorder or rename "
+            "the devices"
+        )
+    return key
+
+
+def next_instance_key() -> int:
+    """A fresh instance key for one collective call site."""
+    with _lock:
+        return next(_instance_keys)
+
+
+def ordering_token(device: str) -> tf.Variable:
+    """The per-device resource that orders this device's collectives."""
+    with _lock:
+        token = _tokens.get(device)
+    if token is None:
+        with tf.init_scope(), tf.device(device):
+            token = tf.Variable(0.0, trainable=False, name="collective_order")
+        with _lock:
+            token = _tokens.setdefault(device, token)
+    return token
+
+
+# -- processor groups -------------------------------------------------------
+@dataclass(frozen=True)
+class AxisGroups:
+    """The groups of one collective over ``mesh_axes``, looked up by pnum.
+
+    ``group_keys[p]`` is the key of pnum p's group; ``coord_to_rank[p][k]`` is
+    the rank (block index in a gather) of the k-th member of p's group in mesh
+    coordinate order, and ``rank_to_coord`` its inverse.  ``identity_ranks``
+    says they are the identity for every group (the usual case, when devices
+    are listed in TensorFlow's order), so no reordering is needed.
+    """
+
+    mesh_axes: tuple[int, ...]
+    group_size: int
+    group_keys: tuple[int, ...]
+    coord_to_rank: tuple[tuple[int, ...], ...]
+    rank_to_coord: tuple[tuple[int, ...], ...]
+    position: tuple[int, ...]  # pnum's index in its group (coordinate order)
+
+    @property
+    def identity_ranks(self) -> bool:
+        ident = tuple(range(self.group_size))
+        return all(r == ident for r in self.coord_to_rank)
+
+    @property
+    def single_group(self) -> bool:
+        return len(set(self.group_keys)) == 1
+
+    @classmethod
+    def build(
+        cls,
+        groups: Sequence[Sequence[int]],
+        devices: Sequence[str],
+        sort_keys: Sequence[tuple[Any, ...]],
+        mesh_axes: Sequence[int],
+    ) -> AxisGroups:
+        size = len(devices)
+        keys = [0] * size
+        c2r: list[tuple[int, ...]] = [()] * size
+        r2c: list[tuple[int, ...]] = [()] * size
+        pos = [0] * size
+        for group in groups:
+            key = group_key([devices[p] for p in group])
+            by_rank = sorted(range(len(group)), key=lambda k: sort_keys[group[k]])
+            to_rank = [0] * len(group)
+            for r, k in enumerate(by_rank):
+                to_rank[k] = r
+            for k, p in enumerate(group):
+                keys[p] = key
+                c2r[p] = tuple(to_rank)
+                r2c[p] = tuple(by_rank)
+                pos[p] = k
+        return cls(
+            tuple(mesh_axes),
+            len(groups[0]),
+            tuple(keys),
+            tuple(c2r),
+            tuple(r2c),
+            tuple(pos),
+        )
+
+
+# -- dtype carriers -----------------------------------------------------------
+_NATIVE = frozenset({tf.float16, tf.float32, tf.float64, tf.int32, tf.int64})
+_WIDEN = {
+    tf.bool: tf.int32,
+    tf.int8: tf.int32,
+    tf.uint8: tf.int32,
+    tf.int16: tf.int32,
+    tf.uint16: tf.int32,
+    tf.uint32: tf.int64,
+    tf.bfloat16: tf.float32,
+}
+
+
+def carrier_dtype(dtype: tf.DType, kind: str) -> tf.DType:
+    """The dtype a tensor of ``dtype`` travels in through collective ``kind``."""
+    if dtype in _NATIVE or (
+        dtype == tf.bfloat16 and kind in ("allreduce", "alltoall")
+    ):
+        return dtype
+    if dtype in _WIDEN:
+        return _WIDEN[dtype]
+    raise LoweringError(
+        f"TensorFlow's collective ops cannot carry dtype {dtype.name}; expected "
+        "a float, integer or bool tensor"
+    )
+
+
+def _in_carrier(x: Any, kind: str) -> tuple[Any, tf.DType]:
+    c = carrier_dtype(x.dtype, kind)
+    return (x if c == x.dtype else tf.cast(x, c)), x.dtype
+
+
+def _out_of_carrier(y: Any, dtype: tf.DType) -> Any:
+    return y if y.dtype == dtype else tf.cast(y, dtype)
+
+
+# -- the ops ----------------------------------------------------------------
+_MERGE = {"SUM": "Add", "MAX": "Max", "MIN": "Min"}
+
+
+@dataclass(frozen=True)
+class Channel:
+    """What one device passes to every collective: its group and its token."""
+
+    group_size: int
+    group_key: Any  # int or scalar int32 tensor (differs per device)
+    token: Any  # resource handle
+    timeout_s: float = 0.0
+
+
+def all_reduce(x: Any, ch: Channel, reduction: str) -> Any:
+    """Reduces ``x`` over the group: SUM, MAX, MIN, LOGICAL_OR, LOGICAL_AND."""
+    if reduction == "LOGICAL_OR" or reduction == "LOGICAL_AND":
+        merge = "Max" if reduction == "LOGICAL_OR" else "Min"
+    elif reduction in _MERGE:
+        merge = _MERGE[reduction]
+    else:
+        raise LoweringError(
+            f"unknown reduction {reduction!r}; expected one of "
+            f"{sorted([*_MERGE, 'LOGICAL_AND', 'LOGICAL_OR'])}"
+        )
+    x, dtype = _in_carrier(x, "allreduce")
+    y = tf.raw_ops.CollectiveReduceV2(
+        input=x,
+        group_size=ch.group_size,
+        group_key=ch.group_key,
+        instance_key=next_instance_key(),
+        ordering_token=[ch.token],
+        merge_op=merge,
+        final_op="Id",
+        timeout_seconds=ch.timeout_s,
+    )
+    return _out_of_carrier(y, dtype)
+
+
+def all_gather(x: Any, ch: Channel) -> Any:
+    """Concatenates every member's ``x`` along axis 0, in rank order."""
+    x, dtype = _in_carrier(x, "allgather")
+    y = tf.raw_ops.CollectiveGatherV2(
+        input=x,
+        group_size=ch.group_size,
+        group_key=ch.group_key,
+        instance_key=next_instance_key(),
+        ordering_token=[ch.token],
+        timeout_seconds=ch.timeout_s,
+    )
+    return _out_of_carrier(y, dtype)
+
+
+def all_to_all(x: Any, ch: Channel) -> Any:
+    """Block r of axis 0 goes to rank r; the result stacks what each rank sent
+    here, in rank order."""
+    x, dtype = _in_carrier(x, "alltoall")
+    y = tf.raw_ops.CollectiveAllToAllV2(
+        input=x,
+        group_size=ch.group_size,
+        group_key=ch.group_key,
+        instance_key=next_instance_key(),
+        ordering_token=[ch.token],
+        timeout_seconds=ch.timeout_s,
+    )
+    return _out_of_carrier(y, dtype)
+
+
+def broadcast(x: Any, is_source: Any, ch: Channel) -> Any:
+    """Every member gets the ``x`` of the member whose ``is_source`` is true.
+
+    Broadcast ops take no ordering token, so the send/receive branch reads the
+    token: that puts it in the token's chain like the other collectives.
+    """
+    xc, dtype = _in_carrier(x, "broadcast")
+    key = next_instance_key()
+
+    def send() -> Any:
+        with tf.control_dependencies([tf.raw_ops.ReadVariableOp(resource=ch.token, dtype=tf.float32)]):
+            return tf.raw_ops.CollectiveBcastSendV2(
+                input=xc,
+                group_size=ch.group_size,
+                group_key=ch.group_key,
+                instance_key=key,
+                timeout_seconds=ch.timeout_s,
+            )
+
+    def recv() -> Any:
+        with tf.control_dependencies([tf.raw_ops.ReadVariableOp(resource=ch.token, dtype=tf.float32)]):
+            return tf.raw_ops.CollectiveBcastRecvV2(
+                group_size=ch.group_size,
+                group_key=ch.group_key,
+                instance_key=key,
+                shape=xc.shape,
+                T=xc.dtype,
+                timeout_seconds=ch.timeout_s,
+            )
+
+    y = tf.cond(is_source, send, recv)
+    y.set_shape(xc.shape)
+    return _out_of_carrier(y, dtype)

@@ -1,0 +1,280 @@
+"""``mtf-train``: train a Transformer LM on Python's own sources, or sample.
+
+    mtf-train --layout 2d --devices 8 --steps 300 --checkpoint_dir runs/lm
+    mtf-train --layout "batch:x;d_ff:y" --mesh "x:2;y:4" --resume --checkpoint_dir runs/lm
+    mtf-train --layout auto --mesh "x:2;y:4" --steps 50
+    mtf-train sample --checkpoint_dir runs/lm --prompt "def " --temperature 0.8
+
+(also ``python -m mtf_core.train``).  A run writes checkpoints of full
+variable values; ``--resume`` continues from the newest one under any mesh
+and layout.  ``--tensorboard DIR`` writes loss and tokens/s scalars.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from mtf_core.errors import ConfigError, MtfError
+from mtf_core.models.transformer import TransformerConfig
+from mtf_core.presets import LayoutChoice, preset_names, resolve_layout
+from mtf_core.shapes import convert_to_shape
+from mtf_core.train.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint
+from mtf_core.train.data import (
+    CharVocab,
+    TextDataset,
+    python_source_text,
+    tokens_per_second,
+    unigram_entropy,
+)
+
+_MODEL_FLAGS = ("num_layers", "d_model", "heads", "d_kv", "d_ff", "length", "batch")
+
+
+def _train_parser(p: argparse.ArgumentParser) -> None:
+    m = p.add_argument_group("model")
+    m.add_argument("--num_layers", "--layers", type=int, default=2)
+    m.add_argument("--d_model", type=int, default=64)
+    m.add_argument("--heads", type=int, default=8)
+    m.add_argument("--d_kv", type=int, default=8)
+    m.add_argument("--d_ff", type=int, default=256)
+    m.add_argument("--length", type=int, default=64)
+    m.add_argument("--batch", type=int, default=16)
+    m.add_argument("--vocab", type=int, default=96, help="vocabulary size: pad, unknown and the most frequent characters")
+    m.add_argument("--dropout", type=float, default=0.0)
+    m.add_argument("--config", help="JSON file with TransformerConfig fields")
+    lay = p.add_argument_group("layout")
+    lay.add_argument(
+        "--layout",
+        default="data-parallel",
+        help=f"a preset ({', '.join(preset_names())}), rules such as "
+        "'batch:x;d_ff:y', or 'auto' (the layout planner)",
+    )
+    lay.add_argument("--mesh", help="mesh shape, e.g. 'x:2;y:4' (default: preset's)")
+    lay.add_argument("--devices", type=int, help="logical CPU devices (default: mesh)")
+    t = p.add_argument_group("training")
+    t.add_argument("--steps", type=int, default=200)
+    t.add_argument("--optimizer", default="adam")
+    t.add_argument("--learning_rate", "--lr", type=float, default=3e-3)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--corpus_bytes", type=int, default=2_000_000)
+    t.add_argument("--checkpoint_dir")
+    t.add_argument("--save_every", type=int, default=100)
+    t.add_argument("--resume", action="store_true", help="continue from the latest")
+    t.add_argument("--tensorboard", help="directory for TensorBoard scalars")
+    t.add_argument("--eval_every", type=int, default=0)
+    t.add_argument("--no_progress", action="store_true", help="no progress bar")
+
+
+def _sample_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint_dir", "--checkpoint", required=True)
+    p.add_argument("--prompt", default="def ")
+    p.add_argument("--max_new_tokens", type=int, default=200)
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--layout", default="", help="rules or preset (default: none)")
+    p.add_argument("--mesh", default="all:1")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="mtf-train", description=__doc__.split("\n\n")[0] if __doc__ else None
+    )
+    sub = p.add_subparsers(dest="command")
+    _train_parser(sub.add_parser("train", help="train (the default command)"))
+    _sample_parser(sub.add_parser("sample", help="generate text from a checkpoint"))
+    return p
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in ("train", "sample", "-h", "--help"):
+        argv = ["train", *argv]
+    return build_parser().parse_args(argv)
+
+
+# --------------------------------------------------------------------------
+# configuration
+# --------------------------------------------------------------------------
+
+
+def model_config(args: argparse.Namespace, vocab_size: int) -> TransformerConfig:
+    fields: dict[str, Any] = {f: getattr(args, f) for f in _MODEL_FLAGS}
+    if args.config:
+        with open(args.config) as f:
+            fields.update(json.load(f))
+    fields["vocab"] = vocab_size
+    fields["dropout_rate"] = args.dropout
+    return TransformerConfig.from_dict(fields)
+
+
+def device_count(args: argparse.Namespace) -> int:
+    if args.mesh:
+        n = convert_to_shape(args.mesh).size
+        if args.devices and args.devices != n:
+            raise ConfigError(
+                f"--mesh {args.mesh!r} has {n} processors but --devices is "
+                f"{args.devices}"
+            )
+        return n
+    return args.devices or 8
+
+
+def choose_layout(args: argparse.Namespace, model: Any, n: int) -> LayoutChoice:
+    """Resolves ``--layout``; ``auto`` asks the layout planner."""
+    if args.layout.strip().lower() != "auto":
+        return resolve_layout(args.layout, n, args.mesh)
+    import mtf_core
+
+    try:
+        auto_layout = mtf_core.auto_layout
+    except (AttributeError, ImportError) as e:
+        raise ConfigError(
+            f"--layout auto needs the layout planner (mtf.auto_layout): {e}"
+        ) from None
+    mesh = (
+        convert_to_shape(args.mesh) if args.mesh else resolve_layout("dp", n).mesh_shape
+    )
+    plan = auto_layout(model.graph, mesh, outputs=[model.loss])
+    return LayoutChoice(mesh, plan.layout_rules, "auto")
+
+
+# --------------------------------------------------------------------------
+# commands
+# --------------------------------------------------------------------------
+
+
+def train(args: argparse.Namespace) -> dict[str, Any]:
+    """Runs training; returns a summary (final loss, entropy, checkpoint)."""
+    n = device_count(args)
+    from mtf_core.lowering.devices import logical_cpu_devices
+
+    devices = logical_cpu_devices(n)  # before any other TensorFlow work
+    from mtf_core.lowering import training
+    from mtf_core.models.transformer import build_lm
+    from mtf_core.optimize import make_optimizer
+
+    resume: Checkpoint | None = None
+    if args.resume:
+        if not args.checkpoint_dir:
+            raise ConfigError("--resume needs --checkpoint_dir")
+        if latest_checkpoint(args.checkpoint_dir) is not None:
+            resume = load_checkpoint(args.checkpoint_dir)
+    text = python_source_text(args.corpus_bytes)
+    if resume is not None:
+        vocab = CharVocab.from_json(resume.metadata["vocab"])
+        cfg = TransformerConfig.from_dict(resume.metadata["model"])
+    else:
+        vocab = CharVocab.build(text, args.vocab)
+        cfg = model_config(args, vocab.size)
+    ids = vocab.encode_array(text)
+    data = TextDataset(ids, cfg.batch, cfg.length, seed=args.seed)
+    entropy = unigram_entropy(data.train_ids)
+    model = build_lm(cfg, make_optimizer(args.optimizer, args.learning_rate))
+    layout = choose_layout(args, model, n)
+    print(
+        f"model: {cfg.num_layers} layers, d_model {cfg.d_model}, vocab {cfg.vocab}, "
+        f"{model.num_parameters:,} parameters; {layout}; corpus {len(ids):,} "
+        f"tokens, unigram entropy {entropy:.3f} nats",
+        flush=True,
+    )
+    trainer = training.Trainer(model, layout, devices)
+    if resume is not None:
+        trainer.restore(resume)
+        print(f"resumed from {resume.path} at step {trainer.global_step}", flush=True)
+    meta = {
+        "model": cfg.to_dict(),
+        "vocab": vocab.to_json(),
+        "optimizer": args.optimizer,
+        "learning_rate": args.learning_rate,
+        "seed": args.seed,
+    }
+    writer = training.summary_writer(args.tensorboard)
+    first = trainer.global_step
+    bar = _progress(args.steps, first, disabled=args.no_progress)
+    loss = float("nan")
+    saved = None
+    t_start = time.perf_counter()
+    for i in range(args.steps):
+        t0 = time.perf_counter()
+        loss = trainer.step(data.batch(trainer.global_step))
+        dt = time.perf_counter() - t0
+        tps = tokens_per_second(cfg.batch, cfg.length, dt)
+        step = trainer.global_step
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tps:,.0f}")
+        scalars = {"loss": loss, "tokens_per_second": tps}
+        if args.eval_every and step % args.eval_every == 0:
+            scalars["eval_loss"] = trainer.evaluate(data.eval_batch())
+        training.write_scalars(writer, step, scalars)
+        last = i == args.steps - 1
+        if args.checkpoint_dir and (last or step % args.save_every == 0):
+            saved = trainer.save(args.checkpoint_dir, {**meta, "loss": loss})
+    bar.close()
+    eval_loss = trainer.evaluate(data.eval_batch())
+    summary = {
+        "steps": trainer.global_step - first,
+        "global_step": trainer.global_step,
+        "loss": loss,
+        "eval_loss": eval_loss,
+        "unigram_entropy": entropy,
+        "seconds": time.perf_counter() - t_start,
+        "layout": str(layout.rules),
+        "mesh_shape": str(layout.mesh_shape),
+        "checkpoint": saved,
+    }
+    print(json.dumps(summary), flush=True)
+    return summary
+
+
+def _progress(total: int, initial: int, disabled: bool) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=f"train from step {initial}", disable=disabled)
+
+
+def sample(args: argparse.Namespace) -> str:
+    """Generates text from a checkpoint; returns (and prints) it."""
+    ckpt = load_checkpoint(args.checkpoint_dir)
+    choice = resolve_layout(
+        args.layout or None, convert_to_shape(args.mesh).size, args.mesh
+    )
+    from mtf_core.lowering.devices import logical_cpu_devices
+
+    devices = logical_cpu_devices(choice.mesh_shape.size)
+    from mtf_core.lowering.training import LMSampler
+    from mtf_core.models.transformer import build_lm
+
+    vocab = CharVocab.from_json(ckpt.metadata["vocab"])
+    cfg = TransformerConfig.from_dict(ckpt.metadata["model"]).replace(
+        batch=choice.mesh_shape.size if "batch" in choice.rules.as_dict() else 1
+    )
+    sampler = LMSampler(build_lm(cfg), ckpt.values, choice, devices)
+    prompt = vocab.encode(args.prompt)
+    if not prompt:
+        raise ConfigError("--prompt must not be empty")
+    out = sampler.generate(
+        [prompt] * sampler.batch, args.max_new_tokens, args.temperature, args.seed
+    )
+    text = vocab.decode(out[0])
+    print(text, flush=True)
+    return text
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    args = parse_args(argv)
+    try:
+        if args.command == "sample":
+            sample(args)
+        else:
+            train(args)
+    except MtfError as e:
+        print(f"mtf-train: error: {e}", file=sys.stderr)
+        return 2
+    return 0
