@@ -1,3 +1,4 @@
+# ruff: noqa: I001  (import order matters here: ortools, then the compat shim, then MTF)
 """Runs Mesh TensorFlow 0.1.21 on the shared LM graph; prints one JSON line.
 
 Run with the baseline venv (``make bench-venv-mtf``):
@@ -16,13 +17,13 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from ortools.sat.python import cp_model  # noqa: E402,F401  (before TF: CP-SAT crashes if TF loads first)
+import mtf_compat  # noqa: E402,F401  (must precede mesh_tensorflow)
 import mesh_tensorflow as mtf  # noqa: E402
 import mesh_tensorflow.auto_mtf  # noqa: E402,F401
-import mtf_compat  # noqa: E402,F401  (must precede mesh_tensorflow)
 import numpy as np  # noqa: E402
 import tensorflow.compat.v1 as tf  # noqa: E402
 from graph_common import LMConfig, build_lm  # noqa: E402
-from ortools.sat.python import cp_model  # noqa: E402,F401  (before TF: CP-SAT crashes if TF loads first)
 
 
 def make_input(mesh, shape, name):
