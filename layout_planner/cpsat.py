@@ -37,7 +37,7 @@ _STATUS = {
 _MAX_WEIGHT = 2**60
 # CP-SAT settings that are not per request.  These programs are small and
 # pure-Boolean: presolve probing costs more than the whole search.
-TUNING: dict[str, int] = {"cp_model_probing_level": 0}
+TUNING: dict[str, int] = {"cp_model_probing_level": 0, "linearization_level": 2}
 # The least time a phase gets, even when the plan's budget is spent, so that a
 # tie-break always has a chance to confirm its (usually trivial) optimum.
 _MIN_PHASE_S = 0.05
@@ -59,15 +59,20 @@ class LayoutModel:
 
         sum_m x[d,m] <= 1                       one axis per dim
         x[d,m] + x[e,m] <= 1                    d, e share a tensor
+        x[d,b] <= sum_{e < d} x[e,a]            a, b interchangeable axes, a < b
         sum_a z[S,a] = 1,  z[S,a] = 0 if the lowering rejects a
         x[d,m] = sum_{a : a(d) = m} z[S,a]      for every d in S  (links z to x)
         B >= sum_a buf[S,a] z[S,a]              for every S
-        c_L + sum_{(S,b) in L} sum_a (b / f[S,a]) z[S,a] + B <= cap   (time)
-                                                          <= P     (memory)
+        c_L + sum_{S,a} m[L,S,a] z[S,a] + B <= cap      (objective time)
+                                            <= P        (objective memory)
 
     for every non-dominated live set L (``c_L``: bytes no layout splits;
-    ``b``: unsplit bytes of L's tensors whose free dims are S; ``f[S,a]``:
-    product of the axis sizes a uses, which divides every one of them).
+    ``m[L,S,a]``: bytes per device, under a, of L's tensors whose free dims S
+    hosts: unsplit bytes over the product of the axis sizes a gives them).
+
+    The dim sets S are the maximal ones: a cost unit or tensor whose free dims
+    are a subset of another's is priced in that one's table (fewer, larger
+    tables make a tighter linear relaxation than many overlapping ones).
 
     Objective: ``T = T0 + sum_{S,a} t[S,a] z[S,a]`` (integer picoseconds of
     compute + communication summed over the cost units whose free dims are
@@ -75,6 +80,12 @@ class LayoutModel:
     ``sum_d W_d code_d`` with ``code_d = sum_m (m + 1) x[d,m]`` (0: not split)
     and ``W_d = (axes + 1)^(rank of d from the end)``, dims in name order, i.e.
     the lexicographically smallest choice vector.
+
+    Symmetry: when swapping mesh axes a < b (same size, same link) maps every
+    table entry to an equal one, only the layout whose first dim (in name
+    order) on a or b is on a is kept: it is the one the tie-break prefers, so
+    nothing the answer could be is cut away (and the top-k are distinct up to
+    such swaps).
     """
 
     def __init__(self, program: IntegerProgram) -> None:
@@ -110,6 +121,8 @@ class LayoutModel:
                 m.add_at_most_one(self.x[i] for i in xs)
         for i, j in p.conflicts:
             m.add_at_most_one(self.x[i], self.x[j])
+        for i, js in p.precedence:
+            m.add(self.x[i] <= sum(self.x[j] for j in js))
         for s, ds in enumerate(p.dimsets):
             zs = self.z[s]
             m.add_exactly_one(zs)
@@ -141,14 +154,16 @@ class LayoutModel:
         self.model.minimize(self.primary())
 
     # -- expressions (as (variable index, coefficient) terms) -------------------
-    def _row_expr(self, row: Sequence[tuple[int, int]]) -> cp_model.LinearExprT:
+    def _row_expr(
+        self, row: Sequence[tuple[int, tuple[int, ...]]]
+    ) -> cp_model.LinearExprT:
         terms: list[cp_model.IntVar] = []
         coefs: list[int] = []
-        for s, unsplit in row:
-            ds = self.program.dimsets[s]
-            for a, f in enumerate(ds.factor):
-                terms.append(self.z[s][a])
-                coefs.append(unsplit // f)
+        for s, per_assignment in row:
+            for a, c in enumerate(per_assignment):
+                if c:
+                    terms.append(self.z[s][a])
+                    coefs.append(c)
         return cp_model.LinearExpr.weighted_sum(terms, coefs)
 
     def time_terms(self) -> Terms:
@@ -210,7 +225,7 @@ class LayoutModel:
 
     def _peak_upper_bound(self, max_buf: int) -> int:
         rows = [
-            c + sum(b for _, b in row)
+            c + sum(max(coefs) for _, coefs in row)
             for row, c in zip(self.program.memory_rows, self.program.row_constants)
         ]
         return max(rows, default=0) + max_buf

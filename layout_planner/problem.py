@@ -249,8 +249,13 @@ class LayoutProblem:
 
     # -- the integer program -------------------------------------------------------------
     def program(self, objective: Objective, capacity_bytes: int) -> IntegerProgram:
-        """The integer program for ``objective`` under ``capacity_bytes``."""
-        n_tables = len(self.tables)
+        """The integer program for ``objective`` under ``capacity_bytes``.
+
+        Every table is hosted by a maximal table (one whose dims no other
+        table's dims strictly contain): the program has one dim set per
+        maximal table, carrying the summed costs of the tables it hosts.
+        """
+        hosts = self._hosts()
         dim_id = {d: i for i, d in enumerate(self.free_dims)}
         dim_x = tuple(
             tuple(self.x_index[(d, a)] for a in self.allowed[d]) for d in self.free_dims
@@ -260,42 +265,130 @@ class LayoutProblem:
             for axis in set(self.allowed.get(a, ())) & set(self.allowed.get(b, ())):
                 conflicts.append((self.x_index[(a, axis)], self.x_index[(b, axis)]))
         dimsets = []
-        for table in self.tables:
-            choices = tuple(
-                tuple(
-                    -1 if ax is None else self.x_index[(d, ax)]
-                    for d, ax in zip(table.dims, asg)
-                )
-                for asg in table.assignments
-            )
+        for h in hosts:
+            host = self.tables[h.table]
+            time_s = np.zeros(len(host.assignments))
+            buffer = np.zeros(len(host.assignments), dtype=np.int64)
+            invalid = np.zeros(len(host.assignments), dtype=bool)
+            for t, proj in h.members:
+                table = self.tables[t]
+                time_s += np.asarray(table.time_s)[proj]
+                buffer = np.maximum(buffer, np.asarray(table.buffer_bytes)[proj])
+                invalid |= np.asarray([r is not None for r in table.invalid])[proj]
             dimsets.append(
                 DimsetSpec(
-                    dims=tuple(dim_id[d] for d in table.dims),
-                    choices=choices,
-                    time_ps=tuple(round(t * PS_PER_S) for t in table.time_s),
-                    buffer_bytes=tuple(table.buffer_bytes),
-                    factor=tuple(table.factor),
-                    invalid=tuple(r is not None for r in table.invalid),
+                    dims=tuple(dim_id[d] for d in host.dims),
+                    choices=tuple(
+                        tuple(
+                            -1 if ax is None else self.x_index[(d, ax)]
+                            for d, ax in zip(host.dims, asg)
+                        )
+                        for asg in host.assignments
+                    ),
+                    time_ps=tuple(int(round(t * PS_PER_S)) for t in time_s),
+                    buffer_bytes=tuple(int(b) for b in buffer),
+                    invalid=tuple(bool(i) for i in invalid),
                 )
             )
-        rows = tuple(
-            tuple((s, int(v[s])) for s in range(n_tables) if v[s]) for v in self.rows
-        )
-        constants = tuple(int(v[n_tables]) for v in self.rows)
+        n_tables = len(self.tables)
+        rows = []
+        for v in self.rows:
+            row = []
+            for k, h in enumerate(hosts):
+                coefs = np.zeros(len(self.tables[h.table].assignments), dtype=np.int64)
+                for t, proj in h.members:
+                    if v[t]:
+                        coefs += int(v[t]) // np.asarray(self.tables[t].factor)[proj]
+                if coefs.any():
+                    row.append((k, tuple(int(c) for c in coefs)))
+            rows.append(tuple(row))
         labels = [""] * len(self.x_index)
         for (d, a), i in self.x_index.items():
             labels[i] = f"{d}@{self.mesh_shape[a].name}"
+        precedence = []
+        for a, b in self.interchangeable_axes(hosts, dimsets):
+            for k, d in enumerate(self.free_dims):
+                if (d, b) in self.x_index:
+                    earlier = tuple(
+                        self.x_index[(e, a)]
+                        for e in self.free_dims[:k]
+                        if (e, a) in self.x_index
+                    )
+                    precedence.append((self.x_index[(d, b)], earlier))
         return IntegerProgram(
             num_x=len(self.x_index),
             x_labels=tuple(labels),
             dim_x=dim_x,
             conflicts=tuple(sorted(set(conflicts))),
             dimsets=tuple(dimsets),
-            memory_rows=rows,
-            row_constants=constants,
+            memory_rows=tuple(rows),
+            row_constants=tuple(int(v[n_tables]) for v in self.rows),
             capacity_bytes=int(capacity_bytes),
             objective=objective,
+            precedence=tuple(precedence),
         )
+
+    def _hosts(self) -> list[_Host]:
+        """The maximal tables, each with the tables it hosts (itself included)
+        and, per hosted table, the index of the restricted assignment for each
+        of the host's assignments."""
+        dims = [frozenset(t.dims) for t in self.tables]
+        maximal = sorted(
+            (i for i, d in enumerate(dims) if not any(d < e for e in dims)),
+            key=lambda i: (len(dims[i]), self.tables[i].dims),
+        )
+        hosts = {i: _Host(i, []) for i in maximal}
+        for t, d in enumerate(dims):
+            h = next(i for i in maximal if d <= dims[i])
+            host = self.tables[h]
+            pos = [host.dims.index(n) for n in self.tables[t].dims]
+            index = self.tables[t].index
+            proj = np.fromiter(
+                (index[tuple(asg[p] for p in pos)] for asg in host.assignments),
+                dtype=np.int64,
+                count=len(host.assignments),
+            )
+            hosts[h].members.append((t, proj))
+        return [hosts[i] for i in maximal]
+
+    def interchangeable_axes(
+        self, hosts: Sequence[_Host], dimsets: Sequence[DimsetSpec]
+    ) -> list[tuple[int, int]]:
+        """Pairs ``(a, b)``, ``a < b``, of mesh axes of one size and one link
+        whose swap maps every table entry (integer time, buffer, validity) to
+        an equal one, so the program is symmetric under the swap; each axis is
+        paired with the next such axis (a chain a < b < c gives two pairs)."""
+        mesh = self.mesh_shape
+        links = [self.hw.link_for_axis(d.name, mesh) for d in mesh]
+        pairs = []
+        for a in range(len(mesh)):
+            for b in range(a + 1, len(mesh)):
+                if (
+                    mesh[a].size == mesh[b].size > 1
+                    and links[a] == links[b]
+                    and self._symmetric(a, b, hosts, dimsets)
+                ):
+                    pairs.append((a, b))
+                    break
+        return pairs
+
+    def _symmetric(
+        self, a: int, b: int, hosts: Sequence[_Host], dimsets: Sequence[DimsetSpec]
+    ) -> bool:
+        swap = {a: b, b: a}
+        for table, spec in zip((self.tables[h.table] for h in hosts), dimsets):
+            for k, asg in enumerate(table.assignments):
+                other = table.index.get(
+                    tuple(None if x is None else swap.get(x, x) for x in asg)
+                )
+                if (
+                    other is None
+                    or spec.time_ps[k] != spec.time_ps[other]
+                    or spec.buffer_bytes[k] != spec.buffer_bytes[other]
+                    or spec.invalid[k] != spec.invalid[other]
+                ):
+                    return False
+        return True
 
     # -- layouts <-> x values ----------------------------------------------------------------
     def assignment_from_x(self, x: Sequence[bool]) -> dict[str, int | None]:
@@ -374,6 +467,14 @@ class LayoutProblem:
         ] if self.memory.live_sets else []
         items.sort(key=lambda r: (-r[3], r[0]))
         return items[:k]
+
+
+@dataclass(frozen=True)
+class _Host:
+    """A maximal table and the tables it hosts, with their projections."""
+
+    table: int
+    members: list[tuple[int, np.ndarray]]
 
 
 def _slot(table: int, empty: int | None, n_tables: int) -> int:

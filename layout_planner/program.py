@@ -59,17 +59,15 @@ class DimsetSpec:
 
     ``dims`` are indices into :attr:`IntegerProgram.dim_x`.  ``choices[a][p]``
     is the x-variable index dim ``p`` takes in assignment ``a`` (-1: not
-    split).  ``time_ps``, ``buffer_bytes`` and ``factor`` are per assignment:
-    summed unit time, largest collective result buffer, and the product of the
-    mesh-axis sizes used (how many pieces a tensor of these dims is cut into).
-    ``invalid[a]`` marks assignments the lowering rejects.
+    split).  ``time_ps`` and ``buffer_bytes`` are per assignment: summed unit
+    time and the largest collective result buffer.  ``invalid[a]`` marks
+    assignments the lowering rejects.
     """
 
     dims: tuple[int, ...]
     choices: tuple[tuple[int, ...], ...]
     time_ps: tuple[int, ...]
     buffer_bytes: tuple[int, ...]
-    factor: tuple[int, ...]
     invalid: tuple[bool, ...]
 
 
@@ -88,11 +86,13 @@ class IntegerProgram:
     dim_x: tuple[tuple[int, ...], ...]
     conflicts: tuple[tuple[int, int], ...]
     dimsets: tuple[DimsetSpec, ...]
-    memory_rows: tuple[tuple[tuple[int, int], ...], ...]
+    memory_rows: tuple[tuple[tuple[int, tuple[int, ...]], ...], ...]
     row_constants: tuple[int, ...]
     capacity_bytes: int
     objective: Objective
     time_offset_ps: int = 0
+    # x[i] <= sum of x[j]: symmetry breaking between interchangeable mesh axes
+    precedence: tuple[tuple[int, tuple[int, ...]], ...] = ()
 
     @property
     def has_memory(self) -> bool:

@@ -142,7 +142,25 @@ def build_shape_and_indexing_families() -> Built:
     return b
 
 
+def build_conv() -> Built:
+    """2-D convolutions (SAME and strided VALID) and their gradient ops; the
+    output channels are ``hidden`` so that model-split layouts split them."""
+    from mtf_core.ops.conv import conv2d
+
+    b = Built()
+    x = b.placeholder(f"batch:{BATCH},h:5,w:6,cin:2", "x")
+    f1 = mtf.get_variable(b.mesh, "f1", f"fh:3,fw:3,cin:2,hidden:{HIDDEN}")
+    f2 = mtf.get_variable(b.mesh, "f2", f"fh:2,fw:2,hidden:{HIDDEN},cout:3")
+    h = mtf.relu(conv2d(x, f1))
+    y = conv2d(h, f2, strides=(2, 1), padding="VALID")
+    loss = mtf.reduce_sum(mtf.square(y))
+    grads = mtf.gradients([loss], [x, f1, f2])
+    b.outputs = [y, loss, *grads]  # type: ignore[list-item]
+    return b
+
+
 GRAPHS: dict[str, Callable[[], Built]] = {
+    "conv": build_conv,
     "mlp": build_mlp,
     "core_families": build_core_families,
     "shape_and_indexing_families": build_shape_and_indexing_families,

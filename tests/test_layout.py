@@ -172,41 +172,47 @@ def test_a_dim_loses_its_old_axis_before_gaining_a_new_one() -> None:
     ]
 
 
-def _valid_layouts() -> list[tuple[int | None, ...]]:
+def _valid_layouts(n_axes: int) -> list[tuple[int | None, ...]]:
+    """Every layout of a three-dim tensor using each mesh axis at most once."""
     out = []
-    for axes in itertools.product([None, 0, 1], repeat=3):
+    for axes in itertools.product([None, *range(n_axes)], repeat=3):
         used = [m for m in axes if m is not None]
         if len(used) == len(set(used)):
             out.append(axes)
     return out
 
 
-def test_every_layout_change_reaches_its_target_without_double_splits() -> None:
-    """Replays every plan between all 13 layouts of a:8,b:8,c:4 on x:2,y:4."""
-    layouts = _valid_layouts()
+@pytest.mark.parametrize("mesh", ["x:2;y:4", "x:2;y:2;z:2", "x:1;y:4"])
+def test_every_layout_change_reaches_its_target_without_double_splits(
+    mesh: str,
+) -> None:
+    """Replays every plan between all layouts of a:8,b:8,c:4 on the mesh."""
+    ctx = LayoutContext.make(mesh, "")
+
+    def local(layout: tuple[int | None, ...]) -> list[int]:
+        return [
+            d.size if m is None else d.size // ctx.mesh_shape[m].size
+            for d, m in zip(SHAPE, layout)
+        ]
+
+    live = [m for m, d in enumerate(ctx.mesh_shape) if d.size > 1]
+    layouts = _valid_layouts(ctx.ndims)
     for old, new in itertools.product(layouts, layouts):
-        split = {t: m for t, m in enumerate(old) if m is not None}
-        local = _local(old)
+        split = {t: m for t, m in enumerate(old) if m in live}
+        sizes = local(old)
         for step in plan_layout_change(
-            CTX, SHAPE, "float32", mtf.TensorLayout(old), mtf.TensorLayout(new)
+            ctx, SHAPE, "float32", mtf.TensorLayout(old), mtf.TensorLayout(new)
         ):
-            n = CTX.mesh_shape[step.mesh_axis].size
+            n = ctx.mesh_shape[step.mesh_axis].size
             assert step.bytes_per_device == (
-                0 if step.kind == "allsplit" else 4 * math.prod(local)
+                0 if step.kind == "allsplit" else 4 * math.prod(sizes)
             )
             if step.concat_axis is not None:
                 assert split.pop(step.concat_axis) == step.mesh_axis
-                local[step.concat_axis] *= n
+                sizes[step.concat_axis] *= n
             if step.split_axis is not None:
                 assert step.split_axis not in split, (old, new, step)
                 split[step.split_axis] = step.mesh_axis
-                local[step.split_axis] //= n
-        assert split == {t: m for t, m in enumerate(new) if m is not None}
-        assert local == _local(new)
-
-
-def _local(layout: tuple[int | None, ...]) -> list[int]:
-    return [
-        d.size if m is None else d.size // CTX.mesh_shape[m].size
-        for d, m in zip(SHAPE, layout)
-    ]
+                sizes[step.split_axis] //= n
+        assert split == {t: m for t, m in enumerate(new) if m in live}
+        assert sizes == local(new)

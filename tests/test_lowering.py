@@ -21,6 +21,7 @@ from layout_cases import (
 import mtf_core as mtf
 from mtf_core.comm import layout_change_collectives
 from mtf_core.lowering.counters import Counters
+from mtf_core.lowering.placement import LaidOutTensor
 
 pytestmark = pytest.mark.tf
 
@@ -30,8 +31,8 @@ def _mesh() -> tuple[mtf.Graph, mtf.Mesh]:
     return graph, mtf.Mesh(graph, "mesh")
 
 
-def _values(laid: object) -> list[np.ndarray]:
-    return [s.numpy() for s in laid.slices]  # type: ignore[attr-defined]
+def _values(laid: LaidOutTensor) -> list[np.ndarray]:
+    return [s.numpy() for s in laid.slices]
 
 
 @pytest.fixture
@@ -42,7 +43,7 @@ def impl(devices: list[str]) -> mtf.PlacementMeshImpl:
     return impl
 
 
-def _pnums(impl: mtf.PlacementMeshImpl, shape: list[int]) -> object:
+def _pnums(impl: mtf.PlacementMeshImpl, shape: list[int]) -> LaidOutTensor:
     """Each device's slice filled with its pnum."""
     return impl.slicewise(
         lambda p: tf.fill(shape, tf.cast(p, tf.float32)), impl.laid_out_pnum()
@@ -201,9 +202,7 @@ def test_every_layout_change_keeps_values_and_records_its_plan(
     layouts = _layouts_of_three_dims()
     for old, new in itertools.product(layouts, layouts):
         impl.counters = Counters()
-        x = mtf.placement_mesh_impl.LaidOutTensor(
-            [tf.constant(s) for s in laid_as(old)]
-        )
+        x = LaidOutTensor([tf.constant(s) for s in laid_as(old)])
         got = _values(impl.apply_layout_change(x, shape, old, new))
         for a, b in zip(got, laid_as(new)):
             np.testing.assert_array_equal(a, b, err_msg=f"{old} -> {new}")
@@ -337,7 +336,8 @@ def test_a_pending_sum_is_reduced_once_before_a_nonlinear_use(
     assert len(lowering.counters.of_kind("allreduce")) == 1
 
 
-def _mnist_forward() -> tuple[mtf.Graph, mtf.Mesh, mtf.Tensor, mtf.Tensor, mtf.Tensor]:
+def _mnist_forward() -> tuple[mtf.Graph, mtf.Mesh, *tuple[mtf.Tensor, ...]]:
+    """The MNIST network's forward pass: x, labels, logits and the mean loss."""
     graph, mesh = _mesh()
     x = mtf.placeholder(mesh, "batch:8,rows:4,cols:4")
     labels = mtf.placeholder(mesh, "batch:8,classes:4")
@@ -348,7 +348,7 @@ def _mnist_forward() -> tuple[mtf.Graph, mtf.Mesh, mtf.Tensor, mtf.Tensor, mtf.T
     loss = mtf.reduce_mean(
         mtf.layers.softmax_cross_entropy_with_logits(logits, labels, "classes")
     )
-    return graph, mesh, x, labels, logits, loss  # type: ignore[return-value]
+    return graph, mesh, x, labels, logits, loss
 
 
 def _mnist_feeds(x: mtf.Tensor, labels: mtf.Tensor, seed: int = 0) -> dict:

@@ -438,3 +438,47 @@ def test_json_length_and_constant_size_limits() -> None:
 def test_limits_reject_nonsense_bounds() -> None:
     with pytest.raises(SerializationError, match=r"Limits\.max_rank is 0"):
         Limits(max_rank=0)
+
+
+def _conv_doc() -> dict[str, Any]:
+    from serialize_cases import build_conv
+
+    b = build_conv()
+    return mtf.graph_to_dict(b.graph, outputs=b.outputs)
+
+
+def _op_index(doc: dict[str, Any], op_type: str) -> int:
+    return next(i for i, op in enumerate(doc["operations"]) if op["op_type"] == op_type)
+
+
+def test_conv_gradient_with_a_shape_that_does_not_fit_dy_is_refused() -> None:
+    doc = _conv_doc()
+    i = _op_index(doc, "Conv2dBackpropInput")
+    h = doc["operations"][i]["outputs"][0]["shape"][1]
+    assert h["name"] == "h"
+    h["size"] += 2
+    with pytest.raises(
+        SerializationError,
+        match=rf"^operations\[{i}\]\.inputs\[0\]: .* is not the convolution output",
+    ):
+        mtf.graph_from_dict(doc)
+
+
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("strides", [1], r"attrs\.strides: \[1\] is not \[stride_h, stride_w\]"),
+        ("strides", [0, 1], r"attrs\.strides\[0\]: 0 is less than the minimum 1"),
+        (
+            "padding",
+            "FULL",
+            r"attrs\.padding: 'FULL' is not one of \['SAME', 'VALID'\]",
+        ),
+    ],
+)
+def test_conv_geometry_attrs_are_checked(key: str, value: Any, message: str) -> None:
+    doc = _conv_doc()
+    i = _op_index(doc, "Conv2d")
+    doc["operations"][i]["attrs"][key] = value
+    with pytest.raises(SerializationError, match=rf"^operations\[{i}\]\.{message}"):
+        mtf.graph_from_dict(doc)

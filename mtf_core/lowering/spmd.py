@@ -262,7 +262,8 @@ class SimdMeshImpl(MeshImpl):
                     outs.append(inner(tf.constant(p), tokens[p].handle, *args))
             return outs
 
-        results = tf.function(launch, autograph=False)()
+        # A concrete function: tracing a new launcher per call is expected here.
+        results = tf.function(launch, autograph=False).get_concrete_function()()
         return dict(zip(self.local_pnums, results))
 
     # -- slicewise -----------------------------------------------------------

@@ -16,7 +16,12 @@ can ask them ``communication(ctx)``.
 """
 
 # Importing the builder modules registers their builders.
-from mtf_core.serialization import builders, builders_indexing, builders_slicing
+from mtf_core.serialization import (
+    builders,
+    builders_conv,
+    builders_indexing,
+    builders_slicing,
+)
 from mtf_core.serialization.decode import LoadedGraph, graph_from_dict, graph_from_json
 from mtf_core.serialization.encode import graph_to_dict, graph_to_json
 from mtf_core.serialization.registry import (
@@ -47,6 +52,7 @@ __all__ = [
     "OpSpec",
     "TensorSpec",
     "builders",
+    "builders_conv",
     "builders_indexing",
     "builders_slicing",
     "graph_from_dict",

@@ -1,0 +1,95 @@
+"""``/v1/jobs``: plans solved off the request path, with progress and cancel."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, Query
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+
+from api.deps import ServiceDep, WriteAccess
+from api.errors import error_response
+from api.routes import error_responses
+from api.schemas import JobList, JobOut, PlanRequest
+from api.service import JobFinished, PlannerService, QueueFull, job_dict
+from api.store import JobRecord
+
+router = APIRouter(prefix="/v1", tags=["jobs"])
+
+
+def _create(service: PlannerService, body: PlanRequest) -> JobRecord:
+    spec = service.spec(body)
+    record = service.cached(spec)
+    if record is None:
+        service.validate(spec)
+        return service.submit(spec)
+    # Cached: a job that is done already, so that clients poll one way.
+    now = time.time()
+    job = JobRecord(
+        id=f"c{spec.request_hash[:7]}{int(now * 1e6) % 10**8:08d}",
+        request_hash=spec.request_hash,
+        status="done",
+        phase="done (cached)",
+        progress=1.0,
+        created_at=now,
+        updated_at=now,
+        instance=service.settings.instance_name,
+        request=spec.describe(),
+        plan_id=record.id,
+    )
+    service.store.create_job(job)
+    return job
+
+
+@router.post(
+    "/jobs",
+    status_code=202,
+    response_model=JobOut,
+    responses=error_responses(401, 413, 422, 429),
+    summary="Plan a graph in the background",
+)
+async def create_job(body: PlanRequest, service: ServiceDep, _: WriteAccess) -> JSONResponse:
+    """Queues a plan request (the body of POST /v1/plans); poll GET
+    /v1/jobs/{id} for progress and ``plan_id``.  429 when the queue is full."""
+    try:
+        job = await run_in_threadpool(_create, service, body)
+    except QueueFull as e:
+        return error_response(429, str(e), headers={"Retry-After": "5"})
+    return JSONResponse(
+        job_dict(job), status_code=202, headers={"Location": f"/v1/jobs/{job.id}"}
+    )
+
+
+@router.get("/jobs", response_model=JobList, summary="List jobs")
+def list_jobs(service: ServiceDep, limit: int = Query(50, ge=1, le=500)) -> dict[str, object]:
+    return {"jobs": [job_dict(j) for j in service.store.list_jobs(limit)]}
+
+
+@router.get(
+    "/jobs/{job_id}",
+    response_model=JobOut,
+    responses=error_responses(404),
+    summary="A job's status, progress and plan id",
+)
+def get_job(job_id: str, service: ServiceDep) -> JSONResponse:
+    job = service.store.get_job(job_id)
+    if job is None:
+        return error_response(404, f"there is no job {job_id!r}")
+    return JSONResponse(job_dict(job))
+
+
+@router.delete(
+    "/jobs/{job_id}",
+    response_model=JobOut,
+    responses=error_responses(401, 404, 409),
+    summary="Cancel a queued or running job",
+)
+def cancel_job(job_id: str, service: ServiceDep, _: WriteAccess) -> JSONResponse:
+    try:
+        job = service.cancel(job_id)
+    except JobFinished as e:
+        return error_response(409, str(e))
+    if job is None:
+        return error_response(404, f"there is no job {job_id!r}")
+    return JSONResponse(job_dict(job))

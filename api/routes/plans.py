@@ -1,0 +1,97 @@
+"""``/v1/plans``: plan a graph (answered from the store when cached), list, get."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Query, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+
+from api.deps import ServiceDep, WriteAccess
+from api.errors import error_response
+from api.planning import PlanSpec
+from api.routes import error_responses
+from api.schemas import JobOut, PlanList, PlanOut, PlanRequest
+from api.service import PlannerService, QueueFull, job_dict, plan_body, plan_header
+from api.store import PlanRecord
+from api.workers import TaskCancelled, TaskInvalid
+
+router = APIRouter(prefix="/v1", tags=["plans"])
+
+JSON = "application/json"
+
+
+def _lookup(service: PlannerService, body: PlanRequest) -> tuple[PlanSpec, PlanRecord | None]:
+    spec = service.spec(body)
+    return spec, service.cached(spec)
+
+
+@router.post(
+    "/plans",
+    response_model=PlanOut,
+    responses={
+        202: {"model": JobOut, "description": "Still solving: poll the job."},
+        **error_responses(401, 413, 422, 429, 503),
+    },
+    summary="Plan a graph's layout",
+)
+async def create_plan(body: PlanRequest, service: ServiceDep, _: WriteAccess) -> Response:
+    """The plan for a graph on a mesh (or a device count), from the store if
+    this exact request was planned before (``cached: true``), else solved now.
+
+    A solve that takes longer than ``sync_wait_s``, or a graph over
+    ``sync_max_operations`` operations, answers 202 with the job to poll.
+    """
+    spec, record = await run_in_threadpool(_lookup, service, body)
+    if record is not None:
+        return Response(plan_body(record, cached=True), media_type=JSON)
+    await run_in_threadpool(service.validate, spec)
+    try:
+        job = await run_in_threadpool(service.submit, spec)
+    except QueueFull as e:
+        return error_response(429, str(e), headers={"Retry-After": "5"})
+    fut = service.future(job.id)
+    if fut is not None and spec.num_operations <= service.settings.sync_max_operations:
+        waiter = asyncio.wrap_future(fut)
+        waiter.add_done_callback(lambda f: f.cancelled() or f.exception())
+        done, _pending = await asyncio.wait({waiter}, timeout=service.settings.sync_wait_s)
+        if done:
+            try:
+                record = waiter.result()
+            except TaskInvalid as e:
+                return error_response(422, str(e), error="planner_error")
+            except TaskCancelled as e:
+                return error_response(409, str(e), error="cancelled")
+            except Exception as e:  # the solver or the worker failed
+                return error_response(503, str(e), error="solve_failed")
+            return Response(plan_body(record, cached=False), media_type=JSON)
+    latest = await run_in_threadpool(service.store.get_job, job.id)
+    assert latest is not None
+    return JSONResponse(
+        job_dict(latest), status_code=202, headers={"Location": f"/v1/jobs/{job.id}"}
+    )
+
+
+@router.get("/plans", response_model=PlanList, summary="List stored plans")
+def list_plans(
+    service: ServiceDep,
+    limit: int = Query(50, ge=1, le=500),
+    offset: int = Query(0, ge=0, le=10**9),
+) -> dict[str, object]:
+    """Stored plans, newest first (summaries; GET one for the whole plan)."""
+    records, total = service.store.list_plans(limit, offset)
+    return {"plans": [plan_header(r) for r in records], "total": total}
+
+
+@router.get(
+    "/plans/{plan_id}",
+    response_model=PlanOut,
+    responses=error_responses(404),
+    summary="Get one plan",
+)
+def get_plan(plan_id: str, service: ServiceDep) -> Response:
+    record = service.store.get_plan(plan_id)
+    if record is None:
+        return error_response(404, f"there is no plan {plan_id!r}")
+    return Response(plan_body(record, cached=True), media_type=JSON)

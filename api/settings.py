@@ -1,0 +1,89 @@
+"""Service settings, read from ``MTF_PLANNER_*`` environment variables.
+
+>>> Settings(workers=1).queue_size
+16
+
+FastAPI reads them through :func:`get_settings`, which tests and
+:func:`api.main.create_app` override (``app.dependency_overrides``).
+"""
+
+from __future__ import annotations
+
+import functools
+import socket
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from mtf_core.serialization import Limits
+
+
+class Settings(BaseSettings):
+    """Everything the service can be told; the defaults suit a 2-core host."""
+
+    model_config = SettingsConfigDict(env_prefix="MTF_PLANNER_", extra="ignore")
+
+    #: where the SQLite file lives (ignored with a PostgreSQL ``database_url``)
+    data_dir: Path = Path("mtf-planner-data")
+    #: ``postgresql://user@host/db`` for PostgreSQL; empty: SQLite in data_dir
+    database_url: str = ""
+    #: comma-separated bearer tokens; empty: write endpoints are open
+    api_tokens: str = ""
+
+    # -- limits on what one request may ask for --------------------------------------
+    max_body_bytes: int = Field(8 * 2**20, ge=1024)
+    max_graph_operations: int = Field(20_000, ge=1)
+    max_distinct_dims: int = Field(512, ge=1)
+    max_rank: int = Field(16, ge=1)
+    max_dim_size: int = Field(2**40, ge=1)
+    max_constant_elements: int = Field(100_000, ge=1)
+    max_num_devices: int = Field(65_536, ge=1)
+    max_mesh_axes: int = Field(4, ge=1)
+    max_top_k: int = Field(20, ge=1)
+    max_time_limit_s: float = Field(120.0, gt=0)
+
+    # -- solving -------------------------------------------------------------------------
+    #: worker processes that run solves (each a spawned interpreter, no TF)
+    workers: int = Field(2, ge=1, le=64)
+    #: CP-SAT threads per solve
+    solver_threads: int = Field(1, ge=1, le=64)
+    #: jobs waiting for a worker before new ones get 429
+    queue_size: int = Field(16, ge=1)
+    #: how long POST /v1/plans waits for a new solve before answering 202
+    sync_wait_s: float = Field(30.0, ge=0)
+    #: graphs with more operations always go through a job (202)
+    sync_max_operations: int = Field(5_000, ge=1)
+
+    # -- replicas ------------------------------------------------------------------------
+    #: this replica's name: on startup its unfinished jobs are marked failed
+    instance_name: str = Field(default_factory=socket.gethostname)
+    #: other replicas' running jobs with no heartbeat for this long are failed
+    stale_job_s: float = Field(300.0, gt=0)
+    heartbeat_s: float = Field(10.0, gt=0)
+
+    @property
+    def tokens(self) -> tuple[str, ...]:
+        return tuple(t.strip() for t in self.api_tokens.split(",") if t.strip())
+
+    @property
+    def graph_limits(self) -> Limits:
+        """What :func:`mtf_core.graph_from_dict` enforces on client graphs."""
+        return Limits(
+            max_operations=self.max_graph_operations,
+            max_rank=self.max_rank,
+            max_distinct_dims=self.max_distinct_dims,
+            max_dim_size=self.max_dim_size,
+            max_constant_elements=self.max_constant_elements,
+            max_json_bytes=self.max_body_bytes,
+        )
+
+    @property
+    def sqlite_path(self) -> Path:
+        return self.data_dir / "planner.sqlite3"
+
+
+@functools.lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The settings from the environment (read once)."""
+    return Settings()

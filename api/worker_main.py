@@ -1,0 +1,105 @@
+"""What runs inside a solve worker process (started by :mod:`api.workers`).
+
+The worker is a *spawned* interpreter: it imports the planner and OR-tools,
+never TensorFlow, and never shares memory with the web server.  It reads
+``(task_id, task)`` messages from its pipe and answers each with progress
+messages and one result or error, until the pipe closes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+Report = Callable[[str, float], None]
+
+
+def solve_task(task: dict[str, Any], report: Report) -> dict[str, Any]:
+    """Plans one task (``PlanSpec.task()``); returns the plan as JSON-able data."""
+    from cost_models.hardware import HardwareProfile
+    from layout_planner.planner import auto_layout
+    from mtf_core.serialization import graph_from_json
+    from mtf_core.serialization.schema import json_safe
+
+    t0 = time.perf_counter()
+    report("loading graph", 0.1)
+    loaded = graph_from_json(task["graph_json"])
+    report("solving", 0.2)
+    mesh = task["mesh_shape"] if task["mesh_shape"] is not None else task["num_devices"]
+    plan = auto_layout(
+        loaded.graph,
+        mesh,
+        outputs=loaded.outputs,
+        hardware=HardwareProfile.from_dict(task["hardware"]),
+        objective=task["objective"],
+        memory_limit=task["memory_limit_bytes"],
+        top_k=task["top_k"],
+        time_limit_s=task["time_limit_s"],
+        num_workers=task["num_workers"],
+        max_mesh_dims=task["max_mesh_dims"],
+    )
+    report("storing plan", 0.95)
+    return {
+        "plan": json_safe(plan.to_dict(), "plan"),
+        "solve_time_s": time.perf_counter() - t0,
+    }
+
+
+def worker_main(conn: Connection) -> None:
+    """The worker process's loop."""
+    _die_with_parent()
+    os.environ["MTF_PLANNER_SOLVER"] = "inprocess"
+    # Import the planner and OR-tools up front, so the first solve is not slow.
+    import layout_planner.cpsat  # noqa: F401
+    import layout_planner.planner  # noqa: F401
+
+    if "tensorflow" in sys.modules:  # pragma: no cover - a packaging bug
+        conn.send(("fatal", None, "tensorflow was imported in a solve worker"))
+        return
+    conn.send(("ready", None, os.getpid()))
+    while True:
+        try:
+            task_id, task = conn.recv()
+        except (EOFError, OSError):
+            return
+
+        def report(phase: str, fraction: float, task_id: str = task_id) -> None:
+            conn.send(("progress", task_id, (phase, fraction)))
+
+        try:
+            reply = ("result", task_id, solve_task(task, report))
+        except ValueError as e:  # bad input found while planning (PlannerError ...)
+            reply = ("invalid", task_id, f"{type(e).__name__}: {e}")
+        except Exception:  # solver crash or planner bug: the traceback helps
+            reply = ("failed", task_id, traceback.format_exc(limit=8))
+        try:
+            conn.send(reply)
+        except (BrokenPipeError, OSError):
+            return
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this worker when the server dies (even by ``kill -9``);
+    elsewhere a thread watches the parent's pid."""
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        pass
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
