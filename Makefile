@@ -23,6 +23,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 
 test: lint
 	TF_CPP_MIN_LOG_LEVEL=2 $(VENV)/bin/pytest -n 2 --dist loadfile -q

@@ -116,7 +116,8 @@ class LayoutRules:
         m = self.mesh_dimension_name(name)
         if m is None or m not in mesh_shape.dimension_names:
             return None
-        return mesh_shape.dimension_names.index(m)
+        index: int = mesh_shape.dimension_names.index(m)
+        return index
 
     def tensor_layout(self, tensor_shape: Any, mesh_shape: Any) -> TensorLayout:
         """The layout of a tensor of ``tensor_shape`` on ``mesh_shape``.

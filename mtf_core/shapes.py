@@ -88,6 +88,17 @@ def convert_to_dimension(d: Any) -> Dimension | None:
     )
 
 
+def dimension_name(d: Any) -> str:
+    """The name of a dimension given as a Dimension, ``"name"``, ``"name:size"``
+    or ``(name, size)``."""
+    if isinstance(d, str) and ":" not in d:
+        return d.strip()
+    dim = convert_to_dimension(d)
+    if dim is None:
+        raise ShapeError("expected a dimension or a dimension name, got None")
+    return dim.name
+
+
 @dataclass(frozen=True, init=False)
 class Shape:
     """An ordered tuple of named dimensions with distinct names."""
@@ -144,9 +155,7 @@ class Shape:
         """Removes the dims of ``other`` (names or dims) from this shape."""
         if isinstance(other, Dimension):
             other = [other]
-        names = {
-            d if isinstance(d, str) else convert_to_dimension(d).name for d in other
-        }  # type: ignore[union-attr]
+        names = {dimension_name(d) for d in other}
         return Shape([d for d in self.dims if d.name not in names])
 
     def __str__(self) -> str:

@@ -16,7 +16,7 @@ from mtf_core.graph import Operation, Tensor
 from mtf_core.lowering.lazy import LazyAllreduceSum
 from mtf_core.ops import elementwise as ew
 from mtf_core.ops._local import align
-from mtf_core.shapes import Dimension, Shape, convert_to_dimension, convert_to_shape
+from mtf_core.shapes import Dimension, Shape, convert_to_shape, dimension_name
 
 _TF_REDUCE = {
     "SUM": "reduce_sum",
@@ -138,9 +138,7 @@ def _output_shape(x: Tensor, output_shape: Any, reduced_dim: Any) -> Shape:
     )
     names = set()
     for d in dims:
-        name = (
-            d if isinstance(d, str) and ":" not in d else convert_to_dimension(d).name
-        )  # type: ignore[union-attr]
+        name = dimension_name(d)
         if name not in x.shape.dimension_names:
             raise ShapeError(f"reduce: {x.name} [{x.shape}] has no dimension {name!r}")
         names.add(name)
