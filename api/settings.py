@@ -32,12 +32,12 @@ class Settings(BaseSettings):
     api_tokens: str = ""
 
     # -- limits on what one request may ask for --------------------------------------
-    max_body_bytes: int = Field(8 * 2**20, ge=1024)
+    max_body_bytes: int = Field(16 * 2**20, ge=1024)
     max_graph_operations: int = Field(20_000, ge=1)
     max_distinct_dims: int = Field(512, ge=1)
     max_rank: int = Field(16, ge=1)
     max_dim_size: int = Field(2**40, ge=1)
-    max_constant_elements: int = Field(100_000, ge=1)
+    max_constant_elements: int = Field(1_000_000, ge=1)
     max_num_devices: int = Field(65_536, ge=1)
     max_mesh_axes: int = Field(4, ge=1)
     max_top_k: int = Field(20, ge=1)

@@ -29,6 +29,9 @@ log = logging.getLogger(__name__)
 
 Progress = Callable[[str, float], None]
 
+#: How long a new worker may take to import the planner and OR-tools.
+_START_TIMEOUT_S = 120.0
+
 
 class QueueFull(Exception):
     """The queue holds ``queue_size`` tasks already."""
@@ -67,6 +70,7 @@ class _Slot:
         self.proc: Any = None
         self.conn: Any = None
         self.task: _Task | None = None
+        self.ready = False
         self.thread = threading.Thread(
             target=self._run, name=f"solve-worker-{index}", daemon=True
         )
@@ -75,7 +79,8 @@ class _Slot:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.is_alive()
 
-    def _spawn(self) -> None:
+    def _spawn(self) -> bool:
+        """Starts the worker process and waits for it to say it is ready."""
         ctx = multiprocessing.get_context("spawn")
         parent, child = ctx.Pipe()
         proc = ctx.Process(
@@ -84,6 +89,22 @@ class _Slot:
         proc.start()
         child.close()
         self.proc, self.conn = proc, parent
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        try:
+            while time.monotonic() < deadline and not self.pool.closed:
+                if parent.poll(0.25):
+                    kind, _, body = parent.recv()
+                    if kind == "ready":
+                        self.ready = True
+                        return True
+                    raise EOFError(body)
+                if not proc.is_alive():
+                    raise EOFError(f"exit code {proc.exitcode}")
+        except (EOFError, OSError) as e:
+            log.error("solve worker %d did not start: %s", self.index, e)
+        self.kill()
+        self.proc = None
+        return False
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.is_alive():
@@ -92,7 +113,10 @@ class _Slot:
     def _run(self) -> None:
         while not self.pool.closed:
             if not self.alive:
-                self._spawn()
+                self.ready = False
+                if not self._spawn():
+                    time.sleep(1.0)  # do not spin on a worker that cannot start
+                    continue
             task = self.pool._next_task(self)
             if task is None:
                 continue
@@ -114,7 +138,7 @@ class _Slot:
                         raise EOFError
                     continue
                 kind, task_id, body = self.conn.recv()
-                if kind == "ready" or task_id != task.id:
+                if task_id != task.id:
                     continue
                 if kind == "progress":
                     if task.on_progress is not None:
@@ -209,7 +233,8 @@ class WorkerPool:
 
     @property
     def alive(self) -> int:
-        return sum(slot.alive for slot in self._slots)
+        """Worker processes started and ready for tasks."""
+        return sum(slot.alive and slot.ready for slot in self._slots)
 
     def wait_ready(self, timeout_s: float = 60.0) -> bool:
         """Waits until every worker process has started (tests, startup)."""

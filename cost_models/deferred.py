@@ -25,12 +25,15 @@ from typing import NamedTuple
 
 from mtf_core.comm import CollectiveSpec, LayoutContext
 from mtf_core.graph import Operation, Tensor
+from mtf_core.ops.conv import Conv2d, Conv2dBackpropFilter, Conv2dBackpropInput
 from mtf_core.ops.einsum import Einsum
 from mtf_core.ops.elementwise import AddN, BinaryOp, Identity
 from mtf_core.ops.indexing import Gather
 from mtf_core.ops.reduce import Reduce
 from mtf_core.ops.reshape import gather_collectives
 from mtf_core.ops.slicing import _WholeDimOp
+
+_DEFERRING = (Gather, Conv2d, Conv2dBackpropInput, Conv2dBackpropFilter)
 
 
 class _Pending:
@@ -142,13 +145,23 @@ class DeferredAllreduces:
 
 
 def may_defer(op: Operation) -> bool:
-    """Whether ``op`` leaves an allreduce pending under some layout."""
+    """Whether ``op`` leaves an allreduce pending under some layout.
+
+    An op family can say so itself with a ``may_defer_allreduce`` attribute (a
+    bool, or a method taking no arguments); else the known families answer.
+    Saying yes too often only makes cost units bigger; saying no wrongly makes
+    :func:`cost_models.unit_cost` raise.
+    """
+    declared = getattr(op, "may_defer_allreduce", None)
+    if declared is not None:
+        return bool(declared() if callable(declared) else declared)
     if isinstance(op, Einsum):
         return bool(op.reduced_dims)
     if isinstance(op, Reduce):
         return op.reduction == "SUM" and bool(op.reduced_dims)
-    # A lookup along a split dim sums the devices' partial lookups.
-    return isinstance(op, Gather)
+    # A lookup along a split dim sums the devices' partial lookups; a conv with
+    # split summed channels (or batch, for the filter gradient) sums partials.
+    return isinstance(op, _DEFERRING)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import asdict
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -60,6 +61,7 @@ def auto_layout(
     seed: int = 0,
     verify: bool = True,
     max_mesh_dims: int = 2,
+    server: Any = None,
 ) -> LayoutPlan:
     """The best layout rules for ``graph`` on ``mesh_shape``.
 
@@ -80,6 +82,9 @@ def auto_layout(
       seed: CP-SAT's random seed.
       verify: price the plan again with ``cost_models.evaluate`` and raise
         :class:`PlanVerificationError` if the two disagree.
+      server: a planner service URL (or ``layout_planner.remote.PlannerClient``):
+        plan there instead (``num_workers``, ``seed`` and ``verify`` are the
+        server's); the plan is the same.
 
     Ties between layouts of equal objective go to the lexicographically
     smallest choice vector: dims in name order, each "not split" < first mesh
@@ -88,6 +93,11 @@ def auto_layout(
     >>> # plan = mtf.auto_layout(graph, "batch:4;model:2", hardware="h100-nvlink-ib")
     >>> # print(plan.layout_rules); print(plan.explain())
     """
+    if server is not None:
+        from layout_planner.remote import plan_remote
+
+        args = (graph, mesh_shape, outputs, hardware, objective, memory_limit)
+        return plan_remote(server, *args, top_k, time_limit_s, max_mesh_dims)
     params = solve_params(top_k, time_limit_s, num_workers, seed)
     hw = hardware_with_limit(hardware, memory_limit)
     obj = Objective.parse(objective)
@@ -259,7 +269,7 @@ def plan_problem(
         solved_in=where,
         top_k_complete=result.top_k_complete,
         verified=evaluation is not None,
-        problem=vars(problem.stats),
+        problem=asdict(problem.stats),
     )
     plan = LayoutPlan(
         mesh_shape=problem.mesh_shape,

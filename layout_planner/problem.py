@@ -399,8 +399,10 @@ class LayoutProblem:
         return out
 
     def assignment_from_rules(self, rules: LayoutRules) -> dict[str, int | None]:
-        """``{free dim: axis or None}`` for ``rules`` (rules naming dims the graph
-        lacks, or axes the mesh lacks, split nothing and are ignored)."""
+        """``{dim: axis or None}`` for ``rules``: every free dim, plus any other
+        dim of the graph a rule splits (:meth:`table_cost` says why that is
+        invalid).  Rules naming dims the graph lacks, or axes the mesh lacks,
+        split nothing and are ignored."""
         names = self.mesh_shape.dimension_names
         out: dict[str, int | None] = {d: None for d in self.free_dims}
         for d, m in rules:
@@ -411,11 +413,13 @@ class LayoutProblem:
     def table_cost(self, assignment: Mapping[str, int | None]) -> TableCost:
         """Prices a full layout from the tables (exact up to float summation
         order; ``invalid`` says why the lowering would reject it)."""
+        for d, a in assignment.items():
+            if a is not None and a not in self.allowed.get(d, ()):
+                why = self.dim_graph.why_whole(d, self.mesh_shape) or (
+                    f"mesh axis {self.mesh_shape[a].name} does not divide it"
+                )
+                return _invalid(f"{d!r} cannot be split over {self.mesh_shape[a].name!r}: {why}")
         full = {d: assignment.get(d) for d in self.free_dims}
-        for d, a in full.items():
-            if a is not None and a not in self.allowed[d]:
-                return _invalid(f"{d!r} cannot be split over mesh axis "
-                                f"{self.mesh_shape[a].name!r}")
         for a, b in self.dim_graph.tensor_conflicts():
             if full.get(a) is not None and full.get(a) == full.get(b):
                 return _invalid(

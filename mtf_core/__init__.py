@@ -185,3 +185,8 @@ _LAZY.update(
         "auto_mtf": ("layout_planner.auto_mtf", None),
     }
 )
+
+# Models, optimizers and layout presets (issue 3).
+from mtf_core import models, optimize, presets  # noqa: E402
+from mtf_core.errors import ConfigError  # noqa: E402
+from mtf_core.ops.conv import conv2d  # noqa: E402

@@ -27,6 +27,7 @@ from mtf_core.ops import elementwise as ew
 from mtf_core.ops import reduce as red
 from mtf_core.ops.creation import constant
 from mtf_core.ops.einsum import einsum
+from mtf_core.ops.indexing import gather
 from mtf_core.ops.variables import get_variable
 from mtf_core.shapes import Dimension, Shape, convert_to_dimension, convert_to_shape
 
@@ -220,16 +221,14 @@ def embedding(
 ) -> Tensor:
     """Looks ``ids`` up in a learned ``[vocab, output_dim]`` table.
 
-    Implemented as ``einsum(one_hot(ids), table)`` as in Mesh TensorFlow: when
-    ``vocab`` is split, each device looks up its part of the vocabulary and one
-    allreduce over the vocab axis combines them.
+    A gather: when ``vocab`` is split, each device looks up the ids in its part
+    of the table and one allreduce over the vocab axis combines them.
     """
     v = convert_to_dimension(vocab_dim)
     assert v is not None
     if weights is None:
         weights = embedding_weights(ids.mesh, v, output_dim, name, dtype)
-    hot = _one_hot_by_compare(ids, v, 1.0, 0.0, weights.dtype)
-    return einsum([hot, weights], output_shape=ids.shape + (weights.shape - [v]))
+    return gather(weights, ids, v)
 
 
 def dropout(x: Tensor, rate: float, noise_shape: Any = None) -> Tensor:

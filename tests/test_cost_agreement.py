@@ -53,8 +53,8 @@ def test_predicted_collectives_equal_lowered_ones_for_core_op_families(
         assert_agrees(case, mesh_shape, rules, devices)
 
 
-@pytest.mark.parametrize("family", ["slicing", "indexing", "random"])
-def test_predicted_collectives_equal_lowered_ones_for_slicing_indexing_random(
+@pytest.mark.parametrize("family", ["slicing", "indexing", "random", "conv"])
+def test_predicted_collectives_equal_lowered_ones_for_newer_op_families(
     family: str, devices: list[str]
 ) -> None:
     case = BUILDERS[family]()

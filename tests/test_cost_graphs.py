@@ -28,15 +28,10 @@ class Case:
 
     @property
     def dim_names(self) -> list[str]:
-        return sorted(
-            {d.name for t in self.graph.tensors for d in t.shape}
-            | {
-                d.name
-                for op in self.graph.operations
-                for t in op.inputs
-                for d in t.shape
-            }
-        )
+        """The dims some layout may split (none that an op needs whole)."""
+        ops = self.graph.operations
+        whole = {n for op in ops for n in op.unsplittable_dims()}
+        return sorted({n for op in ops for n in op.all_dim_names} - whole)
 
 
 def _const(
@@ -228,6 +223,26 @@ def random_family() -> Case:
     return Case(g, m, [s], layouts)
 
 
+def conv_family() -> Case:
+    """conv2d and its two gradient ops, with batch and channels split."""
+    from mtf_core.ops.conv import conv2d
+
+    g, m = _new()
+    x = _const(m, "b:4,h:4,w:4,cin:4", 1)
+    f = mtf.get_variable(m, "f", "fh:3,fw:3,cin:4,cout:4")
+    y = conv2d(x, f)
+    loss = mtf.reduce_sum(mtf.square(y))
+    dx, df = mtf.gradients([loss], [x, f])
+    layouts = [
+        ("x:2", "b:x"),
+        ("x:2", "cin:x"),
+        ("x:4", "cout:x"),
+        ("x:2;y:2", "b:x;cin:y"),
+        ("x:2;y:4", "cout:y;b:x"),
+    ]
+    return Case(g, m, [loss, dx, df], layouts)
+
+
 def mlp_training(optimizer: str = "sgd") -> Case:
     """A two-layer MLP's training step: forward, gradients, optimizer updates."""
     g, m = _new()
@@ -266,6 +281,7 @@ BUILDERS: dict[str, Callable[[], Case]] = {
     "slicing": slicing_family,
     "indexing": indexing_family,
     "random": random_family,
+    "conv": conv_family,
     "mlp_sgd": mlp_training,
     "mlp_adam": lambda: mlp_training("adam"),
 }

@@ -184,3 +184,21 @@ def test_cost_unit_is_a_hashable_value() -> None:
     units = cost_units(case.graph, case.outputs)
     assert len(set(units)) == len(units)
     assert all(isinstance(u, CostUnit) and u.signature is not None for u in units)
+
+
+class _DeclaredDeferring(_SecretlyDeferring):
+    op_type = "DeclaredDeferring"
+    may_defer_allreduce = True
+
+
+def test_an_op_declaring_that_it_defers_gets_a_deferred_unit() -> None:
+    g = mtf.Graph()
+    m = mtf.Mesh(g, "m")
+    y = _DeclaredDeferring(mtf.zeros(m, "a:4")).outputs[0]
+    mtf.exp(y)
+    units = cost_units(g)
+    (deferred,) = [u for u in units if u.kind == DEFERRED]
+    assert [op.op_type for op in deferred.ops] == ["DeclaredDeferring", "Unary"]
+    ctx = LayoutContext.make("x:2", "")
+    assert [c.bytes_per_device for c in unit_cost(deferred, ctx, HW).collectives] == [4]
+    assert [c.kind for c in evaluate(g, "x:2", "", HW).collectives] == ["allreduce"]

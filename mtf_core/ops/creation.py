@@ -125,6 +125,8 @@ class Constant(Operation):
         if self.value.ndim == 0:
             local = impl.slice_shape(out.shape)
             v = self.value.item()
+            if out.dtype == "bool":
+                v = bool(v)  # TF will not make a bool from the integer 1
             if local:
                 laid = impl.slicewise(lambda: tf.fill(local, tf.constant(v, out.dtype)))
             else:  # a scalar: one Const per device, not Const + shape + Fill

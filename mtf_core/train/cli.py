@@ -45,7 +45,12 @@ def _train_parser(p: argparse.ArgumentParser) -> None:
     m.add_argument("--d_ff", type=int, default=256)
     m.add_argument("--length", type=int, default=64)
     m.add_argument("--batch", type=int, default=16)
-    m.add_argument("--vocab", type=int, default=96, help="vocabulary size: pad, unknown and the most frequent characters")
+    m.add_argument(
+        "--vocab",
+        type=int,
+        default=96,
+        help="vocabulary size: pad, unknown and the most frequent characters",
+    )
     m.add_argument("--dropout", type=float, default=0.0)
     m.add_argument("--config", help="JSON file with TransformerConfig fields")
     lay = p.add_argument_group("layout")
@@ -152,6 +157,9 @@ def choose_layout(args: argparse.Namespace, model: Any, n: int) -> LayoutChoice:
 def train(args: argparse.Namespace) -> dict[str, Any]:
     """Runs training; returns a summary (final loss, entropy, checkpoint)."""
     n = device_count(args)
+    auto = args.layout.strip().lower() == "auto"
+    # Checked before any slow work, so a typo fails at once.
+    layout = None if auto else resolve_layout(args.layout, n, args.mesh)
     from mtf_core.lowering.devices import logical_cpu_devices
 
     devices = logical_cpu_devices(n)  # before any other TensorFlow work
@@ -176,7 +184,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     data = TextDataset(ids, cfg.batch, cfg.length, seed=args.seed)
     entropy = unigram_entropy(data.train_ids)
     model = build_lm(cfg, make_optimizer(args.optimizer, args.learning_rate))
-    layout = choose_layout(args, model, n)
+    if layout is None:
+        layout = choose_layout(args, model, n)
     print(
         f"model: {cfg.num_layers} layers, d_model {cfg.d_model}, vocab {cfg.vocab}, "
         f"{model.num_parameters:,} parameters; {layout}; corpus {len(ids):,} "

@@ -1,0 +1,64 @@
+"""The app: wiring only (settings, store, workers, middleware, routers).
+
+>>> from api.settings import Settings
+>>> app = create_app(Settings(data_dir="/tmp/mtf-planner-doctest"))
+>>> sorted(r.path for r in app.routes if r.path.startswith("/v1/plans"))
+['/v1/plans', '/v1/plans', '/v1/plans/{plan_id}']
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
+
+from api.errors import BodySizeLimit, install_error_handlers
+from api.metrics import Metrics, MetricsMiddleware
+from api.routes import dashboard, evaluate, hardware, health, jobs, plans
+from api.service import PlannerService
+from api.settings import Settings, get_settings
+from api.store import open_store
+
+STATIC_DIR = Path(__file__).parent / "static"
+
+
+def _settings(app: FastAPI) -> Settings:
+    # Honour dependency_overrides, as the routes' Depends(get_settings) does.
+    return app.dependency_overrides.get(get_settings, get_settings)()
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    settings = _settings(app)
+    service = PlannerService(settings, open_store(settings), app.state.metrics)
+    service.start()
+    app.state.service = service
+    try:
+        yield
+    finally:
+        service.stop()
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """The planner service.  ``settings`` overrides :func:`get_settings`."""
+    app = FastAPI(
+        title="mtf-planner",
+        version="0.1.0",
+        summary="Layouts for named-dimension models on device meshes, planned "
+        "by CP-SAT and priced by the cost model.",
+        lifespan=lifespan,
+    )
+    if settings is not None:
+        app.dependency_overrides[get_settings] = lambda: settings
+    app.state.metrics = Metrics()
+    install_error_handlers(app)
+    for module in (plans, jobs, evaluate, hardware, health, dashboard):
+        app.include_router(module.router)
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    # Outermost first: metrics see every answer, 413 included.
+    app.add_middleware(BodySizeLimit, max_bytes=_settings(app).max_body_bytes)
+    app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
+    return app

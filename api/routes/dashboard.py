@@ -1,0 +1,179 @@
+"""The dashboard: HTML pages over the same store (not part of the JSON API).
+
+``/``: stored plans and recent jobs.  ``/plans/{id}``: the chosen rules, a
+Chart.js chart of the candidates' and baselines' step time (compute and
+communication per mesh axis, stacked) and memory per device against
+capacity, the per-dimension table from ``explain``, the dimension graph, and
+a form that plans the same graph on another mesh shape or hardware.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs
+
+from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.templating import Jinja2Templates
+from pydantic import ValidationError
+
+from api.deps import ServiceDep, token_ok
+from api.dimgraph_svg import axis_colours, dimension_graph_svg
+from api.schemas import PlanRequest
+from api.service import PlannerService, QueueFull, iso, job_dict, plan_header
+from api.store import PlanRecord
+from cost_models.hardware import PRESETS
+from layout_planner.plan import fmt_bytes, fmt_s
+from mtf_core.errors import MtfError
+
+router = APIRouter(include_in_schema=False)
+templates = Jinja2Templates(directory=Path(__file__).parent.parent / "templates")
+templates.env.globals.update(
+    fmt_s=fmt_s, fmt_bytes=fmt_bytes, static=lambda name: f"/static/{name}"
+)
+
+#: Longest label under a chart bar.
+_LABEL_CHARS = 28
+
+
+@router.get("/", response_class=HTMLResponse)
+def index(request: Request, service: ServiceDep) -> Response:
+    records, total = service.store.list_plans(200)
+    jobs = [job_dict(j) for j in service.store.list_jobs(20)]
+    return templates.TemplateResponse(
+        request,
+        "index.html",
+        {"plans": [plan_header(r) for r in records], "total": total, "jobs": jobs},
+    )
+
+
+def chart_data(plan: dict[str, Any], colours: dict[str, str]) -> dict[str, Any]:
+    """What dashboard.js draws: one bar per candidate, then per baseline."""
+    rows: list[tuple[str, dict[str, Any]]] = []
+    for c in plan["candidates"]:
+        rules = c["layout_rules"] or "(nothing split)"
+        tag = "chosen" if c["rank"] == 1 else f"#{c['rank']}"
+        rows.append((f"{tag}: {rules}"[:_LABEL_CHARS], c["cost"]))
+    for b in plan["baselines"]:
+        if b["cost"] is not None:
+            rows.append((f"baseline {b['name']}"[:_LABEL_CHARS], b["cost"]))
+    if not rows:  # no solution: the cost of the layout the plan holds
+        rows.append(("plan", plan["cost"]))
+    axes = sorted({a for _, cost in rows for a in cost["comm_s_by_axis"]})
+    return {
+        "labels": [label for label, _ in rows],
+        "chosen": 0,
+        "compute": [cost["compute_s"] for _, cost in rows],
+        "comm": {a: [cost["comm_s_by_axis"].get(a, 0.0) for _, cost in rows] for a in axes},
+        "peak": [cost["peak_memory_bytes"] for _, cost in rows],
+        "capacity": plan["cost"]["memory_capacity_bytes"],
+        "colours": colours,
+    }
+
+
+def _script_json(value: Any) -> str:
+    # Inside <script>, "</" would end the element: escape "<" (valid JSON still).
+    return json.dumps(value).replace("<", "\\u003c")
+
+
+def _plan_page(
+    request: Request, service: PlannerService, record: PlanRecord, form_error: str = "", status: int = 200
+) -> Response:
+    plan = record.plan
+    mesh_axes = [part.split(":")[0] for part in plan["mesh_shape"].split(",") if part]
+    colours = axis_colours(mesh_axes)
+    svg = dimension_graph_svg(plan.get("dimension_graph", {}), plan["rules"], mesh_axes)
+    return templates.TemplateResponse(
+        request,
+        "plan.html",
+        {
+            "rec": record,
+            "plan": plan,
+            "created": iso(record.created_at)[:19].replace("T", " "),
+            "colours": colours,
+            "mesh_axes": mesh_axes,
+            "svg": svg,
+            "chart_json": _script_json(chart_data(plan, colours)),
+            "presets": sorted(PRESETS),
+            "needs_token": bool(service.settings.tokens),
+            "form_error": form_error,
+        },
+        status_code=status,
+    )
+
+
+@router.get("/plans/{plan_id}", response_class=HTMLResponse)
+def plan_page(plan_id: str, request: Request, service: ServiceDep) -> Response:
+    record = service.store.get_plan(plan_id)
+    if record is None:
+        return HTMLResponse(f"<h1>No plan {plan_id!r}</h1>", status_code=404)
+    return _plan_page(request, service, record)
+
+
+def _try_request(record: PlanRecord, graph_json: str, form: dict[str, str]) -> PlanRequest:
+    plan = record.plan
+    hardware: Any = form.get("hardware") or plan["hardware"]["name"]
+    if hardware == "__this_plan__":
+        hardware = plan["hardware"]
+    devices = form.get("num_devices", "").strip() or None
+    mesh = form.get("mesh_shape", "").strip() or None
+    return PlanRequest(
+        graph=json.loads(graph_json),
+        mesh_shape=None if devices else mesh,
+        num_devices=devices,  # type: ignore[arg-type]  # pydantic parses "8"
+        hardware=hardware,
+        objective=form.get("objective", plan["objective"]),  # type: ignore[arg-type]
+        top_k=max(1, len(plan["candidates"])),
+        time_limit_s=float(plan["solver"]["time_limit_s"]),
+    )
+
+
+@router.post("/plans/{plan_id}/try")
+async def try_other(plan_id: str, request: Request, service: ServiceDep) -> Response:
+    """Plans the same graph with the form's mesh shape, hardware, objective."""
+    record = await run_in_threadpool(service.store.get_plan, plan_id)
+    if record is None:
+        return HTMLResponse(f"<h1>No plan {plan_id!r}</h1>", status_code=404)
+    raw = parse_qs((await request.body()).decode(errors="replace"))
+    form = {k: v[0] for k, v in raw.items() if v}
+    if not token_ok(service.settings, form.get("token")):
+        return await run_in_threadpool(
+            _plan_page, request, service, record, "a valid API token is needed to plan", 401
+        )
+    graph_json = await run_in_threadpool(service.store.get_graph, record.graph_hash)
+    if graph_json is None:
+        return await run_in_threadpool(
+            _plan_page, request, service, record, "this plan's graph is not stored", 404
+        )
+    try:
+        spec = await run_in_threadpool(
+            lambda: service.spec(_try_request(record, graph_json, form))
+        )
+        cached = await run_in_threadpool(service.cached, spec)
+        if cached is not None:
+            return RedirectResponse(f"/plans/{cached.id}", status_code=303)
+        job = await run_in_threadpool(service.submit, spec)
+    except (ValidationError, MtfError, ValueError, QueueFull) as e:
+        if isinstance(e, ValidationError):
+            err = e.errors()[0]
+            message = f"{'.'.join(map(str, err['loc']))}: {err['msg']}"
+        else:
+            message = str(e)
+        return await run_in_threadpool(_plan_page, request, service, record, message, 422)
+    return RedirectResponse(f"/jobs/{job.id}", status_code=303)
+
+
+@router.get("/jobs/{job_id}", response_class=HTMLResponse)
+def job_page(job_id: str, request: Request, service: ServiceDep) -> Response:
+    job = service.store.get_job(job_id)
+    if job is None:
+        return HTMLResponse(f"<h1>No job {job_id!r}</h1>", status_code=404)
+    if job.status == "done" and job.plan_id:
+        return RedirectResponse(f"/plans/{job.plan_id}", status_code=303)
+    finished = job.status not in ("queued", "running")
+    return templates.TemplateResponse(
+        request, "job.html", {"job": job_dict(job), "finished": finished}
+    )

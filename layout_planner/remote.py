@@ -1,0 +1,272 @@
+"""Planning on a planner service over HTTP: :class:`PlannerClient` and
+``mtf.auto_layout(..., server=URL)``.
+
+The service (``mtf-planner serve``, package :mod:`api`) answers with
+``LayoutPlan.to_dict()``; :func:`plan_remote` rebuilds the same
+:class:`~layout_planner.plan.LayoutPlan` that local planning returns (equal
+but for the solver's timings and thread count).  This module sits in the
+planner, not in :mod:`api`, so that planning code can call a server without
+importing the web app.
+
+>>> # client = PlannerClient("http://127.0.0.1:8080", token="...")
+>>> # plan = mtf.auto_layout(graph, "x:2;y:4", outputs=[loss], server=client.base_url)
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import httpx
+
+from cost_models.hardware import HardwareProfile
+from layout_planner.errors import PlannerError
+from layout_planner.plan import LayoutPlan
+from layout_planner.program import Objective
+from mtf_core.errors import MtfError
+from mtf_core.graph import Graph, Tensor
+from mtf_core.serialization import graph_to_dict
+
+#: Environment variable with the bearer token ``auto_layout(server=...)`` sends.
+TOKEN_ENV = "MTF_PLANNER_TOKEN"
+_RETRY_STATUSES = (429, 502, 503, 504)
+
+
+class RemotePlannerError(PlannerError):
+    """The service rejected the request (a 4xx): ``status`` and its message."""
+
+    def __init__(self, status: int, detail: str, error: str = "") -> None:
+        super().__init__(f"planner service answered {status} ({error}): {detail}")
+        self.status = status
+        self.detail = detail
+        self.error = error
+
+
+class PlannerUnavailableError(MtfError, ConnectionError):
+    """The service could not be reached or kept failing after the retries."""
+
+
+class PlannerClient:
+    """A small synchronous client for the planner service.
+
+    Args:
+      base_url: ``http://host:port``.
+      token: bearer token for write endpoints (default: ``$MTF_PLANNER_TOKEN``).
+      timeout_s: per-request timeout (connect and read).
+      retries: extra attempts after a connection error, a timeout or a
+        429/502/503/504 (POST /v1/plans is idempotent: same request, same plan).
+      backoff_s: first wait between attempts, doubled each time (a
+        ``Retry-After`` header wins).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None = None,
+        timeout_s: float = 30.0,
+        retries: int = 3,
+        backoff_s: float = 0.5,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
+            raise PlannerError(
+                f"server {base_url!r} is not an http(s) URL; expected e.g. "
+                "'http://127.0.0.1:8080'"
+            )
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise PlannerError(f"retries is {retries!r}; expected an integer >= 0")
+        self.base_url = base_url.rstrip("/")
+        token = token if token is not None else os.environ.get(TOKEN_ENV) or None
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self._http = httpx.Client(
+            base_url=self.base_url,
+            timeout=httpx.Timeout(timeout_s),
+            headers=headers,
+            transport=transport,
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> PlannerClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- transport ------------------------------------------------------------------------
+    def request(self, method: str, path: str, json: Any = None, **params: Any) -> httpx.Response:
+        """One call with retries; raises RemotePlannerError for other 4xx/5xx."""
+        wait = self.backoff_s
+        last: str = ""
+        for attempt in range(self.retries + 1):
+            try:
+                r = self._http.request(method, path, json=json, params=params or None)
+            except (httpx.TransportError, httpx.TimeoutException) as e:
+                last = f"{type(e).__name__}: {e}"
+            else:
+                if r.status_code not in _RETRY_STATUSES:
+                    if r.status_code >= 400:
+                        raise _error(r)
+                    return r
+                last = f"HTTP {r.status_code}: {r.text[:200]}"
+                wait = _retry_after(r, wait)
+            if attempt < self.retries:
+                time.sleep(wait)
+                wait *= 2
+        raise PlannerUnavailableError(
+            f"planner service {self.base_url} failed {self.retries + 1} time(s) on "
+            f"{method} {path}; last: {last}"
+        )
+
+    # -- endpoints ------------------------------------------------------------------------
+    def plan(self, request: Mapping[str, Any], wait_s: float = 600.0) -> dict[str, Any]:
+        """POST /v1/plans; follows a 202 (a job) until it finishes or
+        ``wait_s`` passes.  Returns ``PlanOut`` (``plan`` is the LayoutPlan dict)."""
+        r = self.request("POST", "/v1/plans", json=dict(request))
+        if r.status_code == 202:
+            job = self.wait_job(r.json()["id"], wait_s)
+            return self.get_plan(job["plan_id"])
+        body: dict[str, Any] = r.json()
+        return body
+
+    def submit_job(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        body: dict[str, Any] = self.request("POST", "/v1/jobs", json=dict(request)).json()
+        return body
+
+    def get_job(self, job_id: str) -> dict[str, Any]:
+        body: dict[str, Any] = self.request("GET", f"/v1/jobs/{job_id}").json()
+        return body
+
+    def cancel_job(self, job_id: str) -> dict[str, Any]:
+        body: dict[str, Any] = self.request("DELETE", f"/v1/jobs/{job_id}").json()
+        return body
+
+    def wait_job(self, job_id: str, wait_s: float = 600.0, poll_s: float = 0.2) -> dict[str, Any]:
+        """Polls a job until done; raises PlannerError if it failed or was
+        cancelled, PlannerUnavailableError after ``wait_s``."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            job = self.get_job(job_id)
+            if job["status"] == "done":
+                return job
+            if job["status"] in ("failed", "cancelled"):
+                raise PlannerError(f"planner job {job_id} {job['status']}: {job['error']}")
+            if time.monotonic() > deadline:
+                raise PlannerUnavailableError(
+                    f"planner job {job_id} is still {job['status']} ({job['phase']}) "
+                    f"after {wait_s:g} s"
+                )
+            time.sleep(poll_s)
+            poll_s = min(poll_s * 1.5, 2.0)
+
+    def get_plan(self, plan_id: str) -> dict[str, Any]:
+        body: dict[str, Any] = self.request("GET", f"/v1/plans/{plan_id}").json()
+        return body
+
+    def list_plans(self, limit: int = 50, offset: int = 0) -> dict[str, Any]:
+        body: dict[str, Any] = self.request(
+            "GET", "/v1/plans", limit=limit, offset=offset
+        ).json()
+        return body
+
+    def evaluate(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        body: dict[str, Any] = self.request("POST", "/v1/evaluate", json=dict(request)).json()
+        return body
+
+    def hardware(self) -> dict[str, Any]:
+        body: dict[str, Any] = self.request("GET", "/v1/hardware").json()
+        return body
+
+    def health(self) -> dict[str, Any]:
+        body: dict[str, Any] = self.request("GET", "/healthz").json()
+        return body
+
+
+def _error(r: httpx.Response) -> RemotePlannerError:
+    try:
+        body = r.json()
+        return RemotePlannerError(r.status_code, str(body.get("detail")), str(body.get("error")))
+    except (ValueError, AttributeError):
+        return RemotePlannerError(r.status_code, r.text[:500])
+
+
+def _retry_after(r: httpx.Response, default: float) -> float:
+    try:
+        return max(0.0, min(float(r.headers.get("Retry-After", default)), 60.0))
+    except ValueError:
+        return default
+
+
+def plan_request(
+    graph: Graph,
+    mesh_shape: Any,
+    outputs: Sequence[Tensor] = (),
+    hardware: str | HardwareProfile | Mapping[str, Any] = "cpu-host",
+    objective: str | Objective = "time",
+    memory_limit: int | None = None,
+    top_k: int = 5,
+    time_limit_s: float = 60.0,
+    max_mesh_dims: int = 2,
+) -> dict[str, Any]:
+    """The POST /v1/plans body for ``auto_layout``'s arguments."""
+    if not isinstance(graph, Graph):
+        raise PlannerError(f"graph {graph!r} is not an mtf.Graph")
+    if isinstance(hardware, HardwareProfile):
+        hw: Any = hardware.to_dict()
+    elif isinstance(hardware, Mapping):
+        hw = dict(hardware)
+    else:
+        hw = hardware
+    body: dict[str, Any] = {
+        "graph": graph_to_dict(graph, outputs=list(outputs)),
+        "hardware": hw,
+        "objective": Objective.parse(objective).value,
+        "memory_limit_bytes": memory_limit,
+        "top_k": top_k,
+        "time_limit_s": time_limit_s,
+    }
+    if isinstance(mesh_shape, int) and not isinstance(mesh_shape, bool):
+        body["num_devices"] = mesh_shape
+        body["max_mesh_dims"] = max_mesh_dims
+    else:
+        body["mesh_shape"] = str(mesh_shape)
+    return body
+
+
+def plan_remote(
+    server: str | PlannerClient,
+    graph: Graph,
+    mesh_shape: Any,
+    outputs: Sequence[Tensor] = (),
+    hardware: str | HardwareProfile | Mapping[str, Any] = "cpu-host",
+    objective: str | Objective = "time",
+    memory_limit: int | None = None,
+    top_k: int = 5,
+    time_limit_s: float = 60.0,
+    max_mesh_dims: int = 2,
+) -> LayoutPlan:
+    """``auto_layout`` on a planner service: the same arguments, the same plan.
+
+    The server chooses the solver's threads and seed; the plan is the same
+    when the solve is proven optimal (``plan.status`` says so).
+    """
+    body = plan_request(
+        graph,
+        mesh_shape,
+        outputs,
+        hardware,
+        objective,
+        memory_limit,
+        top_k,
+        time_limit_s,
+        max_mesh_dims,
+    )
+    if isinstance(server, PlannerClient):
+        return LayoutPlan.from_dict(server.plan(body)["plan"])
+    with PlannerClient(server) as client:
+        return LayoutPlan.from_dict(client.plan(body)["plan"])
