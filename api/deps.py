@@ -12,7 +12,9 @@ from api.service import PlannerService
 from api.settings import Settings, get_settings
 from api.store import Store
 
-_bearer = HTTPBearer(auto_error=False, description="An API token (MTF_PLANNER_API_TOKENS).")
+_bearer = HTTPBearer(
+    auto_error=False, description="An API token (MTF_PLANNER_API_TOKENS)."
+)
 
 
 def get_service(request: Request) -> PlannerService:

@@ -40,7 +40,9 @@ def dimension_graph_svg(
     g = nx.Graph()
     g.add_nodes_from(nodes)
     for e in dim_graph.get("edges", []):
-        g.add_edge(e["a"], e["b"], kind=e.get("kind", "tensor"), where=e.get("where", ""))
+        g.add_edge(
+            e["a"], e["b"], kind=e.get("kind", "tensor"), where=e.get("where", "")
+        )
     pos = nx.spring_layout(g, seed=0, k=2.0 / math.sqrt(len(nodes)))
     pad = 60
     xs = [p[0] for p in pos.values()]
@@ -78,8 +80,13 @@ def dimension_graph_svg(
         whole = bool(node.get("unsplittable_by"))
         sizes = "/".join(str(s) for s in node.get("sizes", []))
         tip = html.escape(
-            f"{name} ({sizes}): " + (f"split over {axis}" if axis else "kept whole")
-            + (f"; needed whole by {', '.join(node['unsplittable_by'][:3])}" if whole else "")
+            f"{name} ({sizes}): "
+            + (f"split over {axis}" if axis else "kept whole")
+            + (
+                f"; needed whole by {', '.join(node['unsplittable_by'][:3])}"
+                if whole
+                else ""
+            )
         )
         outline = ' stroke-dasharray="3,2"' if whole else ""
         label = html.escape(name)

@@ -42,7 +42,10 @@ def error_response(
     headers: dict[str, str] | None = None,
     errors: list[dict[str, Any]] | None = None,
 ) -> JSONResponse:
-    body: dict[str, Any] = {"error": error or _CODES.get(status, "error"), "detail": detail}
+    body: dict[str, Any] = {
+        "error": error or _CODES.get(status, "error"),
+        "detail": detail,
+    }
     if errors is not None:
         body["errors"] = errors
     return JSONResponse(body, status_code=status, headers=headers)
@@ -113,7 +116,9 @@ class BodySizeLimit:
                 await self._reject(scope, receive, send, 400, "bad Content-Length")
                 return
             if too_big:
-                await self._reject(scope, receive, send, 413, self._message(int(length)))
+                await self._reject(
+                    scope, receive, send, 413, self._message(int(length))
+                )
                 return
             await self.app(scope, receive, send)
             return

@@ -55,7 +55,9 @@ def _pick(fields: dict[str, str], sizes: dict[str, Any], model: str) -> dict[str
 
 
 def _transformer(build: Callable[..., Any]) -> Callable[..., tuple[Any, list[Any]]]:
-    def make(optimizer: str, sizes: dict[str, Any], model: str) -> tuple[Any, list[Any]]:
+    def make(
+        optimizer: str, sizes: dict[str, Any], model: str
+    ) -> tuple[Any, list[Any]]:
         cfg = TransformerConfig(**_pick(_TRANSFORMER_FIELDS, sizes, model))
         m = build(cfg, optimizer=optimizer)
         return m.graph, [m.loss]
@@ -64,7 +66,9 @@ def _transformer(build: Callable[..., Any]) -> Callable[..., tuple[Any, list[Any
 
 
 def _mlp(optimizer: str, sizes: dict[str, Any], model: str) -> tuple[Any, list[Any]]:
-    m = build_mlp_classifier(MlpConfig(**_pick(_MLP_FIELDS, sizes, model)), optimizer=optimizer)
+    m = build_mlp_classifier(
+        MlpConfig(**_pick(_MLP_FIELDS, sizes, model)), optimizer=optimizer
+    )
     return m.graph, [m.loss]
 
 

@@ -12,7 +12,21 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+_LATENCY_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.02,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+)
 _SOLVE_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
 
 
@@ -42,7 +56,9 @@ class Metrics:
             registry=r,
         )
         self.cache_hits = Counter(
-            "mtf_planner_cache_hits", "Plan requests answered from the store.", registry=r
+            "mtf_planner_cache_hits",
+            "Plan requests answered from the store.",
+            registry=r,
         )
         self.cache_misses = Counter(
             "mtf_planner_cache_misses", "Plan requests that needed a solve.", registry=r
@@ -56,7 +72,9 @@ class Metrics:
         self.queue_depth = Gauge(
             "mtf_planner_queue_depth", "Jobs waiting for a worker.", registry=r
         )
-        self.running = Gauge("mtf_planner_jobs_running", "Jobs being solved.", registry=r)
+        self.running = Gauge(
+            "mtf_planner_jobs_running", "Jobs being solved.", registry=r
+        )
 
     def track(self, queue_depth: Callable[[], int], running: Callable[[], int]) -> None:
         """Reads the gauges from the worker pool at scrape time."""

@@ -176,7 +176,10 @@ def plan_spec(req: PlanRequest, settings: Settings) -> PlanSpec:
         raise RequestError(
             f"top_k is {req.top_k}; this service allows at most {settings.max_top_k}"
         )
-    if not math.isfinite(req.time_limit_s) or req.time_limit_s > settings.max_time_limit_s:
+    if (
+        not math.isfinite(req.time_limit_s)
+        or req.time_limit_s > settings.max_time_limit_s
+    ):
         raise RequestError(
             f"time_limit_s is {req.time_limit_s!r}; this service allows at most "
             f"{settings.max_time_limit_s:g} s"

@@ -12,7 +12,7 @@ _GRAPH_DOC = (
     "A serialized mtf graph: the versioned JSON document of "
     "docs/graph-format.md (``mtf.graph_to_dict``)."
 )
-_MESH_DOC = "Mesh shape: 'x:2;y:4' or {\"x\": 2, \"y\": 4}."
+_MESH_DOC = 'Mesh shape: \'x:2;y:4\' or {"x": 2, "y": 4}.'
 _HW_DOC = (
     "A hardware preset name (GET /v1/hardware) or a whole profile "
     "(HardwareProfile.to_dict())."
@@ -52,7 +52,7 @@ class EvaluateRequest(BaseModel):
     graph: dict[str, Any] = Field(description=_GRAPH_DOC)
     mesh_shape: str | dict[str, int] = Field(description=_MESH_DOC)
     layout_rules: str | dict[str, str] = Field(
-        description="'batch:x;d_ff:y' or {\"batch\": \"x\"}."
+        description='\'batch:x;d_ff:y\' or {"batch": "x"}.'
     )
     hardware: str | dict[str, Any] = Field("cpu-host", description=_HW_DOC)
     memory_limit_bytes: int | None = Field(None, ge=1)

@@ -56,7 +56,9 @@ def iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, tz=UTC).isoformat(timespec="milliseconds")
 
 
-def plan_summary(spec_info: dict[str, Any], plan: dict[str, Any], solve_s: float) -> dict[str, Any]:
+def plan_summary(
+    spec_info: dict[str, Any], plan: dict[str, Any], solve_s: float
+) -> dict[str, Any]:
     cost = plan["cost"]
     return {
         "graph_name": spec_info["graph_name"],
@@ -117,7 +119,9 @@ class PlannerService:
         self._futures: dict[str, concurrent.futures.Future[PlanRecord]] = {}
         self._running: set[str] = set()
         self._stop = threading.Event()
-        self._heartbeat = threading.Thread(target=self._beat, daemon=True, name="heartbeat")
+        self._heartbeat = threading.Thread(
+            target=self._beat, daemon=True, name="heartbeat"
+        )
         metrics.track(lambda: self.pool.queue_depth, lambda: self.pool.running)
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -202,7 +206,9 @@ class PlannerService:
                     ),
                 )
             except QueueFull as e:
-                self.store.update_job(job.id, status="failed", phase="failed", error=str(e))
+                self.store.update_job(
+                    job.id, status="failed", phase="failed", error=str(e)
+                )
                 raise
             self._inflight[spec.request_hash] = job.id
             self._futures[job.id] = done
@@ -258,7 +264,12 @@ class PlannerService:
                 done.set_exception(TaskFailed(f"storing the plan failed: {e}"))
 
     def _close_job(
-        self, job_id: str, spec: PlanSpec, status: str, error: str | None, plan_id: str | None = None
+        self,
+        job_id: str,
+        spec: PlanSpec,
+        status: str,
+        error: str | None,
+        plan_id: str | None = None,
     ) -> None:
         self.store.update_job(
             job_id,
@@ -282,11 +293,15 @@ class PlannerService:
         if job is None:
             return None
         if job.status not in ("queued", "running"):
-            raise JobFinished(f"job {job_id} is {job.status}; only queued or running jobs can be cancelled")
+            raise JobFinished(
+                f"job {job_id} is {job.status}; only queued or running jobs can be cancelled"
+            )
         fut = self.future(job_id)
         if not self.pool.cancel(job_id) or fut is None:
             # Another replica's job, or one that just finished.
-            raise JobFinished(f"job {job_id} is not running on this replica ({job.instance})")
+            raise JobFinished(
+                f"job {job_id} is not running on this replica ({job.instance})"
+            )
         try:
             fut.exception(timeout=10)
         except concurrent.futures.TimeoutError:  # pragma: no cover - a hung worker
@@ -306,7 +321,12 @@ class PlannerService:
             if isinstance(req.layout_rules, str)
             else ";".join(f"{k}:{v}" for k, v in req.layout_rules.items())
         )
-        dims = {d.name for op in loaded.graph.operations for t in op.outputs for d in t.shape}
+        dims = {
+            d.name
+            for op in loaded.graph.operations
+            for t in op.outputs
+            for d in t.shape
+        }
         axes = set(mesh.dimension_names)
         for dim, axis in rules.pairs:
             if dim not in dims:

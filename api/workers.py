@@ -84,7 +84,10 @@ class _Slot:
         ctx = multiprocessing.get_context("spawn")
         parent, child = ctx.Pipe()
         proc = ctx.Process(
-            target=worker_main, args=(child,), name=f"mtf-solve-{self.index}", daemon=True
+            target=worker_main,
+            args=(child,),
+            name=f"mtf-solve-{self.index}",
+            daemon=True,
         )
         proc.start()
         child.close()

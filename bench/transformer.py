@@ -29,7 +29,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -95,19 +94,13 @@ def child(layers: int, preset: str, steps: int, optimizer: str) -> dict:
 def run_child(
     layers: int, preset: str, steps: int, optimizer: str, timeout: int
 ) -> dict:
+    from compare_mtf import run
+
     cmd = [
         sys.executable, __file__, "--child", "--layers", str(layers),
         "--presets", preset, "--steps", str(steps), "--optimizer", optimizer,
     ]  # fmt: skip
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout} s"}
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["?"]
-        return {"error": f"exit {proc.returncode}: {tail[0][:160]}"}
-    return json.loads(lines[-1])
+    return run(cmd, timeout)
 
 
 def fmt(v: object, digits: int = 2) -> str:
@@ -203,6 +196,11 @@ def main() -> None:
             rows.append(r)
     cmd = "python bench/transformer.py " + " ".join(sys.argv[1:])
     text = (
+        "## Transformer\n\n"
+        "Graph build, lowering (trace) and training-step time of the Transformer LM "
+        "(`mtf_core.models.build_lm`: d_model 256, d_ff 1024, heads 8, d_kv 32, "
+        "vocab 8192, batch 32, length 128, gradients and updates) under the three "
+        "presets; column meanings in `bench/transformer.py`.\n\n"
         f"Command: `{cmd}` ({time.strftime('%Y-%m-%d')}, 8 logical CPU devices on a "
         f"{os.cpu_count()}-core host, optimizer {args.optimizer}).\n\n{table(rows)}\n"
     )

@@ -70,7 +70,9 @@ class PlannerClient:
         backoff_s: float = 0.5,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
+        if not isinstance(base_url, str) or not base_url.startswith(
+            ("http://", "https://")
+        ):
             raise PlannerError(
                 f"server {base_url!r} is not an http(s) URL; expected e.g. "
                 "'http://127.0.0.1:8080'"
@@ -99,7 +101,9 @@ class PlannerClient:
         self.close()
 
     # -- transport ------------------------------------------------------------------------
-    def request(self, method: str, path: str, json: Any = None, **params: Any) -> httpx.Response:
+    def request(
+        self, method: str, path: str, json: Any = None, **params: Any
+    ) -> httpx.Response:
         """One call with retries; raises RemotePlannerError for other 4xx/5xx."""
         wait = self.backoff_s
         last: str = ""
@@ -135,7 +139,9 @@ class PlannerClient:
         return body
 
     def submit_job(self, request: Mapping[str, Any]) -> dict[str, Any]:
-        body: dict[str, Any] = self.request("POST", "/v1/jobs", json=dict(request)).json()
+        body: dict[str, Any] = self.request(
+            "POST", "/v1/jobs", json=dict(request)
+        ).json()
         return body
 
     def get_job(self, job_id: str) -> dict[str, Any]:
@@ -146,7 +152,9 @@ class PlannerClient:
         body: dict[str, Any] = self.request("DELETE", f"/v1/jobs/{job_id}").json()
         return body
 
-    def wait_job(self, job_id: str, wait_s: float = 600.0, poll_s: float = 0.2) -> dict[str, Any]:
+    def wait_job(
+        self, job_id: str, wait_s: float = 600.0, poll_s: float = 0.2
+    ) -> dict[str, Any]:
         """Polls a job until done; raises PlannerError if it failed or was
         cancelled, PlannerUnavailableError after ``wait_s``."""
         deadline = time.monotonic() + wait_s
@@ -155,7 +163,9 @@ class PlannerClient:
             if job["status"] == "done":
                 return job
             if job["status"] in ("failed", "cancelled"):
-                raise PlannerError(f"planner job {job_id} {job['status']}: {job['error']}")
+                raise PlannerError(
+                    f"planner job {job_id} {job['status']}: {job['error']}"
+                )
             if time.monotonic() > deadline:
                 raise PlannerUnavailableError(
                     f"planner job {job_id} is still {job['status']} ({job['phase']}) "
@@ -175,7 +185,9 @@ class PlannerClient:
         return body
 
     def evaluate(self, request: Mapping[str, Any]) -> dict[str, Any]:
-        body: dict[str, Any] = self.request("POST", "/v1/evaluate", json=dict(request)).json()
+        body: dict[str, Any] = self.request(
+            "POST", "/v1/evaluate", json=dict(request)
+        ).json()
         return body
 
     def hardware(self) -> dict[str, Any]:
@@ -190,7 +202,9 @@ class PlannerClient:
 def _error(r: httpx.Response) -> RemotePlannerError:
     try:
         body = r.json()
-        return RemotePlannerError(r.status_code, str(body.get("detail")), str(body.get("error")))
+        return RemotePlannerError(
+            r.status_code, str(body.get("detail")), str(body.get("error"))
+        )
     except (ValueError, AttributeError):
         return RemotePlannerError(r.status_code, r.text[:500])
 

@@ -2,6 +2,7 @@
 
 from api.schemas import ErrorBody
 
+
 #: OpenAPI entries for the error answers a route can give.
 def error_responses(*codes: int) -> dict[int | str, dict[str, object]]:
     described = {

@@ -67,7 +67,9 @@ def chart_data(plan: dict[str, Any], colours: dict[str, str]) -> dict[str, Any]:
         "labels": [label for label, _ in rows],
         "chosen": 0,
         "compute": [cost["compute_s"] for _, cost in rows],
-        "comm": {a: [cost["comm_s_by_axis"].get(a, 0.0) for _, cost in rows] for a in axes},
+        "comm": {
+            a: [cost["comm_s_by_axis"].get(a, 0.0) for _, cost in rows] for a in axes
+        },
         "peak": [cost["peak_memory_bytes"] for _, cost in rows],
         "capacity": plan["cost"]["memory_capacity_bytes"],
         "colours": colours,
@@ -80,7 +82,11 @@ def _script_json(value: Any) -> str:
 
 
 def _plan_page(
-    request: Request, service: PlannerService, record: PlanRecord, form_error: str = "", status: int = 200
+    request: Request,
+    service: PlannerService,
+    record: PlanRecord,
+    form_error: str = "",
+    status: int = 200,
 ) -> Response:
     plan = record.plan
     mesh_axes = [part.split(":")[0] for part in plan["mesh_shape"].split(",") if part]
@@ -113,7 +119,9 @@ def plan_page(plan_id: str, request: Request, service: ServiceDep) -> Response:
     return _plan_page(request, service, record)
 
 
-def _try_request(record: PlanRecord, graph_json: str, form: dict[str, str]) -> PlanRequest:
+def _try_request(
+    record: PlanRecord, graph_json: str, form: dict[str, str]
+) -> PlanRequest:
     plan = record.plan
     hardware: Any = form.get("hardware") or plan["hardware"]["name"]
     if hardware == "__this_plan__":
@@ -141,7 +149,12 @@ async def try_other(plan_id: str, request: Request, service: ServiceDep) -> Resp
     form = {k: v[0] for k, v in raw.items() if v}
     if not token_ok(service.settings, form.get("token")):
         return await run_in_threadpool(
-            _plan_page, request, service, record, "a valid API token is needed to plan", 401
+            _plan_page,
+            request,
+            service,
+            record,
+            "a valid API token is needed to plan",
+            401,
         )
     graph_json = await run_in_threadpool(service.store.get_graph, record.graph_hash)
     if graph_json is None:
@@ -162,7 +175,9 @@ async def try_other(plan_id: str, request: Request, service: ServiceDep) -> Resp
             message = f"{'.'.join(map(str, err['loc']))}: {err['msg']}"
         else:
             message = str(e)
-        return await run_in_threadpool(_plan_page, request, service, record, message, 422)
+        return await run_in_threadpool(
+            _plan_page, request, service, record, message, 422
+        )
     return RedirectResponse(f"/jobs/{job.id}", status_code=303)
 
 

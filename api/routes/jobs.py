@@ -49,7 +49,9 @@ def _create(service: PlannerService, body: PlanRequest) -> JobRecord:
     responses=error_responses(401, 413, 422, 429),
     summary="Plan a graph in the background",
 )
-async def create_job(body: PlanRequest, service: ServiceDep, _: WriteAccess) -> JSONResponse:
+async def create_job(
+    body: PlanRequest, service: ServiceDep, _: WriteAccess
+) -> JSONResponse:
     """Queues a plan request (the body of POST /v1/plans); poll GET
     /v1/jobs/{id} for progress and ``plan_id``.  429 when the queue is full."""
     try:
@@ -62,7 +64,9 @@ async def create_job(body: PlanRequest, service: ServiceDep, _: WriteAccess) -> 
 
 
 @router.get("/jobs", response_model=JobList, summary="List jobs")
-def list_jobs(service: ServiceDep, limit: int = Query(50, ge=1, le=500)) -> dict[str, object]:
+def list_jobs(
+    service: ServiceDep, limit: int = Query(50, ge=1, le=500)
+) -> dict[str, object]:
     return {"jobs": [job_dict(j) for j in service.store.list_jobs(limit)]}
 
 

@@ -22,7 +22,9 @@ router = APIRouter(prefix="/v1", tags=["plans"])
 JSON = "application/json"
 
 
-def _lookup(service: PlannerService, body: PlanRequest) -> tuple[PlanSpec, PlanRecord | None]:
+def _lookup(
+    service: PlannerService, body: PlanRequest
+) -> tuple[PlanSpec, PlanRecord | None]:
     spec = service.spec(body)
     return spec, service.cached(spec)
 
@@ -36,7 +38,9 @@ def _lookup(service: PlannerService, body: PlanRequest) -> tuple[PlanSpec, PlanR
     },
     summary="Plan a graph's layout",
 )
-async def create_plan(body: PlanRequest, service: ServiceDep, _: WriteAccess) -> Response:
+async def create_plan(
+    body: PlanRequest, service: ServiceDep, _: WriteAccess
+) -> Response:
     """The plan for a graph on a mesh (or a device count), from the store if
     this exact request was planned before (``cached: true``), else solved now.
 
@@ -55,7 +59,9 @@ async def create_plan(body: PlanRequest, service: ServiceDep, _: WriteAccess) ->
     if fut is not None and spec.num_operations <= service.settings.sync_max_operations:
         waiter = asyncio.wrap_future(fut)
         waiter.add_done_callback(lambda f: f.cancelled() or f.exception())
-        done, _pending = await asyncio.wait({waiter}, timeout=service.settings.sync_wait_s)
+        done, _pending = await asyncio.wait(
+            {waiter}, timeout=service.settings.sync_wait_s
+        )
         if done:
             try:
                 record = waiter.result()

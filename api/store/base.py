@@ -101,7 +101,9 @@ class Store(abc.ABC):
         """Marks running jobs as alive (updated_at = now)."""
 
     @abc.abstractmethod
-    def fail_unfinished_jobs(self, instance: str, stale_before: float, message: str) -> int:
+    def fail_unfinished_jobs(
+        self, instance: str, stale_before: float, message: str
+    ) -> int:
         """Marks failed the queued or running jobs of ``instance`` (a restarted
         replica) and any job whose heartbeat is older than ``stale_before``
         (a replica that died); returns how many."""

@@ -97,7 +97,9 @@ class SqlStore(Store):
         )
 
     def get_graph(self, graph_hash: str) -> str | None:
-        row = self._execute("SELECT doc FROM graphs WHERE hash = ?", (graph_hash,)).fetchone()
+        row = self._execute(
+            "SELECT doc FROM graphs WHERE hash = ?", (graph_hash,)
+        ).fetchone()
         return None if row is None else str(row[0])
 
     # -- plans ----------------------------------------------------------------------------
@@ -121,7 +123,9 @@ class SqlStore(Store):
     _PLAN = "SELECT id, request_hash, created_at, graph_hash, summary, plan FROM plans "
 
     def get_plan(self, plan_id: str) -> PlanRecord | None:
-        return self._plan(self._execute(self._PLAN + "WHERE id = ?", (plan_id,)).fetchone())
+        return self._plan(
+            self._execute(self._PLAN + "WHERE id = ?", (plan_id,)).fetchone()
+        )
 
     def get_plan_by_hash(self, request_hash: str) -> PlanRecord | None:
         row = self._execute(
@@ -218,7 +222,9 @@ class SqlStore(Store):
                 (now, job_id),
             )
 
-    def fail_unfinished_jobs(self, instance: str, stale_before: float, message: str) -> int:
+    def fail_unfinished_jobs(
+        self, instance: str, stale_before: float, message: str
+    ) -> int:
         cur = self._execute(
             "UPDATE jobs SET status = 'failed', phase = 'failed', error = ?, "
             "updated_at = ? WHERE status IN (?, ?) AND (instance = ? OR updated_at < ?)",

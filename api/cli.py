@@ -1,0 +1,301 @@
+"""``mtf-planner``: serve the planner, plan a graph file, export example graphs.
+
+    mtf-planner serve --host 127.0.0.1 --port 8080 --data-dir .data
+    mtf-planner export --model transformer-lm --layers 2 -o lm.json
+    mtf-planner plan lm.json --mesh "x:2;y:4" --hardware h100-nvlink-ib \\
+        [--server http://127.0.0.1:8080] [--max-memory-fraction 0.9] [--json]
+    mtf-planner seed --data-dir .data
+
+``plan`` exits 0 when the plan fits in memory, 3 when nothing fits (or no
+layout was found): a CI step fails when a model change stops fitting the
+target mesh.  1 is a bad input or an unreachable server, 2 a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_NOTHING_FITS = 3
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mtf-planner", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("serve", help="run the planner service (uvicorn)")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8080)
+    s.add_argument("--data-dir", help="where the SQLite store lives")
+    s.add_argument("--database-url", help="postgresql://... instead of SQLite")
+    s.add_argument("--workers", type=int, help="solve worker processes")
+    s.add_argument("--access-log", action="store_true", help="log every request")
+
+    pl = sub.add_parser("plan", help="plan a graph file (locally or on a server)")
+    pl.add_argument("graph", help="a graph JSON file (mtf-planner export writes one)")
+    where = pl.add_mutually_exclusive_group(required=True)
+    where.add_argument("--mesh", help="mesh shape, e.g. 'x:2;y:4'")
+    where.add_argument("--devices", type=int, help="a device count: search mesh shapes")
+    pl.add_argument(
+        "--hardware", default="cpu-host", help="preset name or profile .json"
+    )
+    pl.add_argument("--objective", choices=("time", "memory"), default="time")
+    pl.add_argument(
+        "--max-memory-fraction", type=float, help="plan for this fraction of memory"
+    )
+    pl.add_argument("--top-k", type=int, default=5)
+    pl.add_argument("--time-limit", type=float, default=60.0, help="solver seconds")
+    pl.add_argument("--server", help="plan on this planner service (http://host:port)")
+    pl.add_argument("--token", help="API token for the server (or $MTF_PLANNER_TOKEN)")
+    pl.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+    e = sub.add_parser("export", help="write an example model's graph JSON")
+    e.add_argument(
+        "--model", required=True, help="transformer-lm, encoder-decoder, mlp, mnist"
+    )
+    e.add_argument("--optimizer", default="adam")
+    for size in (
+        "layers",
+        "d-model",
+        "heads",
+        "d-kv",
+        "d-ff",
+        "vocab",
+        "length",
+        "batch",
+        "hidden",
+        "features",
+        "classes",
+    ):
+        e.add_argument(f"--{size}", type=int)
+    e.add_argument("-o", "--output", default="-", help="file to write ('-': stdout)")
+
+    sd = sub.add_parser("seed", help="store plans for the example models")
+    sd.add_argument("--data-dir")
+    sd.add_argument("--database-url")
+    return p
+
+
+def _settings(args: argparse.Namespace) -> Any:
+    from api.settings import Settings
+
+    overrides = {
+        k: v
+        for k, v in (
+            ("data_dir", getattr(args, "data_dir", None)),
+            ("database_url", getattr(args, "database_url", None)),
+            ("workers", getattr(args, "workers", None)),
+        )
+        if v is not None
+    }
+    return Settings(**overrides)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from api.main import create_app
+
+    settings = _settings(args)
+    where = settings.database_url or settings.sqlite_path
+    print(
+        f"mtf-planner: store {where}; dashboard http://{args.host}:{args.port}/",
+        flush=True,
+    )
+    uvicorn.run(
+        create_app(settings),
+        host=args.host,
+        port=args.port,
+        access_log=args.access_log,
+        log_level="info",
+    )
+    return EXIT_OK
+
+
+def cmd_seed(args: argparse.Namespace) -> int:
+    from api.seed import seed
+
+    settings = _settings(args)
+    print(
+        f"seeding {settings.database_url or settings.sqlite_path} with example plans:"
+    )
+    seed(settings)
+    return EXIT_OK
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from api.examples import example_graph
+
+    sizes = {
+        k: getattr(args, k)
+        for k in (
+            "layers",
+            "d_model",
+            "heads",
+            "d_kv",
+            "d_ff",
+            "vocab",
+            "length",
+            "batch",
+            "hidden",
+            "features",
+            "classes",
+        )
+    }
+    doc = example_graph(args.model, optimizer=args.optimizer, **sizes)
+    text = json.dumps(doc, allow_nan=False)
+    if args.output == "-":
+        sys.stdout.write(text + "\n")
+    else:
+        Path(args.output).write_text(text + "\n")
+        print(
+            f"wrote {args.output}: {args.model}, {len(doc['operations'])} operations",
+            file=sys.stderr,
+        )
+    return EXIT_OK
+
+
+def _hardware(value: str) -> Any:
+    from cost_models.hardware import PRESETS, get_hardware
+
+    if value in PRESETS:
+        return value
+    return get_hardware(value).to_dict()  # a profile .json on this machine
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from cost_models.hardware import get_hardware
+    from layout_planner.plan import LayoutPlan
+    from mtf_core.serialization import graph_from_json
+
+    text = Path(args.graph).read_text()
+    hardware = _hardware(args.hardware)
+    memory_limit = None
+    if args.max_memory_fraction is not None:
+        if not 0 < args.max_memory_fraction <= 1:
+            raise ValueError(
+                f"--max-memory-fraction is {args.max_memory_fraction}; expected a "
+                "number in (0, 1]"
+            )
+        memory_limit = max(
+            1, int(get_hardware(hardware).memory_bytes * args.max_memory_fraction)
+        )
+    mesh: Any = args.mesh if args.mesh is not None else args.devices
+    if args.server:
+        from layout_planner.remote import PlannerClient, plan_request
+
+        loaded = graph_from_json(text)
+        body = plan_request(
+            loaded.graph,
+            mesh,
+            loaded.outputs,
+            hardware,
+            args.objective,
+            memory_limit,
+            args.top_k,
+            args.time_limit,
+        )
+        with PlannerClient(args.server, token=args.token) as client:
+            out = client.plan(body)
+        plan_dict = out["plan"]
+        plan = LayoutPlan.from_dict(plan_dict)
+        where = f"{args.server} (plan {out['id']}{', cached' if out['cached'] else ''})"
+    else:
+        from layout_planner.planner import auto_layout
+
+        loaded = graph_from_json(text)
+        plan = auto_layout(
+            loaded.graph,
+            mesh,
+            outputs=loaded.outputs,
+            hardware=hardware,
+            objective=args.objective,
+            memory_limit=memory_limit,
+            top_k=args.top_k,
+            time_limit_s=args.time_limit,
+        )
+        plan_dict = plan.to_dict()
+        where = "this machine"
+    if args.json:
+        from mtf_core.serialization.schema import json_safe
+
+        print(json.dumps(json_safe(plan_dict, "plan"), indent=2))
+    else:
+        print(format_plan(plan, args.graph, where))
+    return EXIT_OK if plan.ok else EXIT_NOTHING_FITS
+
+
+def format_plan(plan: Any, graph_name: str, where: str) -> str:
+    """The plan as a text table (what ``mtf-planner plan`` prints)."""
+    from layout_planner.plan import fmt_bytes, fmt_s
+
+    c = plan.cost
+    lines = [
+        f"graph {graph_name} on mesh [{plan.mesh_shape}], {plan.hardware.name}, "
+        f"objective {plan.objective.value}: {plan.status.value}, planned on {where}",
+        f"layout rules: {plan.layout_rules or '(nothing split)'}",
+        f"step time {fmt_s(c.time_s)} (compute {fmt_s(c.compute_s)}"
+        + "".join(f", {a}: {fmt_s(s)}" for a, s in c.comm_s_by_axis)
+        + f"); peak memory {fmt_bytes(c.peak_memory_bytes)} of "
+        f"{fmt_bytes(c.memory_capacity_bytes)} per device: "
+        + ("fits" if c.fits else "DOES NOT FIT"),
+    ]
+    if plan.reason:
+        lines.append(plan.reason)
+    rows = [("", "layout rules", "step time", "comm", "peak memory", "fits")]
+    for cand in plan.candidates:
+        rows.append(_row(f"#{cand.rank}", str(cand.layout_rules), cand.cost))
+    for b in plan.baselines:
+        if b.cost is not None:
+            rows.append(_row(b.name, str(b.layout_rules), b.cost))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines.append("")
+    for r in rows:
+        lines.append(
+            "  ".join(
+                v.rjust(w) if i >= 2 else v.ljust(w)
+                for i, (v, w) in enumerate(zip(r, widths))
+            ).rstrip()
+        )
+    if plan.dims:
+        lines.append("")
+        lines.extend(plan.explain().splitlines()[2 + bool(plan.reason) :])
+    return "\n".join(lines)
+
+
+def _row(name: str, rules: str, cost: Any) -> tuple[str, ...]:
+    from layout_planner.plan import fmt_bytes, fmt_s
+
+    return (
+        name,
+        rules or "(nothing split)",
+        fmt_s(cost.time_s),
+        fmt_s(cost.comm_s),
+        fmt_bytes(cost.peak_memory_bytes),
+        "yes" if cost.fits else "no",
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    commands = {
+        "serve": cmd_serve,
+        "plan": cmd_plan,
+        "export": cmd_export,
+        "seed": cmd_seed,
+    }
+    try:
+        return commands[args.command](args)
+    except (ValueError, OSError) as e:  # MtfErrors are ValueErrors; files, network
+        print(f"mtf-planner {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())
