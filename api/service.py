@@ -10,7 +10,9 @@ first is being solved joins that job instead of solving twice.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
+import hashlib
 import json
 import logging
 import threading
@@ -106,6 +108,45 @@ def job_dict(job: JobRecord) -> dict[str, Any]:
     }
 
 
+class ResponseCache:
+    """Exact request bytes -> the cached ``PlanOut`` bytes, in memory (LRU,
+    at most ``max_bytes`` of bodies).
+
+    Stored plans never change, and the same bytes always mean the same
+    request, so a repeated request skips parsing, hashing and the database:
+    the hot path of a CI fleet asking for the same plan again and again.
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._bytes = 0
+        self._items: collections.OrderedDict[bytes, bytes] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def key(raw: bytes) -> bytes:
+        return hashlib.sha256(raw).digest()
+
+    def get(self, key: bytes) -> bytes | None:
+        with self._lock:
+            body = self._items.get(key)
+            if body is not None:
+                self._items.move_to_end(key)
+            return body
+
+    def put(self, key: bytes, body: bytes) -> None:
+        if len(body) > self.max_bytes // 4:
+            return  # one huge plan must not flush everything else
+        with self._lock:
+            if key in self._items:
+                return
+            self._items[key] = body
+            self._bytes += len(body)
+            while self._bytes > self.max_bytes:
+                _, old = self._items.popitem(last=False)
+                self._bytes -= len(old)
+
+
 class PlannerService:
     """Owns the store, the worker pool and the metrics of one app."""
 
@@ -114,6 +155,7 @@ class PlannerService:
         self.store = store
         self.metrics = metrics
         self.pool = WorkerPool(settings.workers, settings.queue_size)
+        self.responses = ResponseCache(settings.response_cache_bytes)
         self._lock = threading.Lock()
         self._inflight: dict[str, str] = {}  # request hash -> job id
         self._futures: dict[str, concurrent.futures.Future[PlanRecord]] = {}

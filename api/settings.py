@@ -54,6 +54,8 @@ class Settings(BaseSettings):
     sync_wait_s: float = Field(30.0, ge=0)
     #: graphs with more operations always go through a job (202)
     sync_max_operations: int = Field(5_000, ge=1)
+    #: memory for repeated requests' answers (exact bytes -> cached plan)
+    response_cache_bytes: int = Field(64 * 2**20, ge=0)
 
     # -- replicas ------------------------------------------------------------------------
     #: this replica's name: on startup its unfinished jobs are marked failed

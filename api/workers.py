@@ -104,7 +104,8 @@ class _Slot:
                 if not proc.is_alive():
                     raise EOFError(f"exit code {proc.exitcode}")
         except (EOFError, OSError) as e:
-            log.error("solve worker %d did not start: %s", self.index, e)
+            if not self.pool.closed:
+                log.error("solve worker %d did not start: %s", self.index, e)
         self.kill()
         self.proc = None
         return False
@@ -151,8 +152,16 @@ class _Slot:
                     task.future.set_result(body)
                 elif kind == "invalid":
                     task.future.set_exception(TaskInvalid(body))
-                else:
-                    task.future.set_exception(TaskFailed(body))
+                else:  # a traceback: the log gets it whole, the client its last line
+                    log.error("job %s failed in the solve worker:\n%s", task.id, body)
+                    last = (
+                        body.strip().splitlines()[-1]
+                        if body.strip()
+                        else "unknown error"
+                    )
+                    task.future.set_exception(
+                        TaskFailed(f"the solve failed ({last}); see the server log")
+                    )
                 return
         except (EOFError, OSError, BrokenPipeError):
             self.proc.join(timeout=5)

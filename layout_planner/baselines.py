@@ -24,7 +24,9 @@ MODEL_DIMS = ("heads", "d_ff", "vocab", "experts")
 
 
 def plan_cost(cost: TableCost, capacity_bytes: int) -> PlanCost:
-    return PlanCost(cost.compute_s, cost.comm_s_by_axis, cost.peak_bytes, capacity_bytes)
+    return PlanCost(
+        cost.compute_s, cost.comm_s_by_axis, cost.peak_bytes, capacity_bytes
+    )
 
 
 def baselines(
@@ -40,7 +42,9 @@ def baselines(
             return (over, float(cost.peak_bytes), cost.time_s)
         return (over, cost.time_s, float(cost.peak_bytes))
 
-    def best(options: list[dict[str, int | None]]) -> tuple[dict[str, int | None], TableCost] | None:
+    def best(
+        options: list[dict[str, int | None]],
+    ) -> tuple[dict[str, int | None], TableCost] | None:
         priced = [(o, problem.table_cost(o)) for o in options]
         valid = [(o, c) for o, c in priced if c.invalid is None]
         if not valid:
@@ -109,7 +113,11 @@ def baselines(
             f"{', '.join(ds)} over {mesh[a].name}" for a, ds in sorted(groups.items())
         )
         out.append(
-            Baseline("megatron", problem.rules_for(asg), plan_cost(cost, capacity_bytes), note)
+            Baseline(
+                "megatron",
+                problem.rules_for(asg),
+                plan_cost(cost, capacity_bytes),
+                note,
+            )
         )
     return tuple(out)
-

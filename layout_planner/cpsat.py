@@ -11,6 +11,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 from ortools.sat.python import cp_model
 
 from layout_planner.errors import SolverError
@@ -38,6 +39,11 @@ _MAX_WEIGHT = 2**60
 # CP-SAT settings that are not per request.  These programs are small and
 # pure-Boolean: presolve probing costs more than the whole search.
 TUNING: dict[str, int] = {"cp_model_probing_level": 0, "linearization_level": 2}
+# Memory rows: how many of the largest live sets start in the model, and how
+# many violated ones a round adds (a deep model has thousands of live sets;
+# few ever bind).
+_SEED_ROWS = 8
+_ROWS_PER_ROUND = 8
 # The least time a phase gets, even when the plan's budget is spent, so that a
 # tie-break always has a chance to confirm its (usually trivial) optimum.
 _MIN_PHASE_S = 0.05
@@ -105,9 +111,8 @@ class LayoutModel:
             [m.new_bool_var(f"z{s}_{a}") for a in range(len(ds.choices))]
             for s, ds in enumerate(p.dimsets)
         ]
-        max_buf = max(
-            (max(ds.buffer_bytes, default=0) for ds in p.dimsets), default=0
-        )
+        max_buf = max((max(ds.buffer_bytes, default=0) for ds in p.dimsets), default=0)
+        self._max_buffer = max_buf
         self.buffer = m.new_int_var(0, max_buf, "B") if max_buf > 0 else None
         self.peak = None
         if p.objective is Objective.MEMORY:
@@ -133,39 +138,90 @@ class LayoutModel:
                 for xi in p.dim_x[d]:
                     m.add(
                         self.x[xi]
-                        == sum(zs[a] for a, ch in enumerate(ds.choices) if ch[pos] == xi)
+                        == sum(
+                            zs[a] for a, ch in enumerate(ds.choices) if ch[pos] == xi
+                        )
                     )
             if self.buffer is not None and any(ds.buffer_bytes):
                 m.add(self.buffer >= _weighted(zs, ds.buffer_bytes))
 
     def _add_memory_constraints(self) -> None:
+        """Adds the live sets most likely to bind; :meth:`violated_rows` finds
+        the others a solution breaks, and :func:`solve_program` adds them."""
         p = self.program
-        m = self.model
-        for row, const in zip(p.memory_rows, p.row_constants):
-            expr = self._row_expr(row) + const
-            if self.buffer is not None:
-                expr = expr + self.buffer
-            if self.peak is not None:
-                m.add(self.peak >= expr)
-            else:
-                m.add(expr <= p.capacity_bytes)
+        self.row_added = np.zeros(p.num_rows, dtype=bool)
+        self._factors = [np.asarray(f, dtype=np.int64) for _, f in p.tensor_classes]
+        self._class_host = np.array([s for s, _ in p.tensor_classes], dtype=np.int64)
+        if not p.num_rows:
+            return
+        largest = p.row_bytes.sum(axis=1) + p.row_constants
+        if self.peak is None:
+            # A live set that fits even with nothing split never binds.
+            largest = np.where(
+                largest + self._max_buffer > p.capacity_bytes, largest, -1
+            )
+        order = np.argsort(-largest, kind="stable")
+        self.add_rows([int(r) for r in order[:_SEED_ROWS] if largest[r] >= 0])
+
+    def add_rows(
+        self, rows: Sequence[int], clone: cp_model.CpModel | None = None
+    ) -> None:
+        """Adds live-set rows to the model (and to ``clone``, a clone of it)."""
+        for r in rows:
+            if self.row_added[r]:
+                continue
+            self.row_added[r] = True
+            for model in (self.model, clone) if clone is not None else (self.model,):
+                expr = self.row_terms(r).on(model)
+                if self.buffer is not None:
+                    expr = expr + model.get_int_var_from_proto_index(self.buffer.index)
+                if self.peak is not None:
+                    model.add(model.get_int_var_from_proto_index(self.peak.index) >= expr)
+                else:
+                    model.add(expr <= self.program.capacity_bytes)
+
+    def row_terms(self, r: int) -> Terms:
+        p = self.program
+        coefs: dict[int, np.ndarray] = {}
+        for t, b in enumerate(p.row_bytes[r]):
+            if b:
+                s = int(self._class_host[t])
+                add = int(b) // self._factors[t]
+                coefs[s] = coefs[s] + add if s in coefs else add
+        idx: list[int] = []
+        cs: list[int] = []
+        for s in sorted(coefs):
+            for a, c in enumerate(coefs[s]):
+                if c:
+                    idx.append(self.z[s][a].index)
+                    cs.append(int(c))
+        return Terms(idx, cs, int(p.row_constants[r]))
+
+    def violated_rows(self, values: Sequence[int], limit: int) -> list[int]:
+        """Rows not yet in the model that the solution ``values`` breaks
+        (live set plus largest buffer over ``limit``), worst first."""
+        p = self.program
+        if not p.num_rows:
+            return []
+        picks = [
+            next(a for a, v in enumerate(zs) if values[v.index]) for zs in self.z
+        ]
+        factors = np.array(
+            [f[picks[self._class_host[t]]] for t, f in enumerate(self._factors)],
+            dtype=np.int64,
+        )
+        buffer = max(
+            (ds.buffer_bytes[picks[s]] for s, ds in enumerate(p.dimsets)), default=0
+        )
+        need = (p.row_bytes // factors).sum(axis=1) + p.row_constants + buffer
+        over = np.flatnonzero((need > limit) & ~self.row_added)
+        over = over[np.argsort(-need[over], kind="stable")]
+        return [int(r) for r in over[:_ROWS_PER_ROUND]]
 
     def _set_objective(self) -> None:
         self.model.minimize(self.primary())
 
     # -- expressions (as (variable index, coefficient) terms) -------------------
-    def _row_expr(
-        self, row: Sequence[tuple[int, tuple[int, ...]]]
-    ) -> cp_model.LinearExprT:
-        terms: list[cp_model.IntVar] = []
-        coefs: list[int] = []
-        for s, per_assignment in row:
-            for a, c in enumerate(per_assignment):
-                if c:
-                    terms.append(self.z[s][a])
-                    coefs.append(c)
-        return cp_model.LinearExpr.weighted_sum(terms, coefs)
-
     def time_terms(self) -> Terms:
         idx: list[int] = []
         coefs: list[int] = []
@@ -224,11 +280,10 @@ class LayoutModel:
         )
 
     def _peak_upper_bound(self, max_buf: int) -> int:
-        rows = [
-            c + sum(max(coefs) for _, coefs in row)
-            for row, c in zip(self.program.memory_rows, self.program.row_constants)
-        ]
-        return max(rows, default=0) + max_buf
+        p = self.program
+        if not p.num_rows:
+            return max_buf
+        return int((p.row_bytes.sum(axis=1) + p.row_constants).max()) + max_buf
 
     def add_no_good(self, x_values: Sequence[bool]) -> None:
         """Forbids the layout ``x_values`` (so the next solve finds another)."""
@@ -251,7 +306,9 @@ class Terms:
         return cp_model.LinearExpr.weighted_sum(vs, self.coefs) + self.offset
 
     def value(self, values: Sequence[int]) -> int:
-        return self.offset + sum(c * values[i] for i, c in zip(self.indices, self.coefs))
+        return self.offset + sum(
+            c * values[i] for i, c in zip(self.indices, self.coefs)
+        )
 
 
 def _weighted(
@@ -279,9 +336,37 @@ class _Solver:
         self.params = params
         self.deadline = time.monotonic() + params.time_limit_s
         self.num_solves = 0
+        self.rows_added = 0
         self.phases: list[tuple[str, str, float]] = []
 
     def solve(
+        self,
+        model: cp_model.CpModel,
+        phase: str,
+        workers: int,
+        hint: Sequence[int] | None,
+    ) -> _Run:
+        """Solves ``model`` (the base model or a clone of it); while the answer
+        breaks a live set not yet in the model, adds it (to both) and solves
+        again: the answer satisfies every live set."""
+        while True:
+            run = self._solve_once(model, phase, workers, hint)
+            if not run.status.has_solution:
+                return run
+            lm = self.lm
+            limit = (
+                run.values[lm.peak.index]
+                if lm.peak is not None
+                else lm.program.capacity_bytes
+            )
+            rows = lm.violated_rows(run.values, limit)
+            if not rows:
+                return run
+            self.rows_added += len(rows)
+            lm.add_rows(rows, clone=None if model is lm.model else model)
+            hint = None  # the old answer breaks the new rows
+
+    def _solve_once(
         self,
         model: cp_model.CpModel,
         phase: str,
@@ -296,8 +381,8 @@ class _Solver:
         prm.log_search_progress = False
         for name, value in TUNING.items():
             setattr(prm, name, value)
+        model.clear_hints()
         if hint is not None:
-            model.clear_hints()
             for i, v in enumerate(hint):
                 model.add_hint(model.get_int_var_from_proto_index(i), v)
         code = solver.solve(model)
@@ -367,6 +452,7 @@ def solve_program(program: IntegerProgram, params: SolveParams) -> ProgramResult
         num_constraints=len(proto.constraints),
         top_k_complete=complete,
         phases=tuple(run.phases),
+        memory_rows_added=int(lm.row_added.sum()),
     )
 
 
@@ -395,7 +481,9 @@ def _solve_one(
             else:
                 status = SolveStatus.FEASIBLE
     if secondary is None:  # time first, then the tie-break dims chunk by chunk
-        status, values = _lexicographic(lm, run, rank, model, time_terms, status, values)
+        status, values = _lexicographic(
+            lm, run, rank, model, time_terms, status, values
+        )
     time_ps = time_terms.value(values)
     if lm.peak is None and secondary is not None:
         bound = float(first.bound // secondary.weight)

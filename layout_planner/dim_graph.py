@@ -81,24 +81,30 @@ class DimensionGraph:
         tensor_edges: dict[tuple[str, str], str] = {}
         op_edges: dict[tuple[str, str], str] = {}
         seen_shapes: set[Shape] = set()
+        seen_names: set[frozenset[str]] = set()
+
+        def visit(shape: Shape, where: str) -> None:
+            # Most tensors repeat a shape seen before (every layer of a deep
+            # model); their sizes and edges are known already.
+            if shape not in seen_shapes:
+                seen_shapes.add(shape)
+                for d in shape.dims:
+                    sizes.setdefault(d.name, set()).add(d.size)
+                _add_pairs(tensor_edges, shape.dimension_names, where)
+
         for op in ops:
             for t in op.outputs:
-                for d in t.shape:
-                    sizes.setdefault(d.name, set()).add(d.size)
+                for d in t.shape.dims:
                     tensor_count[d.name] = tensor_count.get(d.name, 0) + 1
-                # Most tensors repeat a shape seen before (every layer of a deep
-                # model); their edges are known already.
-                if t.shape not in seen_shapes:
-                    seen_shapes.add(t.shape)
-                    _add_pairs(tensor_edges, t.shape.dimension_names, t.name)
+                visit(t.shape, t.name)
             for t in op.inputs:
-                for d in t.shape:
-                    sizes.setdefault(d.name, set()).add(d.size)
+                visit(t.shape, t.name)
             for name in op.unsplittable_dims():
                 unsplittable.setdefault(name, []).append(op.name)
-            names = sorted(op.all_dim_names)
-            if len(names) > 1:
-                _add_pairs(op_edges, names, op.name)
+            names = op.all_dim_names
+            if len(names) > 1 and names not in seen_names:
+                seen_names.add(names)
+                _add_pairs(op_edges, sorted(names), op.name)
         g = nx.Graph()
         for name in sorted(sizes):
             g.add_node(
@@ -238,7 +244,9 @@ class DimensionGraph:
         return {"nodes": nodes, "edges": edges, "components": self.components()}
 
 
-def _add_pairs(edges: dict[tuple[str, str], str], names: Sequence[str], where: str) -> None:
+def _add_pairs(
+    edges: dict[tuple[str, str], str], names: Sequence[str], where: str
+) -> None:
     for a, b in itertools.combinations(sorted(names), 2):
         edges.setdefault((a, b), where)
 

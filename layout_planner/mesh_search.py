@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from cost_models.hardware import HardwareProfile
+from layout_planner.analysis import GraphAnalysis
 from layout_planner.errors import PlannerError
 from layout_planner.plan import LayoutPlan, MeshTrial
 from layout_planner.problem import LayoutProblem
@@ -24,7 +25,9 @@ from mtf_core.shapes import Dimension, Shape
 AXIS_NAMES = ("x", "y", "z", "w")
 
 
-def factorizations(n: int, max_dims: int, ordered: bool = True) -> list[tuple[int, ...]]:
+def factorizations(
+    n: int, max_dims: int, ordered: bool = True
+) -> list[tuple[int, ...]]:
     """Tuples of factors > 1 whose product is ``n``, at most ``max_dims`` long
     (``(1,)`` for one device), shortest first, then in decreasing order.
 
@@ -67,7 +70,11 @@ def search_mesh_shape(
     with every shape tried in ``mesh_trials``."""
     from layout_planner.planner import check_graph, plan_problem
 
-    if isinstance(num_devices, bool) or not isinstance(num_devices, int) or num_devices < 1:
+    if (
+        isinstance(num_devices, bool)
+        or not isinstance(num_devices, int)
+        or num_devices < 1
+    ):
         raise PlannerError(f"num_devices is {num_devices!r}; expected an integer >= 1")
     if isinstance(max_dims, bool) or not isinstance(max_dims, int) or max_dims < 1:
         raise PlannerError(f"max_mesh_dims is {max_dims!r}; expected an integer >= 1")
@@ -77,13 +84,16 @@ def search_mesh_shape(
             f"were given ({list(axis_names)})"
         )
     check_graph(graph, outputs)
+    analysis = GraphAnalysis(graph, outputs)
     trial_params = replace(params, top_k=1)
     best: tuple[tuple[float, ...], LayoutProblem] | None = None
     trials = []
     for sizes in factorizations(num_devices, max_dims, ordered):
         mesh = Shape([Dimension(axis_names[i], s) for i, s in enumerate(sizes)])
-        problem = LayoutProblem(graph, mesh, hardware, outputs)
-        plan = plan_problem(problem, objective, trial_params, verify=False, extras=False)
+        problem = LayoutProblem(graph, mesh, hardware, outputs, analysis)
+        plan = plan_problem(
+            problem, objective, trial_params, verify=False, extras=False
+        )
         value = plan.solver.objective_value
         trials.append(MeshTrial(str(mesh), plan.status, value, str(plan.layout_rules)))
         if not plan.status.has_solution:
@@ -108,4 +118,9 @@ def _rank_key(
         primary: tuple[float, ...] = (float(cost.peak_memory_bytes), cost.time_s)
     else:
         primary = (cost.time_s, float(cost.peak_memory_bytes))
-    return (float(not cost.fits), *primary, float(len(sizes)), *(-float(s) for s in sizes))
+    return (
+        float(not cost.fits),
+        *primary,
+        float(len(sizes)),
+        *(-float(s) for s in sizes),
+    )

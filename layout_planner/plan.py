@@ -59,7 +59,9 @@ class PlanCost:
     def from_dict(cls, d: Mapping[str, Any]) -> PlanCost:
         return cls(
             compute_s=float(d["compute_s"]),
-            comm_s_by_axis=tuple(sorted((str(k), float(v)) for k, v in d["comm_s_by_axis"].items())),
+            comm_s_by_axis=tuple(
+                sorted((str(k), float(v)) for k, v in d["comm_s_by_axis"].items())
+            ),
             peak_memory_bytes=int(d["peak_memory_bytes"]),
             memory_capacity_bytes=int(d["memory_capacity_bytes"]),
         )
@@ -103,7 +105,9 @@ class Baseline:
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
-            "layout_rules": None if self.layout_rules is None else str(self.layout_rules),
+            "layout_rules": None
+            if self.layout_rules is None
+            else str(self.layout_rules),
             "cost": None if self.cost is None else self.cost.to_dict(),
             "note": self.note,
         }
@@ -211,6 +215,8 @@ class SolverStats:
     ``objective_value`` and ``best_bound`` are in seconds (objective ``time``)
     or bytes (``memory``); ``gap = (objective - bound) / objective``.
     ``verified``: ``cost_models.evaluate`` priced the plan and agreed.
+    ``memory_rows_added``: live-set constraints the solver needed (it adds
+    one only when an answer breaks it; ``problem["num_memory_rows"]`` exist).
     """
 
     status: SolveStatus
@@ -230,6 +236,7 @@ class SolverStats:
     top_k_complete: bool
     verified: bool
     problem: Mapping[str, Any] = field(default_factory=dict)
+    memory_rows_added: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -295,7 +302,9 @@ class LayoutPlan:
             lines.append(f"  {self.reason}")
         for d in self.dims:
             where = f"-> {d.mesh_axis}" if d.mesh_axis else "-> whole"
-            lines.append(f"  {d.name} ({'/'.join(map(str, d.sizes))}) {where}: {d.reason}")
+            lines.append(
+                f"  {d.name} ({'/'.join(map(str, d.sizes))}) {where}: {d.reason}"
+            )
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -309,7 +318,9 @@ class LayoutPlan:
             "fits": self.fits,
             "reason": self.reason,
             "cost": self.cost.to_dict(),
-            "evaluation": None if self.evaluation is None else self.evaluation.to_dict(),
+            "evaluation": None
+            if self.evaluation is None
+            else self.evaluation.to_dict(),
             "candidates": [c.to_dict() for c in self.candidates],
             "baselines": [b.to_dict() for b in self.baselines],
             "solver": self.solver.to_dict(),
@@ -363,4 +374,3 @@ def fmt_bytes(n: float) -> str:
         if abs(n) >= size:
             return f"{n / size:.3g} {unit}"
     return f"{int(n)} B"
-

@@ -12,10 +12,10 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict
 import os
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from typing import Any
 
 from cost_models.costs import Cost, evaluate
@@ -138,7 +138,11 @@ def solve_params(
         raise PlannerError(f"time_limit_s is {time_limit_s!r}; expected seconds > 0")
     if num_workers is None:
         num_workers = min(os.cpu_count() or 1, 8)
-    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
+    if (
+        isinstance(num_workers, bool)
+        or not isinstance(num_workers, int)
+        or num_workers < 1
+    ):
         raise PlannerError(f"num_workers is {num_workers!r}; expected an integer >= 1")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise PlannerError(f"seed is {seed!r}; expected an integer >= 0")
@@ -151,7 +155,11 @@ def hardware_with_limit(
     hw = get_hardware(hardware)
     if memory_limit is None:
         return hw
-    if isinstance(memory_limit, bool) or not isinstance(memory_limit, int) or memory_limit <= 0:
+    if (
+        isinstance(memory_limit, bool)
+        or not isinstance(memory_limit, int)
+        or memory_limit <= 0
+    ):
         raise PlannerError(
             f"memory_limit is {memory_limit!r}; expected a positive number of bytes "
             "per device"
@@ -259,7 +267,9 @@ def plan_problem(
         gap=gap,
         wall_time_s=wall,
         plan_time_s=0.0,
-        build_time_s=problem.stats.collect_s + problem.stats.price_s + problem.stats.memory_s,
+        build_time_s=problem.stats.collect_s
+        + problem.stats.price_s
+        + problem.stats.memory_s,
         num_solves=result.num_solves,
         num_variables=result.num_variables,
         num_constraints=result.num_constraints,
@@ -270,6 +280,7 @@ def plan_problem(
         top_k_complete=result.top_k_complete,
         verified=evaluation is not None,
         problem=asdict(problem.stats),
+        memory_rows_added=result.memory_rows_added,
     )
     plan = LayoutPlan(
         mesh_shape=problem.mesh_shape,

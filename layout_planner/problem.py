@@ -33,9 +33,10 @@ import numpy as np
 
 from cost_models.collectives import collective_buffer_bytes
 from cost_models.hardware import HardwareProfile
-from cost_models.memory import MemoryModel, memory_model
-from cost_models.units import CostUnit, cost_units, unit_cost
-from layout_planner.dim_graph import Assignment, DimensionGraph
+from cost_models.memory import MemoryModel
+from cost_models.units import CostUnit, unit_cost
+from layout_planner.analysis import GraphAnalysis
+from layout_planner.dim_graph import Assignment
 from layout_planner.program import (
     PS_PER_S,
     DimsetSpec,
@@ -104,12 +105,20 @@ class LayoutProblem:
         mesh_shape: Shape,
         hardware: HardwareProfile,
         outputs: Sequence[Tensor] = (),
+        analysis: GraphAnalysis | None = None,
     ) -> None:
+        """``analysis``: a :class:`GraphAnalysis` of ``graph`` and ``outputs``
+        to reuse (the mesh-shape search shares one); made here if None."""
         self.graph = graph
         self.mesh_shape = mesh_shape
         self.hw = hardware
         self.outputs = list(outputs)
         t0 = time.perf_counter()
+        if analysis is None:
+            analysis = GraphAnalysis(graph, self.outputs)
+        elif analysis.graph is not graph or analysis.outputs != self.outputs:
+            raise ValueError("analysis is of another graph or other outputs")
+        self.analysis = analysis
         self._collect()
         t1 = time.perf_counter()
         self._price_units()
@@ -125,7 +134,7 @@ class LayoutProblem:
             num_dimsets=len(self.tables),
             num_assignments=sum(len(t.assignments) for t in self.tables),
             num_unit_pricings=self._num_pricings,
-            num_live_sets=len(self.memory.live_sets),
+            num_live_sets=len(self.memory.steps),
             num_memory_rows=len(self.rows),
             collect_s=t1 - t0,
             price_s=t2 - t1,
@@ -134,9 +143,9 @@ class LayoutProblem:
 
     # -- phase 1 ---------------------------------------------------------------------
     def _collect(self) -> None:
-        self.dim_graph = DimensionGraph.from_graph(self.graph)
-        self.units: list[CostUnit] = cost_units(self.graph, self.outputs)
-        self.memory: MemoryModel = memory_model(self.graph, self.outputs)
+        self.dim_graph = self.analysis.dim_graph
+        self.units: list[CostUnit] = self.analysis.units
+        self.memory: MemoryModel = self.analysis.memory
         self.allowed = {
             n: self.dim_graph.allowed_axes(n, self.mesh_shape)
             for n in self.dim_graph.names
@@ -162,7 +171,9 @@ class LayoutProblem:
         table = DimsetTable(
             dims=dims,
             assignments=assignments,
-            factor=[math.prod(sizes[a] for a in asg if a is not None) for asg in assignments],
+            factor=[
+                math.prod(sizes[a] for a in asg if a is not None) for asg in assignments
+            ],
             time_s=[0.0] * n,
             compute_s=[0.0] * n,
             comm_s=[{} for _ in range(n)],
@@ -179,9 +190,9 @@ class LayoutProblem:
         groups: dict[tuple[str, ...], dict[Any, list[CostUnit]]] = {}
         for unit in self.units:
             key = unit.signature if unit.signature is not None else id(unit)
-            groups.setdefault(self.free(unit.dim_names), {}).setdefault(
-                key, []
-            ).append(unit)
+            groups.setdefault(self.free(unit.dim_names), {}).setdefault(key, []).append(
+                unit
+            )
         self._num_signatures = sum(len(g) for g in groups.values())
         self._num_pricings = 0
         for dims in sorted(groups):
@@ -219,33 +230,33 @@ class LayoutProblem:
 
     def rules_for(self, assignment: Mapping[str, int | None]) -> LayoutRules:
         return LayoutRules(
-            (d, self.mesh_shape[a].name)
-            for d, a in assignment.items()
-            if a is not None
+            (d, self.mesh_shape[a].name) for d, a in assignment.items() if a is not None
         )
 
     # -- phase 3 ---------------------------------------------------------------------
     def _memory_rows(self) -> None:
-        tensors = self.memory.tensors
-        tensor_table = []
-        for t in tensors:
-            dims = self.free(t.dim_names)
-            self._table(dims)
-            tensor_table.append(self.table_of[dims])
-        n_tables = len(self.tables)
-        empty = self.table_of.get(())
-        vectors: dict[tuple[int, ...], None] = {}
-        current = np.zeros(n_tables + 1, dtype=np.int64)
-        previous: frozenset[int] = frozenset()
-        for live in self.memory.live_sets:
-            for i in live - previous:
-                current[_slot(tensor_table[i], empty, n_tables)] += tensors[i].bytes
-            for i in previous - live:
-                current[_slot(tensor_table[i], empty, n_tables)] -= tensors[i].bytes
-            previous = live
-            vectors.setdefault(tuple(int(v) for v in current), None)
-        self.tensor_table = tensor_table
-        self.rows = _non_dominated(list(vectors))
+        """The analysis's live-set rows, with tensor classes merged by free
+        dims (one column per table, plus a constant column for tensors no
+        layout splits); duplicate rows dropped."""
+        a = self.analysis
+        columns: dict[int, int] = {}  # table index -> column
+        target = []
+        for names in a.tensor_classes:
+            dims = self.free(names)
+            if dims:
+                self._table(dims)
+                target.append(columns.setdefault(self.table_of[dims], len(columns)))
+            else:
+                target.append(-1)
+        n = len(columns)
+        mapping = np.zeros((len(a.tensor_classes), n + 1), dtype=np.int64)
+        for c, col in enumerate(target):
+            mapping[c, n if col < 0 else col] = 1
+        matrix = a.live_rows @ mapping
+        matrix = np.unique(matrix, axis=0) if len(matrix) else matrix
+        self.row_classes = sorted(columns, key=columns.__getitem__)
+        self.rows = matrix[:, :n]
+        self.row_constants = matrix[:, n]
 
     # -- the integer program -------------------------------------------------------------
     def program(self, objective: Objective, capacity_bytes: int) -> IntegerProgram:
@@ -290,18 +301,15 @@ class LayoutProblem:
                     invalid=tuple(bool(i) for i in invalid),
                 )
             )
-        n_tables = len(self.tables)
-        rows = []
-        for v in self.rows:
-            row = []
-            for k, h in enumerate(hosts):
-                coefs = np.zeros(len(self.tables[h.table].assignments), dtype=np.int64)
-                for t, proj in h.members:
-                    if v[t]:
-                        coefs += int(v[t]) // np.asarray(self.tables[t].factor)[proj]
-                if coefs.any():
-                    row.append((k, tuple(int(c) for c in coefs)))
-            rows.append(tuple(row))
+        host_of: dict[int, tuple[int, np.ndarray]] = {}
+        for k, h in enumerate(hosts):
+            for t, proj in h.members:
+                host_of[t] = (k, proj)
+        tensor_classes = []
+        for t in self.row_classes:
+            k, proj = host_of[t]
+            factors = np.asarray(self.tables[t].factor, dtype=np.int64)[proj]
+            tensor_classes.append((k, tuple(int(f) for f in factors)))
         labels = [""] * len(self.x_index)
         for (d, a), i in self.x_index.items():
             labels[i] = f"{d}@{self.mesh_shape[a].name}"
@@ -321,8 +329,9 @@ class LayoutProblem:
             dim_x=dim_x,
             conflicts=tuple(sorted(set(conflicts))),
             dimsets=tuple(dimsets),
-            memory_rows=tuple(rows),
-            row_constants=tuple(int(v[n_tables]) for v in self.rows),
+            tensor_classes=tuple(tensor_classes),
+            row_bytes=self.rows,
+            row_constants=self.row_constants,
             capacity_bytes=int(capacity_bytes),
             objective=objective,
             precedence=tuple(precedence),
@@ -418,7 +427,9 @@ class LayoutProblem:
                 why = self.dim_graph.why_whole(d, self.mesh_shape) or (
                     f"mesh axis {self.mesh_shape[a].name} does not divide it"
                 )
-                return _invalid(f"{d!r} cannot be split over {self.mesh_shape[a].name!r}: {why}")
+                return _invalid(
+                    f"{d!r} cannot be split over {self.mesh_shape[a].name!r}: {why}"
+                )
         full = {d: assignment.get(d) for d in self.free_dims}
         for a, b in self.dim_graph.tensor_conflicts():
             if full.get(a) is not None and full.get(a) == full.get(b):
@@ -439,14 +450,14 @@ class LayoutProblem:
             for axis, s in table.comm_s[k].items():
                 comm[axis] = comm.get(axis, 0.0) + s
             buffer = max(buffer, table.buffer_bytes[k])
-        peak = 0
-        for v in self.rows:
-            total = int(v[-1]) + sum(
-                int(v[s]) // self.tables[s].factor[picks[s]]
-                for s in range(len(self.tables))
-                if v[s]
-            )
-            peak = max(peak, total)
+        factors = np.array(
+            [self.tables[t].factor[picks[t]] for t in self.row_classes], dtype=np.int64
+        )
+        peak = (
+            int(((self.rows // factors).sum(axis=1) + self.row_constants).max())
+            if len(self.rows)
+            else 0
+        )
         comm_items = tuple(sorted(comm.items()))
         return TableCost(
             time_s=compute + sum(s for _, s in comm_items),
@@ -462,15 +473,10 @@ class LayoutProblem:
         """The ``k`` biggest tensors (name, shape, kind, bytes per device) of the
         largest live set under ``assignment``: what to name when nothing fits."""
         ctx = self.context({d: a for d, a in assignment.items() if a is not None})
-        items = [
-            (t.name, str(t.shape), t.kind, t.bytes_per_device(ctx))
-            for t in (
-                self.memory.tensors[i]
-                for i in self.memory.live_sets[self.memory.peak_live_set(ctx)]
-            )
-        ] if self.memory.live_sets else []
-        items.sort(key=lambda r: (-r[3], r[0]))
-        return items[:k]
+        return [
+            (t.name, str(t.shape), t.kind, b)
+            for t, b in self.memory.largest_in_peak(ctx, k)
+        ]
 
 
 @dataclass(frozen=True)
@@ -481,27 +487,5 @@ class _Host:
     members: list[tuple[int, np.ndarray]]
 
 
-def _slot(table: int, empty: int | None, n_tables: int) -> int:
-    # Tensors no layout splits go to the constant column (the last one).
-    return n_tables if table == empty else table
-
-
 def _invalid(reason: str | None) -> TableCost:
     return TableCost(float("inf"), float("inf"), (), 0, reason or "invalid layout")
-
-
-def _non_dominated(vectors: list[tuple[int, ...]]) -> list[np.ndarray]:
-    """The vectors no other vector dominates component-wise (duplicates once)."""
-    if not vectors:
-        return []
-    mat = np.array(vectors, dtype=np.int64)
-    order = np.lexsort((np.arange(len(mat)), -mat.sum(axis=1)))
-    kept: list[np.ndarray] = []
-    stack = np.empty((0, mat.shape[1]), dtype=np.int64)
-    for i in order:
-        v = mat[i]
-        if len(kept) and bool(np.all(stack >= v, axis=1).any()):
-            continue
-        kept.append(v)
-        stack = np.vstack([stack, v[None, :]])
-    return kept

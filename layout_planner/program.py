@@ -12,6 +12,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+import numpy as np
+
 # Objective coefficients are integer picoseconds: CP-SAT needs integers, and a
 # picosecond keeps even a one-op graph on a CPU host (tens of nanoseconds)
 # exact to far below anything a cost model can claim.
@@ -48,8 +50,7 @@ class Objective(enum.Enum):
         from layout_planner.errors import PlannerError
 
         raise PlannerError(
-            f"objective {value!r} is unknown; expected one of "
-            f"{[o.value for o in cls]}"
+            f"objective {value!r} is unknown; expected one of {[o.value for o in cls]}"
         )
 
 
@@ -71,14 +72,21 @@ class DimsetSpec:
     invalid: tuple[bool, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class IntegerProgram:
     """Everything CP-SAT needs, as integers (see :class:`cpsat.LayoutModel`).
 
     ``dim_x[d]`` lists dim ``d``'s x-variable indices, one per allowed mesh
-    axis, in mesh order.  ``memory_rows[r]`` is one live set: ``(dimset
-    index, unsplit bytes)`` pairs plus ``row_constants[r]`` bytes that no
-    layout splits.
+    axis, in mesh order.  ``precedence`` pairs ``(i, js)`` mean ``x[i] <=
+    sum x[js]``.
+
+    Memory: ``row_bytes[r, t]`` is the unsplit bytes of live set ``r``'s
+    tensors whose free dims are those of tensor class ``t``, and
+    ``row_constants[r]`` the bytes no layout splits.  ``tensor_classes[t] =
+    (s, f)``: class ``t`` is priced in dim set ``s``, and ``f[a]`` is how many
+    pieces assignment ``a`` of ``s`` cuts such a tensor into.  So live set
+    ``r`` needs ``row_constants[r] + sum_t row_bytes[r, t] // f_t[a_s]`` bytes
+    per device.
     """
 
     num_x: int
@@ -86,17 +94,17 @@ class IntegerProgram:
     dim_x: tuple[tuple[int, ...], ...]
     conflicts: tuple[tuple[int, int], ...]
     dimsets: tuple[DimsetSpec, ...]
-    memory_rows: tuple[tuple[tuple[int, tuple[int, ...]], ...], ...]
-    row_constants: tuple[int, ...]
+    tensor_classes: tuple[tuple[int, tuple[int, ...]], ...]
+    row_bytes: np.ndarray  # int64 [rows, tensor classes]
+    row_constants: np.ndarray  # int64 [rows]
     capacity_bytes: int
     objective: Objective
     time_offset_ps: int = 0
-    # x[i] <= sum of x[j]: symmetry breaking between interchangeable mesh axes
     precedence: tuple[tuple[int, tuple[int, ...]], ...] = ()
 
     @property
-    def has_memory(self) -> bool:
-        return bool(self.memory_rows)
+    def num_rows(self) -> int:
+        return int(self.row_bytes.shape[0])
 
 
 @dataclass(frozen=True)
@@ -133,3 +141,4 @@ class ProgramResult:
     num_constraints: int
     top_k_complete: bool
     phases: tuple[tuple[str, str, float], ...] = field(default=())
+    memory_rows_added: int = 0

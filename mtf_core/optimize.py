@@ -246,7 +246,12 @@ class AdamWeightDecayOptimizer(Optimizer):
             s in var.name for s in self.exclude_from_weight_decay
         ):
             # Decoupled (AdamW): decay by the uncorrected learning rate.
-            wd = _scalar(mesh, self.learning_rate) * c(self.weight_decay_rate)
+            lr = self.learning_rate
+            wd = (
+                lr * c(self.weight_decay_rate)
+                if isinstance(lr, Tensor)
+                else c(float(lr) * self.weight_decay_rate)
+            )
             update = update + value * wd
         return [assign(m, new_m), assign(v, new_v), assign(var, value - update)]
 

@@ -48,8 +48,13 @@ def test_memory_plans_are_deterministic_too() -> None:
     model = transformer(batch=16)
     plans = [
         mtf.auto_layout(
-            model.graph, "x:2;y:2", [model.loss], objective="memory", top_k=3,
-            num_workers=w, verify=False,
+            model.graph,
+            "x:2;y:2",
+            [model.loss],
+            objective="memory",
+            top_k=3,
+            num_workers=w,
+            verify=False,
         )
         for w in (1, 4, 4)
     ]

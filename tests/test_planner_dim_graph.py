@@ -8,7 +8,9 @@ import mtf_core as mtf
 from layout_planner.dim_graph import DimensionGraph
 
 
-def test_names_sharing_a_tensor_get_a_tensor_edge_and_op_only_pairs_an_op_edge() -> None:
+def test_names_sharing_a_tensor_get_a_tensor_edge_and_op_only_pairs_an_op_edge() -> (
+    None
+):
     dg = DimensionGraph.from_graph(mtf_example().graph)
     assert dg.conflict_kind("a", "b") == "tensor"  # x[a,b]
     assert dg.conflict_kind("a", "c") == "tensor"  # z[a,c]

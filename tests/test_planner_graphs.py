@@ -16,7 +16,9 @@ INFINIBAND = LinkSpec("infiniband", 25e9, 6e-6)
 SLOW = LinkSpec("slow-ethernet", 1e9, 20e-6)
 
 
-def gpu(axis_links: dict[str, LinkSpec] | None = None, memory_bytes: int = 80 * 2**30) -> HardwareProfile:
+def gpu(
+    axis_links: dict[str, LinkSpec] | None = None, memory_bytes: int = 80 * 2**30
+) -> HardwareProfile:
     """A GPU-like device (100 TFLOP/s, 2 TB/s HBM); links per mesh axis name,
     NVLink for axes not named."""
     return HardwareProfile(
@@ -63,19 +65,40 @@ def transformer(**sizes: int) -> ModelGraph:
 # Megatron pays: big weights per token, a fast "model" axis and a batch axis
 # fast enough that splitting the batch over it still pays.
 MEGATRON_SIZES = dict(
-    num_layers=1, d_model=512, heads=8, d_kv=64, d_ff=2048, vocab=4096, length=64, batch=64
+    num_layers=1,
+    d_model=512,
+    heads=8,
+    d_kv=64,
+    d_ff=2048,
+    vocab=4096,
+    length=64,
+    batch=64,
 )
 MEGATRON_MESH = "batch:2;model:4"
 MEGATRON_HW = gpu({"batch": INFINIBAND, "model": NVLINK})
 
 # Data parallelism pays: many tokens, small weights.
 DATA_PARALLEL_SIZES = dict(
-    num_layers=1, d_model=128, heads=4, d_kv=32, d_ff=256, vocab=512, length=64, batch=512
+    num_layers=1,
+    d_model=128,
+    heads=4,
+    d_kv=32,
+    d_ff=256,
+    vocab=512,
+    length=64,
+    batch=512,
 )
 # Replicated weights are fastest, but with their Adam slots they do not fit
 # once the memory limit drops: splitting them over the slow axis is the price.
 PRESSURE_SIZES = dict(
-    num_layers=1, d_model=512, heads=8, d_kv=64, d_ff=2048, vocab=512, length=64, batch=128
+    num_layers=1,
+    d_model=512,
+    heads=8,
+    d_kv=64,
+    d_ff=2048,
+    vocab=512,
+    length=64,
+    batch=128,
 )
 PRESSURE_MESH = "b:8;m:2"
 PRESSURE_HW = gpu({"m": SLOW})
@@ -84,7 +107,11 @@ PRESSURE_HW = gpu({"m": SLOW})
 def test_mtf_example_has_the_einsum_of_mesh_tensorflows_test() -> None:
     ex = mtf_example()
     assert str(ex.z.shape) == "a:10,c:20"
-    assert [op.op_type for op in ex.graph.operations] == ["Constant", "Constant", "Einsum"]
+    assert [op.op_type for op in ex.graph.operations] == [
+        "Constant",
+        "Constant",
+        "Einsum",
+    ]
 
 
 def test_unstacked_mtf_example_marks_a_and_c_unsplittable() -> None:

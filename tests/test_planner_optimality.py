@@ -24,14 +24,18 @@ HW = get_hardware("cpu-host")
 MESH = "x:2;y:4"  # two axes of different sizes: no two layouts are mirror images
 
 
-def every_layout(case: Case, mesh: str, problem: LayoutProblem) -> list[tuple[str, Cost]]:
+def every_layout(
+    case: Case, mesh: str, problem: LayoutProblem
+) -> list[tuple[str, Cost]]:
     """Every layout ``evaluate`` accepts and the planner may choose, priced."""
     out = []
     for text in all_rules(case.dim_names, mesh):
         rules = mtf.convert_to_layout_rules(text)
         table = problem.table_cost(problem.assignment_from_rules(rules))
         try:
-            cost = evaluate(case.graph, mesh, rules, HW, case.outputs, memory=problem.memory)
+            cost = evaluate(
+                case.graph, mesh, rules, HW, case.outputs, memory=problem.memory
+            )
         except LayoutError:
             assert table.invalid, f"the planner accepts {text!r}, the lowering does not"
             continue

@@ -51,12 +51,16 @@ def test_large_batch_small_weights_gets_data_parallel() -> None:
     ev = plan.evaluation
     assert ev is not None
     assert {c.kind for c in ev.collectives} == {"allreduce"}
-    assert sum(c.bytes_per_device for c in ev.collectives) == ev.param_bytes_per_device + 4
+    assert (
+        sum(c.bytes_per_device for c in ev.collectives) == ev.param_bytes_per_device + 4
+    )
 
 
 def test_weights_and_slots_that_do_not_fit_replicated_get_split() -> None:
     model = transformer(**PRESSURE_SIZES)
-    free = mtf.auto_layout(model.graph, PRESSURE_MESH, [model.loss], PRESSURE_HW, top_k=1)
+    free = mtf.auto_layout(
+        model.graph, PRESSURE_MESH, [model.loss], PRESSURE_HW, top_k=1
+    )
     # Without memory pressure the fastest plan replicates every weight.
     assert str(free.layout_rules) == "batch:b"
     assert free.evaluation is not None
@@ -92,5 +96,7 @@ def test_when_nothing_fits_the_plan_says_which_tensors_and_by_how_much() -> None
     assert f"({over:,} B) over" in plan.reason
     assert "nothing fits in 9.77 KiB per device" in plan.reason
     # The layout shown is the one with the smallest peak.
-    smallest = mtf.auto_layout(model.graph, "x:2;y:2", [model.loss], gpu(), objective="memory", top_k=1)
+    smallest = mtf.auto_layout(
+        model.graph, "x:2;y:2", [model.loss], gpu(), objective="memory", top_k=1
+    )
     assert plan.cost.peak_memory_bytes == smallest.cost.peak_memory_bytes

@@ -258,3 +258,16 @@ def test_lm_loss_falls_well_below_the_unigram_entropy_of_python_sources(devices)
     losses = [trainer.step(data.batch(i)) for i in range(300)]
     assert losses[0] > entropy  # starts near log(vocab)
     assert np.mean(losses[-20:]) < entropy - 0.8
+
+
+@pytest.mark.solver
+def test_auto_layout_asks_the_planner_for_rules_on_the_given_mesh():
+    args = cli.parse_args(["--layout", "auto", "--mesh", "x:2;y:2"])
+    model = build_lm(SMALL, "sgd")
+    choice = cli.choose_layout(args, model, 4)
+    assert choice.preset == "auto" and str(choice.mesh_shape) == "x:2,y:2"
+    names = {
+        d.name for op in model.graph.operations for t in op.outputs for d in t.shape
+    }
+    assert {t for t, _ in choice.rules} <= names
+    assert {m for _, m in choice.rules} <= {"x", "y"}

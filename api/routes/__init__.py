@@ -6,6 +6,7 @@ from api.schemas import ErrorBody
 #: OpenAPI entries for the error answers a route can give.
 def error_responses(*codes: int) -> dict[int | str, dict[str, object]]:
     described = {
+        400: "The body could not be read (not UTF-8 text, a bad Content-Length).",
         401: "A write endpoint without a valid API token.",
         404: "No such resource.",
         409: "The job has finished or is not on this replica.",

@@ -16,7 +16,7 @@ router = APIRouter(prefix="/v1", tags=["evaluate"])
 @router.post(
     "/evaluate",
     response_model=EvaluateOut,
-    responses=error_responses(413, 422),
+    responses=error_responses(400, 413, 422),
     summary="Price one layout",
 )
 def evaluate(body: EvaluateRequest, service: ServiceDep) -> dict[str, Any]:

@@ -46,7 +46,7 @@ def _create(service: PlannerService, body: PlanRequest) -> JobRecord:
     "/jobs",
     status_code=202,
     response_model=JobOut,
-    responses=error_responses(401, 413, 422, 429),
+    responses=error_responses(400, 401, 413, 422, 429),
     summary="Plan a graph in the background",
 )
 async def create_job(
@@ -63,7 +63,9 @@ async def create_job(
     )
 
 
-@router.get("/jobs", response_model=JobList, summary="List jobs")
+@router.get(
+    "/jobs", response_model=JobList, responses=error_responses(422), summary="List jobs"
+)
 def list_jobs(
     service: ServiceDep, limit: int = Query(50, ge=1, le=500)
 ) -> dict[str, object]:
@@ -73,7 +75,7 @@ def list_jobs(
 @router.get(
     "/jobs/{job_id}",
     response_model=JobOut,
-    responses=error_responses(404),
+    responses=error_responses(404, 422),
     summary="A job's status, progress and plan id",
 )
 def get_job(job_id: str, service: ServiceDep) -> JSONResponse:
@@ -86,7 +88,7 @@ def get_job(job_id: str, service: ServiceDep) -> JSONResponse:
 @router.delete(
     "/jobs/{job_id}",
     response_model=JobOut,
-    responses=error_responses(401, 404, 409),
+    responses=error_responses(401, 404, 409, 422),
     summary="Cancel a queued or running job",
 )
 def cancel_job(job_id: str, service: ServiceDep, _: WriteAccess) -> JSONResponse:

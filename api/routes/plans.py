@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 
 from api.deps import ServiceDep, WriteAccess
 from api.errors import error_response
@@ -34,22 +36,46 @@ def _lookup(
     response_model=PlanOut,
     responses={
         202: {"model": JobOut, "description": "Still solving: poll the job."},
-        **error_responses(401, 413, 422, 429, 503),
+        **error_responses(400, 401, 413, 422, 429, 503),
+    },
+    # The body is parsed by hand (see below); document it as PlanRequest.
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {JSON: {"schema": {"$ref": "#/components/schemas/PlanRequest"}}},
+        }
     },
     summary="Plan a graph's layout",
 )
 async def create_plan(
-    body: PlanRequest, service: ServiceDep, _: WriteAccess
+    request: Request, service: ServiceDep, _: WriteAccess
 ) -> Response:
     """The plan for a graph on a mesh (or a device count), from the store if
     this exact request was planned before (``cached: true``), else solved now.
 
-    A solve that takes longer than ``sync_wait_s``, or a graph over
-    ``sync_max_operations`` operations, answers 202 with the job to poll.
+    The body is a ``PlanRequest``.  A solve that takes longer than
+    ``sync_wait_s``, or a graph over ``sync_max_operations`` operations,
+    answers 202 with the job to poll.
     """
+    # Bytes seen before skip parsing and the database (ResponseCache).
+    raw = await request.body()
+    key = service.responses.key(raw)
+    hit = service.responses.get(key)
+    if hit is not None:
+        service.metrics.cache_hits.inc()
+        return Response(hit, media_type=JSON)
+    try:
+        body = PlanRequest.model_validate_json(raw)
+    except ValidationError as e:
+        errors = e.errors(include_url=False)
+        raise RequestValidationError(
+            [{**err, "loc": ("body", *err["loc"])} for err in errors]
+        ) from None
     spec, record = await run_in_threadpool(_lookup, service, body)
     if record is not None:
-        return Response(plan_body(record, cached=True), media_type=JSON)
+        cached = plan_body(record, cached=True)
+        service.responses.put(key, cached)
+        return Response(cached, media_type=JSON)
     await run_in_threadpool(service.validate, spec)
     try:
         job = await run_in_threadpool(service.submit, spec)
@@ -71,6 +97,7 @@ async def create_plan(
                 return error_response(409, str(e), error="cancelled")
             except Exception as e:  # the solver or the worker failed
                 return error_response(503, str(e), error="solve_failed")
+            service.responses.put(key, plan_body(record, cached=True))
             return Response(plan_body(record, cached=False), media_type=JSON)
     latest = await run_in_threadpool(service.store.get_job, job.id)
     assert latest is not None
@@ -79,7 +106,12 @@ async def create_plan(
     )
 
 
-@router.get("/plans", response_model=PlanList, summary="List stored plans")
+@router.get(
+    "/plans",
+    response_model=PlanList,
+    responses=error_responses(422),
+    summary="List stored plans",
+)
 def list_plans(
     service: ServiceDep,
     limit: int = Query(50, ge=1, le=500),
@@ -93,7 +125,7 @@ def list_plans(
 @router.get(
     "/plans/{plan_id}",
     response_model=PlanOut,
-    responses=error_responses(404),
+    responses=error_responses(404, 422),
     summary="Get one plan",
 )
 def get_plan(plan_id: str, service: ServiceDep) -> Response:

@@ -31,8 +31,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import tensorflow as tf
-
 from mtf_core.errors import LoweringError
 
 #: Environment variable the launcher sets: local devices per process.
@@ -124,6 +122,8 @@ def initialize(
     local devices; returns every device of the cluster (see
     :func:`cluster_devices`).  Call once, before any other TensorFlow work;
     returns when every task has joined."""
+    import tensorflow as tf  # here, so the launcher can parse specs without TF
+
     global _active
     if _active is not None:
         if _active == spec:

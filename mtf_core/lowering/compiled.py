@@ -120,4 +120,11 @@ def compile_function(
     variables: VariableStore | None = None,
 ) -> CompiledFunction:
     """Compiles a training (or inference) step; see :class:`CompiledFunction`."""
+    if any(getattr(impl, "is_spmd", False) for impl in mesh_to_impl.values()):
+        # The SPMD backend traces one per-device program and launches it per device.
+        from mtf_core.lowering.spmd_compiled import SpmdCompiledFunction
+
+        return SpmdCompiledFunction(  # type: ignore[return-value]
+            graph, mesh_to_impl, inputs, outputs, updates, variables
+        )
     return CompiledFunction(graph, mesh_to_impl, inputs, outputs, updates, variables)

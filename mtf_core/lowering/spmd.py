@@ -232,7 +232,7 @@ class SimdMeshImpl(MeshImpl):
             if not isinstance(x, LocalSlices):
                 raise LoweringError(f"{x!r} is not a laid-out tensor of this mesh")
         if communicates:
-            per_device = self._run_program(fn, laid)
+            per_device = self.run_program(fn, laid)
         else:
             per_device = {}
             for p in self.local_pnums:
@@ -240,9 +240,16 @@ class SimdMeshImpl(MeshImpl):
                     per_device[p] = fn(*[x.slices[p] for x in laid])
         return _unwrap_local(per_device, self.size)
 
-    def _run_program(
+    def run_program(
         self, fn: Callable[..., Any], inputs: Sequence[LocalSlices]
     ) -> dict[int, Any]:
+        """Runs ``fn`` as one SPMD program on this process's devices.
+
+        ``fn`` takes one device's slices (tensors) and returns a tensor or a
+        tuple; it is traced once, inside :meth:`replica`, so it may call this
+        mesh's primitives on :class:`ReplicaTensor`.  Returns ``{pnum: result}``
+        for the local devices.  Every process of the mesh must run it too.
+        """
         specs = [tf.TensorSpec(x.first.shape, x.first.dtype) for x in inputs]
 
         def body(pnum: Any, token: Any, *tensors: Any) -> Any:

@@ -46,6 +46,7 @@ class SpmdCompiledFunction:
         traced (once: the same program runs on every device).
       replica_graph_nodes, launcher_graph_nodes: sizes of the two traced
         graphs (set by :meth:`trace`).
+      replica_trace_seconds: of :meth:`trace`'s time, lowering the program.
     """
 
     def __init__(
@@ -96,6 +97,7 @@ class SpmdCompiledFunction:
         self.concrete: Any = None
         self.replica_graph_nodes = 0
         self.launcher_graph_nodes = 0
+        self.replica_trace_seconds = 0.0
 
     # -- the replica program ------------------------------------------------
     def _replica_program(self, pnum: Any, seed: Any, token: Any, *rest: Any) -> Any:
@@ -129,9 +131,11 @@ class SpmdCompiledFunction:
                 tf.TensorSpec([], tf.resource),
             ]
             specs += [tf.TensorSpec([], tf.resource)] * len(self._var_slices)
+            t0 = time.perf_counter()
             self._replica_fn = tf.function(
                 self._replica_program, autograph=False
             ).get_concrete_function(*specs, *self._input_specs)
+            self.replica_trace_seconds = time.perf_counter() - t0
             self.replica_graph_nodes = len(self._replica_fn.graph.as_graph_def().node)
         return self._replica_fn
 
@@ -173,15 +177,3 @@ class SpmdCompiledFunction:
         outs = self._launcher(*values)
         return [o.numpy() for o in outs]
 
-
-def compile_spmd_function(
-    graph: Graph,
-    mesh_to_impl: Mapping[Mesh, Any],
-    inputs: Sequence[Tensor] = (),
-    outputs: Sequence[Tensor] = (),
-    updates: Sequence[Operation] = (),
-    variables: VariableStore | None = None,
-) -> SpmdCompiledFunction:
-    """Compiles a step on the SPMD backend (``mtf.compile_function`` calls this
-    for a :class:`SimdMeshImpl`)."""
-    return SpmdCompiledFunction(graph, mesh_to_impl, inputs, outputs, updates, variables)

@@ -1,0 +1,188 @@
+"""Planning time of the Transformer LM training graph, 1 to 1024 layers.
+
+The graph is ``mtf_core.models.build_lm`` with Adam (d_model 256, d_ff 1024,
+heads 8, d_kv 32, vocab 8192, batch 32, length 128), planned by
+``mtf.auto_layout(graph, mesh, [loss], "h100-nvlink-ib")`` (objective time,
+top 5 candidates, baselines and explanations included) on meshes ``x:8``,
+``x:2;y:4``, ``x:2;y:2;z:2`` and ``x:4;y:4;z:4``.  Each layer count runs in a
+fresh process that first plans a 1-layer graph, so imports and OR-tools'
+start-up are not counted.  Columns (seconds):
+
+* build: building the mtf graph (forward, gradients, Adam updates).
+* plan: the whole ``auto_layout`` call, of which
+  * model: cost units, memory model and dimension graph (depth-proportional),
+  * price: pricing every local assignment of every dim set (depth-free),
+  * rows: the live-set memory rows (depth-proportional),
+  * solve: CP-SAT, every phase of the 5 ranked solves.
+* evaluate: ``cost_models.evaluate`` of the plan (the independent check that
+  ``verify=True``, the default, adds; the plan columns exclude it).
+
+    .venv/bin/python bench/planner.py                        # 1..1024 layers
+    .venv/bin/python bench/planner.py --layers 1 64 --meshes "x:2;y:4" --no_write
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+LAYERS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+MESHES = ["x:8", "x:2;y:4", "x:2;y:2;z:2", "x:4;y:4;z:4"]
+SIZES = dict(d_model=256, d_ff=1024, heads=8, d_kv=32, vocab=8192, batch=32, length=128)
+HARDWARE = "h100-nvlink-ib"
+
+
+def child(layers: int, meshes: list[str], evaluate_too: bool) -> None:
+    """Plans one depth on every mesh in this process; prints one JSON line each."""
+    import mtf_core as mtf
+    from cost_models import evaluate
+    from mtf_core.models import TransformerConfig, build_lm
+
+    warm = build_lm(TransformerConfig(num_layers=1, **SIZES), optimizer="adam")
+    mtf.auto_layout(warm.graph, meshes[0], [warm.loss], HARDWARE, verify=False)
+    t0 = time.perf_counter()
+    model = build_lm(TransformerConfig(num_layers=layers, **SIZES), optimizer="adam")
+    build_s = time.perf_counter() - t0
+    for mesh in meshes:
+        t0 = time.perf_counter()
+        plan = mtf.auto_layout(model.graph, mesh, [model.loss], HARDWARE, verify=False)
+        plan_s = time.perf_counter() - t0
+        s = plan.solver
+        p = s.problem
+        row = {
+            "layers": layers,
+            "ops": p["num_ops"],
+            "build_s": build_s,
+            "mesh": mesh,
+            "plan_s": plan_s,
+            "model_s": p["collect_s"],
+            "price_s": p["price_s"],
+            "rows_s": p["memory_s"],
+            "solve_s": s.wall_time_s,
+            "solves": s.num_solves,
+            "status": s.status.value,
+            "gap": s.gap,
+            "rules": str(plan.layout_rules),
+            "signatures": p["num_signatures"],
+            "memory_rows": p["num_memory_rows"],
+            "rows_added": s.memory_rows_added,
+        }
+        if evaluate_too:
+            t0 = time.perf_counter()
+            evaluate(model.graph, mesh, plan.layout_rules, HARDWARE, [model.loss])
+            row["evaluate_s"] = time.perf_counter() - t0
+        print(json.dumps(row), flush=True)
+
+
+def run_child(layers: int, meshes: list[str], evaluate_too: bool, timeout_s: float) -> list[dict]:
+    cmd = [sys.executable, __file__, "--child", str(layers), "--meshes", *meshes]
+    if evaluate_too:
+        cmd.append("--evaluate")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    rows = []
+    try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+        assert proc.stdout is not None
+        deadline = time.monotonic() + timeout_s
+        for line in proc.stdout:
+            if line.startswith("{"):
+                row = json.loads(line)
+                rows.append(row)
+                print(_progress(row), flush=True)
+            if time.monotonic() > deadline:
+                proc.kill()
+                break
+        proc.wait(timeout=max(deadline - time.monotonic(), 1))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    done = {r["mesh"] for r in rows}
+    for mesh in meshes:
+        if mesh not in done:
+            why = f"exit {proc.returncode}" if proc.returncode else f"> {timeout_s:.0f} s"
+            rows.append({"layers": layers, "mesh": mesh, "error": why})
+            print(f"{layers:5d} layers  {mesh:12s} did not finish ({why})", flush=True)
+    return rows
+
+
+def _progress(r: dict) -> str:
+    return (
+        f"{r['layers']:5d} layers  {r['mesh']:12s} plan {r['plan_s']:7.3f} s "
+        f"(model {r['model_s']:.3f}, price {r['price_s']:.3f}, rows {r['rows_s']:.3f}, "
+        f"solve {r['solve_s']:.3f} in {r['solves']}) {r['status']} gap {r['gap']:g}  "
+        f"{r['rules']}"
+        + (f"  evaluate {r['evaluate_s']:.3f} s" if "evaluate_s" in r else "")
+    )
+
+
+def table(rows: list[dict]) -> str:
+    from common import markdown_table
+
+    out = []
+    for r in rows:
+        if "error" in r:
+            out.append([r["layers"], "", "", r["mesh"], r["error"], "", "", "", "", "", "", "", ""])
+            continue
+        out.append(
+            [
+                r["layers"],
+                r["ops"],
+                f"{r['build_s']:.2f}",
+                r["mesh"],
+                f"{r['plan_s']:.3f}",
+                f"{r['model_s']:.3f}",
+                f"{r['price_s']:.3f}",
+                f"{r['rows_s']:.3f}",
+                f"{r['solve_s']:.3f}",
+                r["status"],
+                f"{r['gap']:g}",
+                f"{r['evaluate_s']:.2f}" if "evaluate_s" in r else "",
+                f"`{r['rules']}`",
+            ]
+        )
+    return markdown_table(
+        [
+            "layers", "ops", "build", "mesh", "plan", "model", "price", "rows",
+            "solve", "status", "gap", "evaluate", "rules",
+        ],
+        out,
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--layers", type=int, nargs="+", default=LAYERS)
+    ap.add_argument("--meshes", nargs="+", default=MESHES)
+    ap.add_argument("--evaluate", action="store_true", help="also time evaluate()")
+    ap.add_argument("--timeout", type=float, default=1800.0, help="per layer count")
+    ap.add_argument("--no_write", action="store_true")
+    ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child is not None:
+        child(args.child, args.meshes, args.evaluate)
+        return
+    from common import command_line, machine_summary, replace_section
+
+    rows = []
+    for layers in args.layers:
+        rows.extend(run_child(layers, args.meshes, args.evaluate, args.timeout))
+    body = (
+        f"{machine_summary()}.  Hardware profile `{HARDWARE}`, objective time, "
+        "top 5 candidates.  Seconds; `plan` = model + price + rows + solve + "
+        "baselines and explanations.\n\n"
+        f"    {command_line()}\n\n{table(rows)}\n"
+    )
+    print(body)
+    if not args.no_write:
+        replace_section("Planner", body)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""The dashboard in a real headless Chromium (Debian's, driven by Playwright):
+the plan page draws the charts and shows the chosen rules, the per-dimension
+table and the dimension graph; the form plans another mesh shape.
+
+Set ``MTF_UPDATE_SCREENSHOT=1`` to rewrite docs/img/dashboard.png.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from api.examples import example_graph
+from api_cases import ServerThread, service_settings
+
+pytestmark = [pytest.mark.solver, pytest.mark.slow]
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
+SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "img" / "dashboard.png"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
+    with ServerThread(service_settings(tmp_path_factory.mktemp("browser"))) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def plan(server: ServerThread) -> dict:
+    """A Transformer LM planned on a 2x4 H100 mesh (a plan with splits)."""
+    graph = example_graph(
+        "transformer-lm", layers=1, d_model=1024, heads=16, d_kv=64, d_ff=4096,
+        vocab=32000, length=128, batch=64,
+    )  # fmt: skip
+    r = httpx.post(
+        f"{server.url}/v1/plans",
+        json={"graph": graph, "mesh_shape": "x:2;y:4", "hardware": "h100-nvlink-ib"},
+        timeout=120,
+    )
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator:
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"Debian chromium is not installed at {CHROMIUM} (.ci/run installs it)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+        yield b
+        b.close()
+
+
+def test_plan_page_draws_the_charts_and_shows_the_chosen_rules(server, plan, browser, tmp_path):
+    assert plan["layout_rules"], "the example should split something"
+    page = browser.new_page(viewport={"width": 1280, "height": 1800})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+
+    page.goto(f"{server.url}/")
+    page.click(f"a[href='/plans/{plan['id']}']")
+    page.wait_for_selector("body[data-charts-ready='1']", timeout=15_000)
+    assert errors == []
+
+    assert page.inner_text("#chosen-rules") == plan["layout_rules"]
+    # The chosen rules are highlighted: a background that is not white.
+    bg = page.eval_on_selector("#chosen-rules", "e => getComputedStyle(e).backgroundColor")
+    assert bg not in ("rgba(0, 0, 0, 0)", "rgb(255, 255, 255)")
+
+    for chart in ("cost-chart", "memory-chart"):
+        drawn = page.evaluate(
+            """id => {
+                const c = document.getElementById(id);
+                const px = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+                let inked = 0;
+                for (let i = 3; i < px.length; i += 4) if (px[i] > 0) inked++;
+                return {w: c.width, h: c.height, inked, chart: !!Chart.getChart(c)};
+            }""",
+            chart,
+        )
+        assert drawn["chart"] and drawn["w"] > 200 and drawn["h"] > 100
+        assert drawn["inked"] > 2000, drawn  # bars, axes and labels, not a blank canvas
+    bars = page.evaluate(
+        "() => Chart.getChart(document.getElementById('cost-chart')).data.labels"
+    )
+    assert bars[0].startswith("chosen: ") and len(bars) == len(plan["plan"]["candidates"]) + sum(
+        b["cost"] is not None for b in plan["plan"]["baselines"]
+    )
+
+    dims = page.locator("#dims tbody tr")
+    assert dims.count() == len(plan["plan"]["dims"])
+    split = {d["name"]: d["mesh_axis"] for d in plan["plan"]["dims"] if d["mesh_axis"]}
+    for name, axis in split.items():
+        assert page.locator(f"#dim-graph g[data-dim='{name}']").get_attribute("data-axis") == axis
+
+    shot = tmp_path / "dashboard.png"
+    page.screenshot(path=str(shot), full_page=False)
+    assert shot.stat().st_size > 20_000
+    if os.environ.get("MTF_UPDATE_SCREENSHOT") == "1":
+        SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(shot, SCREENSHOT)
+    page.close()
+
+
+def test_form_plans_the_graph_on_another_mesh_and_shows_the_new_plan(server, plan, browser):
+    page = browser.new_page()
+    page.goto(f"{server.url}/plans/{plan['id']}")
+    page.fill("#try-form input[name=mesh_shape]", "x:4")
+    page.select_option("#try-form select[name=hardware]", "tpu-v4")
+    page.click("#try-form button[type=submit]")
+    # The job page refreshes until the plan is done, then forwards to it.
+    page.wait_for_url(f"{server.url}/plans/**", timeout=60_000)
+    page.wait_for_selector("body[data-charts-ready='1']", timeout=15_000)
+    assert "on x:4 · tpu-v4" in page.inner_text("h1")
+    page.close()
