@@ -16,8 +16,14 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# The planner service on 127.0.0.1, its store seeded with plans for the example
+# models (seeding again finds them stored and solves nothing).
+PLANNER_DATA ?= data/planner
+PLANNER_PORT ?= 8080
 run: $(STAMP)
-	$(PY) examples/mnist.py --mesh_shape "rows:2;cols:2" --layout "batch:rows;hidden:cols"
+	$(VENV)/bin/mtf-planner seed --data-dir $(PLANNER_DATA)
+	@echo "Dashboard: http://127.0.0.1:$(PLANNER_PORT)/  (API docs: http://127.0.0.1:$(PLANNER_PORT)/docs)"
+	$(VENV)/bin/mtf-planner serve --host 127.0.0.1 --port $(PLANNER_PORT) --data-dir $(PLANNER_DATA)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -248,7 +248,9 @@ def format_plan(plan: Any, graph_name: str, where: str) -> str:
     ]
     if plan.reason:
         lines.append(plan.reason)
-    rows = [("", "layout rules", "step time", "comm", "peak memory", "fits")]
+    rows: list[tuple[str, ...]] = [
+        ("", "layout rules", "step time", "comm", "peak memory", "fits")
+    ]
     for cand in plan.candidates:
         rows.append(_row(f"#{cand.rank}", str(cand.layout_rules), cand.cost))
     for b in plan.baselines:

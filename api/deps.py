@@ -17,13 +17,16 @@ _bearer = HTTPBearer(
 )
 
 
-def get_service(request: Request) -> PlannerService:
+# Dependencies are ``async def`` (they do not block): FastAPI runs a sync one
+# in its thread pool, a hop per dependency per request on the hot path.
+async def get_service(request: Request) -> PlannerService:
     service: PlannerService = request.app.state.service
     return service
 
 
-def get_store(request: Request) -> Store:
-    return get_service(request).store
+async def get_store(request: Request) -> Store:
+    store: Store = request.app.state.service.store
+    return store
 
 
 def token_ok(settings: Settings, token: str | None) -> bool:
@@ -37,13 +40,14 @@ def token_ok(settings: Settings, token: str | None) -> bool:
     return any([secrets.compare_digest(token.encode(), t.encode()) for t in tokens])
 
 
-def require_token(
-    settings: Annotated[Settings, Depends(get_settings)],
+async def require_token(
+    service: Annotated[PlannerService, Depends(get_service)],
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> None:
-    """Write endpoints: a configured bearer token, or 401."""
+    """Write endpoints: a configured bearer token, or 401.  The tokens are the
+    service's settings (those :func:`get_settings` gave when it started)."""
     token = credentials.credentials if credentials is not None else None
-    if not token_ok(settings, token):
+    if not token_ok(service.settings, token):
         detail = (
             "this endpoint needs an API token: send 'Authorization: Bearer <token>'"
             if token is None

@@ -81,7 +81,8 @@ async def _mtf_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def _http(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
-    return error_response(exc.status_code, str(exc.detail), headers=exc.headers)
+    headers = dict(exc.headers) if exc.headers else None
+    return error_response(exc.status_code, str(exc.detail), headers=headers)
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -23,8 +23,12 @@ from mtf_core.models import (
 )
 from mtf_core.serialization import graph_to_dict
 
-#: examples/mnist.py in a source checkout (the Docker image copies it too).
-MNIST_EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "mnist.py"
+#: Where examples/mnist.py may be: beside the package in a source checkout,
+#: or under the working directory (the Docker image's /app).
+MNIST_CANDIDATES = (
+    Path(__file__).resolve().parent.parent / "examples" / "mnist.py",
+    Path("examples") / "mnist.py",
+)
 
 _TRANSFORMER_FIELDS = {
     "layers": "num_layers",
@@ -73,11 +77,13 @@ def _mlp(optimizer: str, sizes: dict[str, Any], model: str) -> tuple[Any, list[A
 
 
 def _load_mnist_example() -> ModuleType:
-    if not MNIST_EXAMPLE.is_file():
+    found = [p for p in MNIST_CANDIDATES if p.is_file()]
+    if not found:
         raise ConfigError(
-            f"model 'mnist' needs {MNIST_EXAMPLE} (a source checkout); it is not there"
+            "model 'mnist' needs examples/mnist.py (a source checkout); it is not at "
+            f"{[str(p) for p in MNIST_CANDIDATES]}"
         )
-    spec = importlib.util.spec_from_file_location("mtf_examples_mnist", MNIST_EXAMPLE)
+    spec = importlib.util.spec_from_file_location("mtf_examples_mnist", found[0])
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there

@@ -13,6 +13,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import FastAPI
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
 from api.errors import BodySizeLimit, install_error_handlers
@@ -27,7 +29,8 @@ STATIC_DIR = Path(__file__).parent / "static"
 
 def _settings(app: FastAPI) -> Settings:
     # Honour dependency_overrides, as the routes' Depends(get_settings) does.
-    return app.dependency_overrides.get(get_settings, get_settings)()
+    settings: Settings = app.dependency_overrides.get(get_settings, get_settings)()
+    return settings
 
 
 @asynccontextmanager
@@ -50,6 +53,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         summary="Layouts for named-dimension models on device meshes, planned "
         "by CP-SAT and priced by the cost model.",
         lifespan=lifespan,
+        docs_url=None,  # served below from vendored files: no CDN
+        redoc_url=None,
     )
     if settings is not None:
         app.dependency_overrides[get_settings] = lambda: settings
@@ -58,6 +63,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for module in (plans, jobs, evaluate, hardware, health, dashboard):
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+
+    @app.get("/docs", include_in_schema=False)
+    async def swagger_ui() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url="/openapi.json",
+            title="mtf-planner API",
+            swagger_js_url="/static/swagger/swagger-ui-bundle.js",
+            swagger_css_url="/static/swagger/swagger-ui.css",
+            swagger_favicon_url="data:,",
+        )
+
     # Outermost first: metrics see every answer, 413 included.
     app.add_middleware(BodySizeLimit, max_bytes=_settings(app).max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)

@@ -189,10 +189,10 @@ class PlannerService:
     def _beat(self) -> None:
         while not self._stop.wait(self.settings.heartbeat_s):
             with self._lock:
-                running = list(self._running)
-            if running:
+                unfinished = list(self._futures)  # queued or running here
+            if unfinished:
                 try:
-                    self.store.heartbeat(running)
+                    self.store.heartbeat(unfinished)
                 except Exception:  # a database blip must not kill the thread
                     log.exception("heartbeat failed")
 

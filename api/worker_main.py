@@ -74,6 +74,7 @@ def worker_main(conn: Connection) -> None:
         def report(phase: str, fraction: float, task_id: str = task_id) -> None:
             conn.send(("progress", task_id, (phase, fraction)))
 
+        reply: tuple[str, str, Any]
         try:
             reply = ("result", task_id, solve_task(task, report))
         except ValueError as e:  # bad input found while planning (PlannerError ...)

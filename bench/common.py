@@ -89,6 +89,8 @@ def machine_summary(extra: str = "") -> str:
     ]
     if extra:
         parts.append(extra)
+    if hasattr(os, "nice") and os.nice(0) != 0:
+        parts.append(f"run at niceness {os.nice(0)}")
     if hasattr(os, "getloadavg"):
         # Shared machines: say how busy it was, since wall times depend on it.
         parts.append(f"load average {os.getloadavg()[0]:.1f} when the run started")

@@ -270,6 +270,57 @@ def _table(rows: list[Row]) -> str:
     return common.markdown_table(headers, body)
 
 
+def section_body(
+    rows: list[Row],
+    cfg: Config,
+    mesh_shape: str,
+    layout: str,
+    n: int,
+    repeats: int,
+    steps: int,
+    machine: str,
+    command: str,
+) -> str:
+    """The "Lowering" section of docs/benchmarks.md for these results."""
+    table = _table(rows)
+    tokens = cfg.batch * cfg.length
+    per_op = sum(r.tf_ops for r in rows) / max(1, n * sum(r.ops for r in rows))
+    return f"""\
+`bench/lowering.py`: an L-layer feed-forward stack (per layer: layer norm over
+d_model={cfg.d_model}, relu(x @ w_in[d_model, d_ff={cfg.d_ff}]) @ w_out, residual;
+loss = mean square; gradients and SGD updates of every variable) on
+{cfg.batch}x{cfg.length} = {tokens} tokens.  mtf_core lowers it onto {n} logical CPU
+devices, mesh `{mesh_shape}`, layout `{layout}`; the last two columns are
+the same network in plain TensorFlow (`tf.function` + `tf.GradientTape`) on one
+device, starting from the same weights (first losses agree to float32 rounding).
+
+Command: `{command}`
+
+Machine: {machine}.
+
+{table}
+
+"lower" is `CompiledFunction.trace()`: lowering every mtf op onto all {n}
+devices inside `tf.function`, wall and CPU seconds; build, variables and lower
+are the best of {repeats} fresh runs, step times the best of {steps} steps.
+"first step" adds TensorFlow's own graph optimization and the first run.  The
+{n} logical devices share the machine's cores, so the mtf step pays for
+splitting and collectives without gaining parallel hardware; it is not
+expected to beat one device here.
+
+Lowering time is almost all TensorFlow's own Python op construction
+(`--profile L` shows it; mtf_core's code is a few percent): the placement
+backend makes {per_op:.1f} TF ops per mtf op per device, so lowering grows
+linearly with layers and with devices, and its speed follows the machine's
+load.  Mesh TensorFlow 0.1.21 lowered an 8-layer Transformer training graph on
+8 logical CPUs in 8.4 s on this machine (issue 2); since timings move with the
+load, compare the two libraries like with like in the Transformer section's
+side-by-side runs (`bench/compare_mtf.py`: same graph, one run), and see the
+SPMD section for a backend that traces the per-device program once instead of
+once per device.
+"""
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -337,38 +388,17 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     if args.no_write or args.profile is not None:
         return 0
-    tokens = cfg.batch * cfg.length
-    per_op = sum(r.tf_ops for r in rows) / max(1, n * sum(r.ops for r in rows))
-    body = f"""\
-`bench/lowering.py`: an L-layer feed-forward stack (per layer: layer norm over
-d_model={cfg.d_model}, relu(x @ w_in[d_model, d_ff={cfg.d_ff}]) @ w_out, residual;
-loss = mean square; gradients and SGD updates of every variable) on
-{cfg.batch}x{cfg.length} = {tokens} tokens.  mtf_core lowers it onto {n} logical CPU
-devices, mesh `{args.mesh_shape}`, layout `{args.layout}`; the last two columns are
-the same network in plain TensorFlow (`tf.function` + `tf.GradientTape`) on one
-device, starting from the same weights (first losses agree to float32 rounding).
-
-Command: `{common.command_line()}`
-
-Machine: {machine}.
-
-{table}
-
-"lower" is `CompiledFunction.trace()`: lowering every mtf op onto all {n}
-devices inside `tf.function`, wall and CPU seconds; build, variables and lower
-are the best of {args.repeats} fresh runs, step times the best of {args.steps} steps.
-"first step" adds TensorFlow's own graph optimization and the first run.  The
-{n} logical devices share the machine's cores, so the mtf step pays for
-splitting and collectives without gaining parallel hardware; it is not
-expected to beat one device here.
-
-Lowering time is almost all TensorFlow's Python op construction (profile with
-`--profile L`): placement makes {per_op:.1f} TF ops per mtf op per device, so
-lowering grows linearly with both layers and devices.  For scale: Mesh
-TensorFlow 0.1.21 lowered an 8-layer Transformer training graph on 8 logical
-CPUs in 8.4 s on this kind of machine (see the Transformer section for a
-side-by-side run).
-"""
+    body = section_body(
+        rows,
+        cfg,
+        args.mesh_shape,
+        args.layout,
+        n,
+        args.repeats,
+        args.steps,
+        machine,
+        common.command_line(),
+    )
     common.replace_section("Lowering", body)
     print(f"\nwrote the Lowering section of {common.BENCHMARKS_MD}")
     return 0

@@ -82,7 +82,9 @@ def child(layers: int, meshes: list[str], evaluate_too: bool) -> None:
         print(json.dumps(row), flush=True)
 
 
-def run_child(layers: int, meshes: list[str], evaluate_too: bool, timeout_s: float) -> list[dict]:
+def run_child(
+    layers: int, meshes: list[str], evaluate_too: bool, timeout_s: float
+) -> list[dict]:
     cmd = [sys.executable, __file__, "--child", str(layers), "--meshes", *meshes]
     if evaluate_too:
         cmd.append("--evaluate")
@@ -106,7 +108,9 @@ def run_child(layers: int, meshes: list[str], evaluate_too: bool, timeout_s: flo
     done = {r["mesh"] for r in rows}
     for mesh in meshes:
         if mesh not in done:
-            why = f"exit {proc.returncode}" if proc.returncode else f"> {timeout_s:.0f} s"
+            why = (
+                f"exit {proc.returncode}" if proc.returncode else f"> {timeout_s:.0f} s"
+            )
             rows.append({"layers": layers, "mesh": mesh, "error": why})
             print(f"{layers:5d} layers  {mesh:12s} did not finish ({why})", flush=True)
     return rows
@@ -128,7 +132,23 @@ def table(rows: list[dict]) -> str:
     out = []
     for r in rows:
         if "error" in r:
-            out.append([r["layers"], "", "", r["mesh"], r["error"], "", "", "", "", "", "", "", ""])
+            out.append(
+                [
+                    r["layers"],
+                    "",
+                    "",
+                    r["mesh"],
+                    r["error"],
+                    "",
+                    "",
+                    "",
+                    "",
+                    "",
+                    "",
+                    "",
+                    "",
+                ]
+            )
             continue
         out.append(
             [
@@ -149,8 +169,19 @@ def table(rows: list[dict]) -> str:
         )
     return markdown_table(
         [
-            "layers", "ops", "build", "mesh", "plan", "model", "price", "rows",
-            "solve", "status", "gap", "evaluate", "rules",
+            "layers",
+            "ops",
+            "build",
+            "mesh",
+            "plan",
+            "model",
+            "price",
+            "rows",
+            "solve",
+            "status",
+            "gap",
+            "evaluate",
+            "rules",
         ],
         out,
     )

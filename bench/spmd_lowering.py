@@ -44,9 +44,9 @@ BACKENDS = ("placement", "spmd")
 def measure(backend: str, n: int, layers: int, steps: int) -> dict[str, float]:
     """One (backend, N) run, in this process."""
     import numpy as np
+    from lowering import Config, build_mtf
 
     import mtf_core as mtf
-    from lowering import Config, build_mtf
 
     devices = mtf.logical_devices(n)
     cfg = Config(batch=8, length=8, d_model=32, d_ff=128)

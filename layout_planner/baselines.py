@@ -91,10 +91,10 @@ def baselines(
         if batch is not None:
             batch_axes += [b for b in problem.allowed.get(batch, ()) if b != m]
         for b in batch_axes:
-            asg: dict[str, int | None] = {d: m for d in on_m}
+            option: dict[str, int | None] = {d: m for d in on_m}
             if b is not None and batch is not None:
-                asg[batch] = b
-            options.append(asg)
+                option[batch] = b
+            options.append(option)
     found = best(options) if options else None
     if found is None:
         why = (

@@ -33,9 +33,6 @@ _STATUS = {
     cp_model.UNKNOWN: SolveStatus.UNKNOWN,
 }
 
-# Tie-break weights are powers of (axes + 1); keep each weighted sum well
-# inside CP-SAT's int64 arithmetic.
-_MAX_WEIGHT = 2**60
 # CP-SAT settings that are not per request.  These programs are small and
 # pure-Boolean: presolve probing costs more than the whole search.
 TUNING: dict[str, int] = {"cp_model_probing_level": 0, "linearization_level": 2}
@@ -94,8 +91,11 @@ class LayoutModel:
     such swaps).
     """
 
-    def __init__(self, program: IntegerProgram) -> None:
+    def __init__(self, program: IntegerProgram, max_weight: int = 2**60) -> None:
         self.program = program
+        # Tie-break weights are powers of (axes + 1); weighted sums stay below
+        # this (well inside CP-SAT's int64 arithmetic).
+        self.max_weight = max_weight
         self.model = cp_model.CpModel()
         self._create_variables()
         self._add_layout_constraints()
@@ -172,11 +172,14 @@ class LayoutModel:
                 continue
             self.row_added[r] = True
             for model in (self.model, clone) if clone is not None else (self.model,):
-                expr = self.row_terms(r).on(model)
+                terms = self.row_terms(r)
                 if self.buffer is not None:
-                    expr = expr + model.get_int_var_from_proto_index(self.buffer.index)
+                    terms = terms.plus(self.buffer.index)
+                expr = terms.on(model)
                 if self.peak is not None:
-                    model.add(model.get_int_var_from_proto_index(self.peak.index) >= expr)
+                    model.add(
+                        model.get_int_var_from_proto_index(self.peak.index) >= expr
+                    )
                 else:
                     model.add(expr <= self.program.capacity_bytes)
 
@@ -203,9 +206,7 @@ class LayoutModel:
         p = self.program
         if not p.num_rows:
             return []
-        picks = [
-            next(a for a, v in enumerate(zs) if values[v.index]) for zs in self.z
-        ]
+        picks = [next(a for a, v in enumerate(zs) if values[v.index]) for zs in self.z]
         factors = np.array(
             [f[picks[self._class_host[t]]] for t, f in enumerate(self._factors)],
             dtype=np.int64,
@@ -244,7 +245,7 @@ class LayoutModel:
             return []
         base = 1 + max(len(self.program.dim_x[d]) for d in dims)
         per_chunk = 1
-        while base ** (per_chunk + 1) < _MAX_WEIGHT:
+        while base ** (per_chunk + 1) < self.max_weight:
             per_chunk += 1
         return [dims[i : i + per_chunk] for i in range(0, len(dims), per_chunk)]
 
@@ -267,10 +268,10 @@ class LayoutModel:
             return None
         tb = self.tiebreak_terms(chunks[0]) if chunks else Terms([], [], 0)
         weight = sum(tb.coefs) + 1
-        t_max = time_terms.offset + sum(
-            max(ds.time_ps, default=0) for ds in self.program.dimsets
-        )
-        if (t_max + 1) * weight >= _MAX_WEIGHT:
+        # CP-SAT rejects an objective whose coefficients could overflow
+        # summed over every variable (not knowing that one z per set is 1).
+        t_all = abs(time_terms.offset) + sum(time_terms.coefs)
+        if (t_all + 1) * weight >= self.max_weight:
             return None
         return Terms(
             time_terms.indices + tb.indices,
@@ -304,6 +305,10 @@ class Terms:
     def on(self, model: cp_model.CpModel) -> cp_model.LinearExprT:
         vs = [model.get_int_var_from_proto_index(i) for i in self.indices]
         return cp_model.LinearExpr.weighted_sum(vs, self.coefs) + self.offset
+
+    def plus(self, index: int) -> Terms:
+        """These terms plus variable ``index``."""
+        return Terms([*self.indices, index], [*self.coefs, 1], self.offset, self.weight)
 
     def value(self, values: Sequence[int]) -> int:
         return self.offset + sum(
@@ -381,7 +386,7 @@ class _Solver:
         prm.log_search_progress = False
         for name, value in TUNING.items():
             setattr(prm, name, value)
-        model.clear_hints()
+        model.clear_hints()  # type: ignore[no-untyped-call]
         if hint is not None:
             for i, v in enumerate(hint):
                 model.add_hint(model.get_int_var_from_proto_index(i), v)
@@ -395,7 +400,7 @@ class _Solver:
         if status is SolveStatus.MODEL_INVALID:
             raise SolverError(
                 f"CP-SAT says the layout model is invalid in phase {phase!r}: "
-                f"{model.validate()}"
+                f"{model.validate()[:500]}"
             )
         if not status.has_solution:
             return _Run(status, float("nan"), float("nan"), [], wall)
@@ -419,7 +424,7 @@ def solve_program(program: IntegerProgram, params: SolveParams) -> ProgramResult
     Then forbid that layout and go again.
     """
     t0 = time.monotonic()
-    lm = LayoutModel(program)
+    lm = LayoutModel(program, params.max_objective_weight)
     run = _Solver(lm, params)
     secondary = lm.secondary_terms()
     if lm.peak is None and secondary is not None:

@@ -80,31 +80,33 @@ class DimensionGraph:
         tensor_count: dict[str, int] = {}
         tensor_edges: dict[tuple[str, str], str] = {}
         op_edges: dict[tuple[str, str], str] = {}
-        seen_shapes: set[Shape] = set()
-        seen_names: set[frozenset[str]] = set()
+        names_of: dict[Shape, frozenset[str]] = {}
+        seen_op_names: set[frozenset[str]] = set()
 
-        def visit(shape: Shape, where: str) -> None:
+        def names(shape: Shape, where: str) -> frozenset[str]:
             # Most tensors repeat a shape seen before (every layer of a deep
             # model); their sizes and edges are known already.
-            if shape not in seen_shapes:
-                seen_shapes.add(shape)
+            got = names_of.get(shape)
+            if got is None:
+                got = names_of[shape] = frozenset(d.name for d in shape.dims)
                 for d in shape.dims:
                     sizes.setdefault(d.name, set()).add(d.size)
-                _add_pairs(tensor_edges, shape.dimension_names, where)
+                _add_pairs(tensor_edges, [d.name for d in shape.dims], where)
+            return got
 
         for op in ops:
+            op_names: frozenset[str] = frozenset()
             for t in op.outputs:
                 for d in t.shape.dims:
                     tensor_count[d.name] = tensor_count.get(d.name, 0) + 1
-                visit(t.shape, t.name)
+                op_names |= names(t.shape, t.name)
             for t in op.inputs:
-                visit(t.shape, t.name)
+                op_names |= names(t.shape, t.name)
             for name in op.unsplittable_dims():
                 unsplittable.setdefault(name, []).append(op.name)
-            names = op.all_dim_names
-            if len(names) > 1 and names not in seen_names:
-                seen_names.add(names)
-                _add_pairs(op_edges, sorted(names), op.name)
+            if len(op_names) > 1 and op_names not in seen_op_names:
+                seen_op_names.add(op_names)
+                _add_pairs(op_edges, sorted(op_names), op.name)
         g = nx.Graph()
         for name in sorted(sizes):
             g.add_node(

@@ -187,6 +187,12 @@ def check_graph(graph: Graph, outputs: Sequence[Tensor]) -> Graph:
         raise PlannerError(f"graph {graph!r} is not an mtf.Graph")
     if not graph.operations:
         raise PlannerError("the graph has no operations; nothing to plan")
+    meshes = sorted({op.mesh.name for op in graph.operations})
+    if len(meshes) > 1:
+        raise PlannerError(
+            f"the graph uses {len(meshes)} meshes ({meshes}); the planner lays out "
+            "one mesh at a time"
+        )
     for t in outputs:
         if not isinstance(t, Tensor) or t.graph is not graph:
             raise PlannerError(

@@ -2,8 +2,9 @@
 
 Built in phases from one request (graph, mesh shape, hardware, outputs):
 
-1. ``_collect``: the dimension graph, the cost units and the memory model
-   (from :mod:`cost_models`), and each dim name's allowed mesh axes.
+1. ``_collect``: from the :class:`~layout_planner.analysis.GraphAnalysis`
+   (dimension graph, cost units, memory model; shared between mesh shapes),
+   each dim name's allowed mesh axes and the x variables.
 2. ``_price_units``: units are grouped by their *free* dims (the ones some
    axis may split) and by signature (units with equal signatures cost the same
    under every layout, e.g. the same op in every layer).  For every local
@@ -12,9 +13,11 @@ Built in phases from one request (graph, mesh shape, hardware, outputs):
    lowering rejects (``LayoutError``) is marked invalid.  So the tables, and
    the integer program, grow with the number of distinct dim sets and
    signatures, not with depth.
-3. ``_memory_rows``: each live set becomes a vector "unsplit bytes per tensor
-   dim set"; vectors another vector dominates (component-wise) need no
-   constraint and are dropped.
+3. ``_memory_rows``: each live set becomes a row "unsplit bytes per table of
+   tensor dims" plus a constant; duplicates are dropped (the solver adds a
+   row to its model only when an answer breaks it).
+4. :meth:`program`: every table is hosted by a maximal one, and the integer
+   program (:mod:`layout_planner.program`) is written out as plain data.
 
 The tables also price any full layout in microseconds (:meth:`table_cost`),
 which the explanations use; the exact, independent price of a layout is
@@ -37,6 +40,7 @@ from cost_models.memory import MemoryModel
 from cost_models.units import CostUnit, unit_cost
 from layout_planner.analysis import GraphAnalysis
 from layout_planner.dim_graph import Assignment
+from layout_planner.errors import PlannerError
 from layout_planner.program import (
     PS_PER_S,
     DimsetSpec,
@@ -117,7 +121,10 @@ class LayoutProblem:
         if analysis is None:
             analysis = GraphAnalysis(graph, self.outputs)
         elif analysis.graph is not graph or analysis.outputs != self.outputs:
-            raise ValueError("analysis is of another graph or other outputs")
+            raise PlannerError(
+                "analysis was made for another graph or other outputs; make a "
+                "GraphAnalysis(graph, outputs) of this one"
+            )
         self.analysis = analysis
         self._collect()
         t1 = time.perf_counter()
@@ -311,18 +318,18 @@ class LayoutProblem:
             factors = np.asarray(self.tables[t].factor, dtype=np.int64)[proj]
             tensor_classes.append((k, tuple(int(f) for f in factors)))
         labels = [""] * len(self.x_index)
-        for (d, a), i in self.x_index.items():
-            labels[i] = f"{d}@{self.mesh_shape[a].name}"
+        for (name, axis), i in self.x_index.items():
+            labels[i] = f"{name}@{self.mesh_shape[axis].name}"
         precedence = []
-        for a, b in self.interchangeable_axes(hosts, dimsets):
-            for k, d in enumerate(self.free_dims):
-                if (d, b) in self.x_index:
+        for first, second in self.interchangeable_axes(hosts, dimsets):
+            for k, name in enumerate(self.free_dims):
+                if (name, second) in self.x_index:
                     earlier = tuple(
-                        self.x_index[(e, a)]
+                        self.x_index[(e, first)]
                         for e in self.free_dims[:k]
-                        if (e, a) in self.x_index
+                        if (e, first) in self.x_index
                     )
-                    precedence.append((self.x_index[(d, b)], earlier))
+                    precedence.append((self.x_index[(name, second)], earlier))
         return IntegerProgram(
             num_x=len(self.x_index),
             x_labels=tuple(labels),
@@ -431,11 +438,13 @@ class LayoutProblem:
                     f"{d!r} cannot be split over {self.mesh_shape[a].name!r}: {why}"
                 )
         full = {d: assignment.get(d) for d in self.free_dims}
-        for a, b in self.dim_graph.tensor_conflicts():
-            if full.get(a) is not None and full.get(a) == full.get(b):
+        for one, other in self.dim_graph.tensor_conflicts():
+            axis = full.get(one)
+            if axis is not None and axis == full.get(other):
                 return _invalid(
-                    f"{a!r} and {b!r} share tensor {self.dim_graph.meeting_place(a, b)}"
-                    f" and cannot both be split over {self.mesh_shape[full[a]].name!r}"
+                    f"{one!r} and {other!r} share tensor "
+                    f"{self.dim_graph.meeting_place(one, other)} and cannot both be "
+                    f"split over {self.mesh_shape[axis].name!r}"
                 )
         compute = 0.0
         comm: dict[str, float] = {}
@@ -447,8 +456,8 @@ class LayoutProblem:
                 return _invalid(table.invalid[k])
             picks.append(k)
             compute += table.compute_s[k]
-            for axis, s in table.comm_s[k].items():
-                comm[axis] = comm.get(axis, 0.0) + s
+            for key, s in table.comm_s[k].items():
+                comm[key] = comm.get(key, 0.0) + s
             buffer = max(buffer, table.buffer_bytes[k])
         factors = np.array(
             [self.tables[t].factor[picks[t]] for t in self.row_classes], dtype=np.int64

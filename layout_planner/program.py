@@ -115,6 +115,9 @@ class SolveParams:
     num_workers: int = 8
     seed: int = 0
     top_k: int = 1
+    # Largest objective coefficient sum a single lexicographic objective may
+    # reach (CP-SAT works in int64); beyond it, phases are solved one by one.
+    max_objective_weight: int = 2**60
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ def main() -> int:
             program, params = read_message(stdin)
         except EOFError:
             return 0
+        reply: tuple[bool, object]
         try:
             reply = (True, solve_program(program, params))
         except Exception:  # report every failure to the parent, keep serving

@@ -96,7 +96,9 @@ def wait_healthy(url: str, timeout_s: float = 90.0) -> dict[str, Any]:
     raise TimeoutError(f"{url} not healthy after {timeout_s} s: {last!r}")
 
 
-def wait_job(client: Any, job_id: str, until: tuple[str, ...], timeout_s: float = 120) -> dict[str, Any]:
+def wait_job(
+    client: Any, job_id: str, until: tuple[str, ...], timeout_s: float = 120
+) -> dict[str, Any]:
     """Polls GET /v1/jobs/{id} (TestClient or httpx.Client) until its status
     is one of ``until``."""
     deadline = time.monotonic() + timeout_s
@@ -105,5 +107,7 @@ def wait_job(client: Any, job_id: str, until: tuple[str, ...], timeout_s: float 
         if job["status"] in until:
             return job
         if time.monotonic() > deadline:
-            raise TimeoutError(f"job {job_id} still {job['status']} after {timeout_s} s")
+            raise TimeoutError(
+                f"job {job_id} still {job['status']} after {timeout_s} s"
+            )
         time.sleep(0.1)

@@ -11,10 +11,10 @@ from dataclasses import replace
 
 import httpx
 import pytest
+from api_cases import ServerThread, free_port, mlp_doc, service_settings
 
 import mtf_core as mtf
 from api.cli import EXIT_NOTHING_FITS, EXIT_OK, main
-from api_cases import ServerThread, free_port, mlp_doc, service_settings
 from layout_planner.remote import (
     PlannerClient,
     PlannerUnavailableError,
@@ -36,7 +36,9 @@ def model() -> mtf.LoadedGraph:
 
 
 @pytest.mark.parametrize("mesh", ["x:2;y:2", 4])
-def test_auto_layout_on_a_server_returns_the_same_plan_as_local_planning(server, model, mesh):
+def test_auto_layout_on_a_server_returns_the_same_plan_as_local_planning(
+    server, model, mesh
+):
     kw = dict(outputs=model.outputs, hardware="tpu-v4", top_k=3)
     remote = mtf.auto_layout(model.graph, mesh, server=server.url, **kw)
     local = mtf.auto_layout(model.graph, mesh, **kw)
@@ -63,14 +65,18 @@ class FlakyTransport(httpx.BaseTransport):
 
 def test_client_retries_dropped_connections_then_succeeds(server):
     transport = FlakyTransport(failures=2)
-    with PlannerClient(server.url, retries=2, backoff_s=0.01, transport=transport) as client:
+    with PlannerClient(
+        server.url, retries=2, backoff_s=0.01, transport=transport
+    ) as client:
         assert client.health()["status"] == "ok"
     assert transport.calls == 3
 
 
 def test_client_gives_up_after_its_retries(server):
     transport = FlakyTransport(failures=10)
-    with PlannerClient(server.url, retries=1, backoff_s=0.01, transport=transport) as client:
+    with PlannerClient(
+        server.url, retries=1, backoff_s=0.01, transport=transport
+    ) as client:
         with pytest.raises(PlannerUnavailableError, match="failed 2 time"):
             client.hardware()
     assert transport.calls == 2
@@ -85,30 +91,64 @@ def test_unreachable_server_is_a_connection_error():
 
 def test_client_raises_the_servers_message_for_a_bad_request(server, model):
     with PlannerClient(server.url) as client:
-        with pytest.raises(RemotePlannerError, match="mesh_shape 'x:0' is invalid") as info:
+        with pytest.raises(
+            RemotePlannerError, match="mesh_shape 'x:0' is invalid"
+        ) as info:
             client.plan({"graph": mlp_doc(), "mesh_shape": "x:0"})
     assert info.value.status == 422
     with pytest.raises(ValueError, match="not an http"):
         PlannerClient("127.0.0.1:8080")
 
 
-def test_cli_exports_a_model_and_plans_it_locally_and_on_the_server(server, tmp_path, capsys):
+def test_cli_exports_a_model_and_plans_it_locally_and_on_the_server(
+    server, tmp_path, capsys
+):
     path = tmp_path / "mlp.json"
-    args = ["export", "--model", "mlp", "--layers", "1", "--hidden", "64", "--batch", "32"]
+    args = [
+        "export",
+        "--model",
+        "mlp",
+        "--layers",
+        "1",
+        "--hidden",
+        "64",
+        "--batch",
+        "32",
+    ]
     assert main([*args, "-o", str(path)]) == EXIT_OK
     doc = json.loads(path.read_text())
     assert doc["format"] == "mtf-graph" and doc["metadata"]["name"] == "mlp"
     capsys.readouterr()
 
-    assert main(["plan", str(path), "--mesh", "x:2;y:2", "--hardware", "tpu-v4"]) == EXIT_OK
+    assert (
+        main(["plan", str(path), "--mesh", "x:2;y:2", "--hardware", "tpu-v4"])
+        == EXIT_OK
+    )
     local = capsys.readouterr().out
-    assert main(["plan", str(path), "--mesh", "x:2;y:2", "--hardware", "tpu-v4", "--server", server.url]) == EXIT_OK
+    assert (
+        main(
+            [
+                "plan",
+                str(path),
+                "--mesh",
+                "x:2;y:2",
+                "--hardware",
+                "tpu-v4",
+                "--server",
+                server.url,
+            ]
+        )
+        == EXIT_OK
+    )
     remote = capsys.readouterr().out
     # The same table, but for where it was planned.
     assert local.splitlines()[1:] == remote.splitlines()[1:]
     assert "layout rules:" in local and "#1" in local and "fits" in local
 
-    assert main(["plan", str(path), "--devices", "4", "--json", "--server", server.url]) == EXIT_OK
+    assert (
+        main(["plan", str(path), "--devices", "4", "--json", "--server", server.url])
+        == EXIT_OK
+    )
     plan = json.loads(capsys.readouterr().out)
     assert [t["mesh_shape"] for t in plan["mesh_trials"]] == ["x:4", "x:2,y:2"]
 
@@ -117,7 +157,17 @@ def test_cli_plan_exits_non_zero_when_nothing_fits(server, tmp_path, capsys):
     path = tmp_path / "mlp.json"
     path.write_text(json.dumps(mlp_doc()))
     for extra in ([], ["--server", server.url]):
-        code = main(["plan", str(path), "--mesh", "x:2", "--max-memory-fraction", "1e-9", *extra])
+        code = main(
+            [
+                "plan",
+                str(path),
+                "--mesh",
+                "x:2",
+                "--max-memory-fraction",
+                "1e-9",
+                *extra,
+            ]
+        )
         assert code == EXIT_NOTHING_FITS
         out = capsys.readouterr().out
         assert "DOES NOT FIT" in out and "nothing fits in" in out
@@ -135,7 +185,9 @@ def test_cli_reports_bad_input_with_exit_code_1(tmp_path, capsys):
 def test_cli_exports_the_mnist_example(capsys):
     assert main(["export", "--model", "mnist", "--batch", "16"]) == EXIT_OK
     doc = json.loads(capsys.readouterr().out)
-    names = {d["name"] for op in doc["operations"] for o in op["outputs"] for d in o["shape"]}
+    names = {
+        d["name"] for op in doc["operations"] for o in op["outputs"] for d in o["shape"]
+    }
     assert {"batch", "rows", "cols", "hidden", "classes"} <= names
 
 
@@ -151,6 +203,8 @@ assert main(["plan", {str(tmp_path / "g.json")!r}, "--mesh", "x:2"]) == 0
 create_app()
 print("tensorflow" in sys.modules)
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "False"

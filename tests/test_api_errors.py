@@ -8,10 +8,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from api_cases import mlp_doc, service_settings
 from fastapi.testclient import TestClient
 
 from api.main import create_app
-from api_cases import mlp_doc, service_settings
 
 TOKEN = "s3cret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -46,7 +46,11 @@ def check_error(r: Any, status: int, *needles: str) -> dict[str, Any]:
 
 
 def test_malformed_json_is_a_422(client):
-    r = client.post("/v1/plans", content=b'{"graph": {', headers={"content-type": "application/json"})
+    r = client.post(
+        "/v1/plans",
+        content=b'{"graph": {',
+        headers={"content-type": "application/json"},
+    )
     body = check_error(r, 422, "Invalid JSON: EOF while parsing")
     assert body["errors"][0]["type"] == "json_invalid"
 
@@ -78,7 +82,9 @@ def test_zero_or_negative_dimension_sizes_in_the_graph_are_a_422(client, doc, si
     ],
 )
 def test_bad_mesh_shapes_are_a_422(client, doc, mesh, needle):
-    check_error(client.post("/v1/plans", json={"graph": doc, "mesh_shape": mesh}), 422, needle)
+    check_error(
+        client.post("/v1/plans", json={"graph": doc, "mesh_shape": mesh}), 422, needle
+    )
 
 
 def test_a_tensor_that_does_not_exist_is_a_422_naming_it(client, doc):
@@ -89,14 +95,23 @@ def test_a_tensor_that_does_not_exist_is_a_422_naming_it(client, doc):
 
 
 def test_layout_rules_naming_a_dim_or_axis_that_does_not_exist_are_a_422(client, doc):
-    r = client.post("/v1/evaluate", json={"graph": doc, "mesh_shape": "x:2", "layout_rules": "nodim:x"})
+    r = client.post(
+        "/v1/evaluate",
+        json={"graph": doc, "mesh_shape": "x:2", "layout_rules": "nodim:x"},
+    )
     check_error(r, 422, "'nodim', which no tensor of the graph has")
-    r = client.post("/v1/evaluate", json={"graph": doc, "mesh_shape": "x:2", "layout_rules": "batch:y"})
+    r = client.post(
+        "/v1/evaluate",
+        json={"graph": doc, "mesh_shape": "x:2", "layout_rules": "batch:y"},
+    )
     check_error(r, 422, "mesh axis 'y'")
 
 
 def test_a_mesh_that_does_not_divide_is_not_a_server_error(client, doc):
-    r = client.post("/v1/evaluate", json={"graph": doc, "mesh_shape": "x:5", "layout_rules": "batch:x"})
+    r = client.post(
+        "/v1/evaluate",
+        json={"graph": doc, "mesh_shape": "x:5", "layout_rules": "batch:x"},
+    )
     assert r.status_code == 200 and r.json()["valid"] is False
     # Planning on it keeps every dim whole over x (5 divides nothing).
     r = client.post("/v1/plans", json={"graph": doc, "mesh_shape": "x:5"})
@@ -108,16 +123,28 @@ def test_absurdly_large_graphs_are_refused_before_parsing(client, doc):
     r = client.post("/v1/plans", json={"graph": many, "mesh_shape": "x:2"})
     assert r.status_code in (413, 422)
     huge = {**doc, "metadata": {"name": "x" * 300_000}}  # over max_body_bytes
-    check_error(client.post("/v1/plans", json={"graph": huge, "mesh_shape": "x:2"}), 413, "at most 262144 bytes")
+    check_error(
+        client.post("/v1/plans", json={"graph": huge, "mesh_shape": "x:2"}),
+        413,
+        "at most 262144 bytes",
+    )
     bad = copy.deepcopy(doc)
     bad["operations"][0]["outputs"][0]["shape"][0]["size"] = 2**50
-    check_error(client.post("/v1/plans", json={"graph": bad, "mesh_shape": "x:2"}), 422, "max_dim_size")
+    check_error(
+        client.post("/v1/plans", json={"graph": bad, "mesh_shape": "x:2"}),
+        422,
+        "max_dim_size",
+    )
 
 
 def test_too_many_operations_is_a_422_naming_the_limit(client):
     many = mlp_doc(layers=32)  # more than 500 ops, fewer than 256 KiB
     assert len(many["operations"]) > 500
-    check_error(client.post("/v1/plans", json={"graph": many, "mesh_shape": "x:2"}), 422, "max_graph_operations")
+    check_error(
+        client.post("/v1/plans", json={"graph": many, "mesh_shape": "x:2"}),
+        422,
+        "max_graph_operations",
+    )
 
 
 def test_a_chunked_body_over_the_limit_is_a_413(client):
@@ -125,7 +152,9 @@ def test_a_chunked_body_over_the_limit_is_a_413(client):
         for _ in range(40):
             yield b" " * 10_000
 
-    r = client.post("/v1/plans", content=chunks(), headers={"content-type": "application/json"})
+    r = client.post(
+        "/v1/plans", content=chunks(), headers={"content-type": "application/json"}
+    )
     check_error(r, 413, "at most 262144 bytes")
 
 
@@ -141,7 +170,10 @@ def test_a_chunked_body_over_the_limit_is_a_413(client):
         ({"mesh_shape": "x:2", "hardware": "gpu-9000"}, "unknown hardware 'gpu-9000'"),
         ({"mesh_shape": "x:2", "hardware": {"name": "h"}}, "missing keys"),
         ({"mesh_shape": "x:2", "memory_limit_bytes": -1}, "greater than or equal to 1"),
-        ({"mesh_shape": "x:2", "memory_limit_bytes": 5, "max_memory_fraction": 0.5}, "at most one of"),
+        (
+            {"mesh_shape": "x:2", "memory_limit_bytes": 5, "max_memory_fraction": 0.5},
+            "at most one of",
+        ),
         ({"mesh_shape": "x:2", "unexpected": 1}, "Extra inputs are not permitted"),
     ],
 )
@@ -152,7 +184,9 @@ def test_bad_plan_parameters_are_a_422(client, doc, fields, needle):
 def test_the_service_reads_no_file_a_client_names(client, doc, tmp_path):
     profile = tmp_path / "hw.json"
     profile.write_text('{"name": "from-a-file"}')
-    r = client.post("/v1/plans", json={"graph": doc, "mesh_shape": "x:2", "hardware": str(profile)})
+    r = client.post(
+        "/v1/plans", json={"graph": doc, "mesh_shape": "x:2", "hardware": str(profile)}
+    )
     check_error(r, 422, "unknown hardware")
 
 
@@ -166,7 +200,9 @@ def test_write_endpoints_need_a_valid_token(client, doc):
         r = client.request(method, path, json=payload, headers={"Authorization": ""})
         check_error(r, 401, "needs an API token")
         assert r.headers["www-authenticate"] == "Bearer"
-        r = client.request(method, path, json=payload, headers={"Authorization": "Bearer wrong"})
+        r = client.request(
+            method, path, json=payload, headers={"Authorization": "Bearer wrong"}
+        )
         check_error(r, 401, "not valid")
     # Reads stay open; the right token writes.
     assert client.get("/v1/plans", headers={"Authorization": ""}).status_code == 200

@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from api_cases import long_job_request, mlp_doc, service_settings, wait_job
 from fastapi.testclient import TestClient
 
 from api.main import create_app
-from api_cases import long_job_request, mlp_doc, service_settings, wait_job
 
 pytestmark = pytest.mark.solver
 
@@ -29,7 +29,9 @@ def test_job_goes_from_queued_to_done_with_progress_and_a_plan(client):
     assert job["status"] in ("queued", "running") and job["plan_id"] is None
     assert r.headers["location"] == f"/v1/jobs/{job['id']}"
     done = wait_job(client, job["id"], ("done", "failed", "cancelled"))
-    assert done["status"] == "done" and done["progress"] == 1.0 and done["error"] is None
+    assert (
+        done["status"] == "done" and done["progress"] == 1.0 and done["error"] is None
+    )
     plan = client.get(f"/v1/plans/{done['plan_id']}").json()
     assert plan["mesh_shape"] == "x:2,y:2" and plan["graph_name"] == "mlp"
     assert done["request"]["mesh_shape"] == "x:2,y:2"

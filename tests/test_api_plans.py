@@ -6,15 +6,15 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import pytest
+from api_cases import mlp_doc, service_settings, wait_job
 from fastapi.testclient import TestClient
 
 import mtf_core as mtf
 from api.main import create_app
-from api_cases import mlp_doc, service_settings, wait_job
+from api.routes.dashboard import chart_data
 from cost_models import evaluate
 from layout_planner.plan import LayoutPlan
 
@@ -36,7 +36,9 @@ def doc() -> dict[str, Any]:
 def metric(client: TestClient, name: str, **labels: str) -> float:
     """One sample's value from /metrics (0.0 if absent)."""
     want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-    pattern = re.escape(name) + (r"\{" + re.escape(want) + r"\}" if want else "") + r" (\S+)"
+    pattern = (
+        re.escape(name) + (r"\{" + re.escape(want) + r"\}" if want else "") + r" (\S+)"
+    )
     for line in client.get("/metrics").text.splitlines():
         m = re.fullmatch(pattern, line)
         if m:
@@ -50,7 +52,12 @@ def local_plan(doc: dict[str, Any], mesh: Any, **kw: Any) -> LayoutPlan:
 
 
 def test_plan_returns_the_same_layout_and_costs_as_local_planning(client, doc):
-    body = {"graph": doc, "mesh_shape": "x:2;y:2", "hardware": "h100-nvlink-ib", "top_k": 3}
+    body = {
+        "graph": doc,
+        "mesh_shape": "x:2;y:2",
+        "hardware": "h100-nvlink-ib",
+        "top_k": 3,
+    }
     r = client.post("/v1/plans", json=body)
     assert r.status_code == 200, r.text
     out = r.json()
@@ -66,22 +73,30 @@ def test_plan_returns_the_same_layout_and_costs_as_local_planning(client, doc):
     assert out["peak_memory_bytes"] == local.cost.peak_memory_bytes
     assert [c["rank"] for c in out["plan"]["candidates"]] == [1, 2, 3]
     assert out["plan"]["solver"]["verified"] is True
-    assert {b["name"] for b in out["plan"]["baselines"]} == {b.name for b in local.baselines}
+    assert {b["name"] for b in out["plan"]["baselines"]} == {
+        b.name for b in local.baselines
+    }
 
 
 def test_identical_request_is_answered_from_the_store_without_solving(client, doc):
-    first = client.post("/v1/plans", json={"graph": doc, "mesh_shape": "a:4", "objective": "memory"})
+    first = client.post(
+        "/v1/plans", json={"graph": doc, "mesh_shape": "a:4", "objective": "memory"}
+    )
     assert first.status_code == 200
     solves = metric(client, "mtf_planner_solve_duration_seconds_count")
     hits = metric(client, "mtf_planner_cache_hits_total")
     # Same meaning, other spelling: the mesh as an object, fields reordered.
-    again = client.post("/v1/plans", json={"objective": "memory", "mesh_shape": {"a": 4}, "graph": doc})
+    again = client.post(
+        "/v1/plans", json={"objective": "memory", "mesh_shape": {"a": 4}, "graph": doc}
+    )
     assert again.status_code == 200
     assert again.json()["cached"] is True
     assert again.json()["id"] == first.json()["id"]
     assert again.json()["plan"] == first.json()["plan"]
     # The very same bytes again: answered from memory (ResponseCache).
-    third = client.post("/v1/plans", json={"objective": "memory", "mesh_shape": {"a": 4}, "graph": doc})
+    third = client.post(
+        "/v1/plans", json={"objective": "memory", "mesh_shape": {"a": 4}, "graph": doc}
+    )
     assert third.content == again.content
     assert metric(client, "mtf_planner_solve_duration_seconds_count") == solves
     assert metric(client, "mtf_planner_cache_hits_total") == hits + 2
@@ -89,21 +104,30 @@ def test_identical_request_is_answered_from_the_store_without_solving(client, do
 
 def test_a_different_request_is_solved_again(client, doc):
     a = client.post("/v1/plans", json={"graph": doc, "mesh_shape": "x:2"}).json()
-    b = client.post("/v1/plans", json={"graph": doc, "mesh_shape": "x:2", "top_k": 2}).json()
+    b = client.post(
+        "/v1/plans", json={"graph": doc, "mesh_shape": "x:2", "top_k": 2}
+    ).json()
     assert a["id"] != b["id"] and b["cached"] is False
 
 
 def test_plans_are_listed_newest_first_and_fetched_by_id(client, doc):
-    created = client.post("/v1/plans", json={"graph": doc, "mesh_shape": "m:2", "hardware": "tpu-v4"}).json()
+    created = client.post(
+        "/v1/plans", json={"graph": doc, "mesh_shape": "m:2", "hardware": "tpu-v4"}
+    ).json()
     listing = client.get("/v1/plans", params={"limit": 500}).json()
     assert listing["total"] >= 1 and listing["plans"][0]["id"] == created["id"]
     assert "plan" not in listing["plans"][0]  # summaries only
     got = client.get(f"/v1/plans/{created['id']}").json()
-    assert got["plan"] == created["plan"] and got["layout_rules"] == created["layout_rules"]
+    assert (
+        got["plan"] == created["plan"]
+        and got["layout_rules"] == created["layout_rules"]
+    )
 
 
 def test_device_count_searches_mesh_shapes(client, doc):
-    r = client.post("/v1/plans", json={"graph": doc, "num_devices": 4, "hardware": "cpu-host"})
+    r = client.post(
+        "/v1/plans", json={"graph": doc, "num_devices": 4, "hardware": "cpu-host"}
+    )
     assert r.status_code == 200, r.text
     plan = r.json()["plan"]
     tried = [t["mesh_shape"] for t in plan["mesh_trials"]]
@@ -112,18 +136,30 @@ def test_device_count_searches_mesh_shapes(client, doc):
 
 
 def test_plan_that_cannot_fit_says_by_how_much(client, doc):
-    r = client.post("/v1/plans", json={"graph": doc, "mesh_shape": "x:2", "memory_limit_bytes": 4096})
+    r = client.post(
+        "/v1/plans",
+        json={"graph": doc, "mesh_shape": "x:2", "memory_limit_bytes": 4096},
+    )
     assert r.status_code == 200
     out = r.json()
     assert out["fits"] is False and out["status"] == "infeasible"
     assert out["memory_capacity_bytes"] == 4096
     assert "nothing fits in 4 KiB per device" in out["plan"]["reason"]
+    # The dashboard's chart still leads with the plan's own layout.
+    chart = chart_data(out["plan"], {})
+    assert chart["labels"][0].startswith("chosen: ") and chart["chosen"] == 0
+    assert chart["peak"][0] == out["peak_memory_bytes"] and chart["capacity"] == 4096
 
 
 def test_max_memory_fraction_scales_the_hardware_capacity(client, doc):
     r = client.post(
         "/v1/plans",
-        json={"graph": doc, "mesh_shape": "x:2", "hardware": "tpu-v5e", "max_memory_fraction": 0.5},
+        json={
+            "graph": doc,
+            "mesh_shape": "x:2",
+            "hardware": "tpu-v5e",
+            "max_memory_fraction": 0.5,
+        },
     )
     assert r.json()["memory_capacity_bytes"] == 8 * 2**30
 
@@ -131,7 +167,12 @@ def test_max_memory_fraction_scales_the_hardware_capacity(client, doc):
 def test_evaluate_prices_a_layout_exactly_like_the_cost_model(client, doc):
     r = client.post(
         "/v1/evaluate",
-        json={"graph": doc, "mesh_shape": "x:2", "layout_rules": {"batch": "x"}, "hardware": "tpu-v4"},
+        json={
+            "graph": doc,
+            "mesh_shape": "x:2",
+            "layout_rules": {"batch": "x"},
+            "hardware": "tpu-v4",
+        },
     )
     assert r.status_code == 200, r.text
     out = r.json()
@@ -142,20 +183,31 @@ def test_evaluate_prices_a_layout_exactly_like_the_cost_model(client, doc):
     assert out["cost"]["peak_memory_bytes"] == want.peak_memory_bytes
     kinds = [(c["kind"], c["mesh_axes"]) for c in out["cost"]["collectives"]]
     assert kinds == [(c.kind, list(c.mesh_axes)) for c in want.collectives]
-    assert ("allreduce", ["x"]) in kinds  # data parallelism: gradients are summed over x
+    assert (
+        "allreduce",
+        ["x"],
+    ) in kinds  # data parallelism: gradients are summed over x
 
 
 def test_evaluate_says_why_a_layout_that_does_not_divide_is_illegal(client, doc):
-    r = client.post("/v1/evaluate", json={"graph": doc, "mesh_shape": "x:3", "layout_rules": "batch:x"})
+    r = client.post(
+        "/v1/evaluate",
+        json={"graph": doc, "mesh_shape": "x:3", "layout_rules": "batch:x"},
+    )
     assert r.status_code == 200
     out = r.json()
     assert out["valid"] is False and out["cost"] is None
-    assert "'batch' of size 32 is not divisible by mesh dimension 'x' of size 3" in out["reason"]
+    assert (
+        "'batch' of size 32 is not divisible by mesh dimension 'x' of size 3"
+        in out["reason"]
+    )
 
 
 def test_hardware_lists_every_preset(client):
     presets = client.get("/v1/hardware").json()["presets"]
-    assert {"h100-nvlink-ib", "a100-nvlink-ib", "tpu-v4", "tpu-v5e", "cpu-host"} <= set(presets)
+    assert {"h100-nvlink-ib", "a100-nvlink-ib", "tpu-v4", "tpu-v5e", "cpu-host"} <= set(
+        presets
+    )
     assert presets["tpu-v5e"]["memory_bytes"] == 16 * 2**30
 
 
@@ -173,10 +225,22 @@ def test_healthz_reports_store_and_workers(client):
 
 
 def test_metrics_count_requests_by_route_template(client):
-    before = metric(client, "mtf_planner_requests_total", method="GET", route="/v1/plans/{plan_id}", status="404")
+    before = metric(
+        client,
+        "mtf_planner_requests_total",
+        method="GET",
+        route="/v1/plans/{plan_id}",
+        status="404",
+    )
     for _ in range(3):
         assert client.get("/v1/plans/no-such-plan").status_code == 404
-    after = metric(client, "mtf_planner_requests_total", method="GET", route="/v1/plans/{plan_id}", status="404")
+    after = metric(
+        client,
+        "mtf_planner_requests_total",
+        method="GET",
+        route="/v1/plans/{plan_id}",
+        status="404",
+    )
     assert after == before + 3
     text = client.get("/metrics").text
     assert "mtf_planner_queue_depth 0.0" in text
@@ -184,18 +248,25 @@ def test_metrics_count_requests_by_route_template(client):
 
 
 def test_dashboard_lists_plans_and_shows_a_plans_rules_dims_and_chart_data(client, doc):
-    out = client.post("/v1/plans", json={"graph": doc, "mesh_shape": "x:4", "hardware": "cpu-host"}).json()
+    out = client.post(
+        "/v1/plans", json={"graph": doc, "mesh_shape": "x:4", "hardware": "cpu-host"}
+    ).json()
     index = client.get("/")
     assert index.status_code == 200 and f'href="/plans/{out["id"]}"' in index.text
     page = client.get(f"/plans/{out['id']}")
     assert page.status_code == 200
     html = page.text
-    assert f'<code id="chosen-rules" class="chosen">{out["layout_rules"] or "(nothing split)"}</code>' in html
+    assert (
+        f'<code id="chosen-rules" class="chosen">{out["layout_rules"] or "(nothing split)"}</code>'
+        in html
+    )
     assert 'id="cost-chart"' in html and 'id="memory-chart"' in html
     assert '<script src="/static/chart.umd.min.js">' in html
     for d in out["plan"]["dims"]:
         assert f"<td><code>{d['name']}</code></td>" in html
-    assert html.count('class="dim-node"') == len(out["plan"]["dimension_graph"]["nodes"])
+    assert html.count('class="dim-node"') == len(
+        out["plan"]["dimension_graph"]["nodes"]
+    )
     js = client.get("/static/chart.umd.min.js")
     assert js.status_code == 200 and "Chart.js v4" in js.text[:200]
 
@@ -210,7 +281,10 @@ def test_dashboard_form_plans_the_same_graph_on_another_mesh(client, doc):
     assert r.status_code == 303 and r.headers["location"].startswith("/jobs/")
     job = wait_job(client, r.headers["location"].rsplit("/", 1)[1], ("done", "failed"))
     assert job["status"] == "done", job
-    assert job["request"]["mesh_shape"] == "x:2,y:4" and job["request"]["hardware"] == "tpu-v4"
+    assert (
+        job["request"]["mesh_shape"] == "x:2,y:4"
+        and job["request"]["hardware"] == "tpu-v4"
+    )
     page = client.get(r.headers["location"])  # the job page forwards to its plan
     assert page.url.path == f"/plans/{job['plan_id']}"
     bad = client.post(f"/plans/{out['id']}/try", data={"mesh_shape": "x:0"})

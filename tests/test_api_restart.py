@@ -13,17 +13,27 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from api_cases import free_port, long_job_request, mlp_doc, wait_healthy, wait_job
 
 pytestmark = [pytest.mark.solver, pytest.mark.slow]
 
 
 def start_server(data: Path, port: int) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, MTF_PLANNER_WORKERS="1", MTF_PLANNER_INSTANCE_NAME="restart-test")
+    env = dict(
+        os.environ, MTF_PLANNER_WORKERS="1", MTF_PLANNER_INSTANCE_NAME="restart-test"
+    )
     log = open(data / f"server-{time.time_ns()}.log", "wb")  # noqa: SIM115 - the child writes it
     return subprocess.Popen(
-        [sys.executable, "-m", "api.cli", "serve", "--port", str(port), "--data-dir", str(data)],
+        [
+            sys.executable,
+            "-m",
+            "api.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--data-dir",
+            str(data),
+        ],
         stdout=log,
         stderr=subprocess.STDOUT,
         env=env,
@@ -58,7 +68,9 @@ def gone(pid: int, timeout_s: float = 10) -> bool:
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
-def test_killed_mid_job_the_service_restarts_with_every_plan_and_the_job_failed(tmp_path):
+def test_killed_mid_job_the_service_restarts_with_every_plan_and_the_job_failed(
+    tmp_path,
+):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     server = start_server(tmp_path, port)
@@ -66,7 +78,9 @@ def test_killed_mid_job_the_service_restarts_with_every_plan_and_the_job_failed(
         wait_healthy(url)
         with httpx.Client(base_url=url, timeout=60) as c:
             plans = [
-                c.post("/v1/plans", json={"graph": mlp_doc(), "mesh_shape": mesh}).json()
+                c.post(
+                    "/v1/plans", json={"graph": mlp_doc(), "mesh_shape": mesh}
+                ).json()
                 for mesh in ("x:2", "x:2;y:2")
             ]
             job = c.post("/v1/jobs", json=long_job_request()).json()

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import schemathesis
+from api_cases import ServerThread, service_settings
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
@@ -20,8 +21,6 @@ from schemathesis.specs.openapi.checks import (
     response_schema_conformance,
     status_code_conformance,
 )
-
-from api_cases import ServerThread, service_settings
 
 pytestmark = [pytest.mark.solver, pytest.mark.slow]
 
@@ -50,8 +49,15 @@ def test_no_server_errors_and_answers_match_the_schema(server, mode):
     # schemathesis' pytest plugin does not run under pytest 9, so drive its
     # Hypothesis strategy (every operation of the schema) directly.
     schema = schemathesis.openapi.from_url(f"{server.url}/openapi.json")
-    operations = {f"{r.ok().method.upper()} {r.ok().path}" for r in schema.get_all_operations()}
-    assert {"POST /v1/plans", "POST /v1/jobs", "POST /v1/evaluate", "DELETE /v1/jobs/{job_id}"} <= operations
+    operations = {
+        f"{r.ok().method.upper()} {r.ok().path}" for r in schema.get_all_operations()
+    }
+    assert {
+        "POST /v1/plans",
+        "POST /v1/jobs",
+        "POST /v1/evaluate",
+        "DELETE /v1/jobs/{job_id}",
+    } <= operations
     seen: set[str] = set()
 
     @given(case=schema.as_strategy(generation_mode=mode))

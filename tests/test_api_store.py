@@ -14,13 +14,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from api_cases import free_port, mlp_doc, service_settings
 from fastapi.testclient import TestClient
 
 from api.main import create_app
 from api.store import JobRecord, PlanRecord, Store, open_store
 from api.store.postgres import PostgresStore
 from api.store.sqlite import SqliteStore
-from api_cases import free_port, mlp_doc, service_settings
 from mtf_core.errors import ConfigError
 
 
@@ -38,14 +38,18 @@ def postgres_url() -> Iterator[str]:
     user when we are root: PostgreSQL refuses to run as root)."""
     bindir = _pg_bindir()
     if bindir is None:
-        pytest.skip("PostgreSQL is not installed (apt-get install postgresql; .ci/run does)")
+        pytest.skip(
+            "PostgreSQL is not installed (apt-get install postgresql; .ci/run does)"
+        )
     prefix: list[str] = []
     root = tempfile.mkdtemp(prefix="mtf-planner-pg-")
     if os.geteuid() == 0:
         try:
             user = pwd.getpwnam("postgres")
         except KeyError:
-            pytest.skip("running as root and there is no 'postgres' user to run PostgreSQL")
+            pytest.skip(
+                "running as root and there is no 'postgres' user to run PostgreSQL"
+            )
         os.chown(root, user.pw_uid, user.pw_gid)
         prefix = ["runuser", "-u", "postgres", "--"]
     data, port = os.path.join(root, "data"), free_port()
@@ -54,9 +58,21 @@ def postgres_url() -> Iterator[str]:
         subprocess.run(prefix + list(cmd), check=True, capture_output=True, timeout=120)
 
     try:
-        run(f"{bindir}/initdb", "-D", data, "-A", "trust", "-U", "postgres", "--no-sync")
+        run(
+            f"{bindir}/initdb", "-D", data, "-A", "trust", "-U", "postgres", "--no-sync"
+        )
         opts = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off"
-        run(f"{bindir}/pg_ctl", "-D", data, "-o", opts, "-l", f"{root}/log", "-w", "start")
+        run(
+            f"{bindir}/pg_ctl",
+            "-D",
+            data,
+            "-o",
+            opts,
+            "-l",
+            f"{root}/log",
+            "-w",
+            "start",
+        )
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as e:
         log = Path(root, "log")
         shutil.rmtree(root, ignore_errors=True)
@@ -102,7 +118,9 @@ def open_again(request, tmp_path) -> Iterator[Callable[[], Store]]:
         s.close()
 
 
-def plan_record(request_hash: str, plan_id: str | None = None, at: float = 0.0) -> PlanRecord:
+def plan_record(
+    request_hash: str, plan_id: str | None = None, at: float = 0.0
+) -> PlanRecord:
     return PlanRecord(
         id=plan_id or request_hash[:16],
         request_hash=request_hash,
@@ -113,7 +131,9 @@ def plan_record(request_hash: str, plan_id: str | None = None, at: float = 0.0) 
     )
 
 
-def job_record(job_id: str, instance: str, status: str = "running", at: float = 0.0) -> JobRecord:
+def job_record(
+    job_id: str, instance: str, status: str = "running", at: float = 0.0
+) -> JobRecord:
     now = at or time.time()
     return JobRecord(
         id=job_id,
@@ -165,7 +185,12 @@ def test_jobs_are_updated_and_listed_newest_first(open_again):
     store.create_job(job_record("j2", "me", "queued", at=1001.0))
     store.update_job("j1", status="done", phase="done", progress=1.0, plan_id="p1")
     j1 = store.get_job("j1")
-    assert (j1.status, j1.progress, j1.plan_id, j1.request) == ("done", 1.0, "p1", {"mesh_shape": "x:2"})
+    assert (j1.status, j1.progress, j1.plan_id, j1.request) == (
+        "done",
+        1.0,
+        "p1",
+        {"mesh_shape": "x:2"},
+    )
     assert j1.updated_at > 1000.0
     assert [j.id for j in store.list_jobs(10)] == ["j2", "j1"]
     with pytest.raises(ValueError, match="cannot update job fields"):
@@ -180,7 +205,9 @@ def test_restart_fails_this_replicas_unfinished_jobs_and_dead_replicas_jobs(open
     store.create_job(job_record("mine-done", "me", "done"))
     store.create_job(job_record("alive-replica", "other", at=now))
     store.create_job(job_record("dead-replica", "gone", at=now - 3600))
-    failed = store.fail_unfinished_jobs("me", stale_before=now - 600, message="restarted")
+    failed = store.fail_unfinished_jobs(
+        "me", stale_before=now - 600, message="restarted"
+    )
     assert failed == 3
     status = {j.id: (j.status, j.error) for j in store.list_jobs(10)}
     assert status == {
@@ -199,10 +226,32 @@ def test_reopening_the_store_loses_nothing(open_again):
     store.put_graph("g", "mlp", "{}")
     store.close()
     again = open_again()
-    assert again.get_plan_by_hash("d" * 64).summary == {"graph_name": "mlp", "layout_rules": "batch:x"}
+    assert again.get_plan_by_hash("d" * 64).summary == {
+        "graph_name": "mlp",
+        "layout_rules": "batch:x",
+    }
     assert again.get_job("j").status == "done"
     assert again.get_graph("g") == "{}"
     assert again.ping()
+
+
+def test_heartbeat_keeps_a_live_replicas_jobs_from_being_failed(open_again):
+    store = open_again()
+    old = time.time() - 3600
+    store.create_job(job_record("busy", "other", "queued", at=old))
+    store.create_job(job_record("silent", "other", "running", at=old))
+    store.heartbeat(["busy"])
+    assert store.fail_unfinished_jobs("me", time.time() - 600, "stale") == 1
+    assert store.get_job("busy").status == "queued"
+    assert store.get_job("silent").status == "failed"
+
+
+def test_sqlite_store_uses_write_ahead_logging(tmp_path):
+    store = SqliteStore(tmp_path / "p.sqlite3")
+    try:
+        assert store._conn().execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    finally:
+        store.close()
 
 
 def test_unknown_database_url_is_a_config_error(tmp_path):
@@ -214,8 +263,12 @@ def test_unknown_database_url_is_a_config_error(tmp_path):
 def test_two_replicas_on_one_postgresql_share_plans(postgres_url, tmp_path):
     _empty_postgres(postgres_url)
     body = {"graph": mlp_doc(), "mesh_shape": "x:2;y:2", "hardware": "tpu-v4"}
-    one = service_settings(tmp_path / "a", database_url=postgres_url, instance_name="r1")
-    two = service_settings(tmp_path / "b", database_url=postgres_url, instance_name="r2")
+    one = service_settings(
+        tmp_path / "a", database_url=postgres_url, instance_name="r1"
+    )
+    two = service_settings(
+        tmp_path / "b", database_url=postgres_url, instance_name="r2"
+    )
     with TestClient(create_app(one)) as r1, TestClient(create_app(two)) as r2:
         assert r1.get("/healthz").json()["store"] == "postgresql"
         solved = r1.post("/v1/plans", json=body).json()

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from api_cases import ServerThread, service_settings
 
 from api.examples import example_graph
-from api_cases import ServerThread, service_settings
 
 pytestmark = [pytest.mark.solver, pytest.mark.slow]
 
@@ -59,7 +59,9 @@ def plan(server: ServerThread) -> dict:
 @pytest.fixture(scope="module")
 def browser() -> Iterator:
     if not Path(CHROMIUM).exists():
-        pytest.skip(f"Debian chromium is not installed at {CHROMIUM} (.ci/run installs it)")
+        pytest.skip(
+            f"Debian chromium is not installed at {CHROMIUM} (.ci/run installs it)"
+        )
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
@@ -68,7 +70,9 @@ def browser() -> Iterator:
         b.close()
 
 
-def test_plan_page_draws_the_charts_and_shows_the_chosen_rules(server, plan, browser, tmp_path):
+def test_plan_page_draws_the_charts_and_shows_the_chosen_rules(
+    server, plan, browser, tmp_path
+):
     assert plan["layout_rules"], "the example should split something"
     page = browser.new_page(viewport={"width": 1280, "height": 1800})
     errors: list[str] = []
@@ -82,7 +86,9 @@ def test_plan_page_draws_the_charts_and_shows_the_chosen_rules(server, plan, bro
 
     assert page.inner_text("#chosen-rules") == plan["layout_rules"]
     # The chosen rules are highlighted: a background that is not white.
-    bg = page.eval_on_selector("#chosen-rules", "e => getComputedStyle(e).backgroundColor")
+    bg = page.eval_on_selector(
+        "#chosen-rules", "e => getComputedStyle(e).backgroundColor"
+    )
     assert bg not in ("rgba(0, 0, 0, 0)", "rgb(255, 255, 255)")
 
     for chart in ("cost-chart", "memory-chart"):
@@ -101,15 +107,18 @@ def test_plan_page_draws_the_charts_and_shows_the_chosen_rules(server, plan, bro
     bars = page.evaluate(
         "() => Chart.getChart(document.getElementById('cost-chart')).data.labels"
     )
-    assert bars[0].startswith("chosen: ") and len(bars) == len(plan["plan"]["candidates"]) + sum(
-        b["cost"] is not None for b in plan["plan"]["baselines"]
-    )
+    assert bars[0].startswith("chosen: ") and len(bars) == len(
+        plan["plan"]["candidates"]
+    ) + sum(b["cost"] is not None for b in plan["plan"]["baselines"])
 
     dims = page.locator("#dims tbody tr")
     assert dims.count() == len(plan["plan"]["dims"])
     split = {d["name"]: d["mesh_axis"] for d in plan["plan"]["dims"] if d["mesh_axis"]}
     for name, axis in split.items():
-        assert page.locator(f"#dim-graph g[data-dim='{name}']").get_attribute("data-axis") == axis
+        assert (
+            page.locator(f"#dim-graph g[data-dim='{name}']").get_attribute("data-axis")
+            == axis
+        )
 
     shot = tmp_path / "dashboard.png"
     page.screenshot(path=str(shot), full_page=False)
@@ -120,7 +129,9 @@ def test_plan_page_draws_the_charts_and_shows_the_chosen_rules(server, plan, bro
     page.close()
 
 
-def test_form_plans_the_graph_on_another_mesh_and_shows_the_new_plan(server, plan, browser):
+def test_form_plans_the_graph_on_another_mesh_and_shows_the_new_plan(
+    server, plan, browser
+):
     page = browser.new_page()
     page.goto(f"{server.url}/plans/{plan['id']}")
     page.fill("#try-form input[name=mesh_shape]", "x:4")
@@ -130,4 +141,16 @@ def test_form_plans_the_graph_on_another_mesh_and_shows_the_new_plan(server, pla
     page.wait_for_url(f"{server.url}/plans/**", timeout=60_000)
     page.wait_for_selector("body[data-charts-ready='1']", timeout=15_000)
     assert "on x:4 · tpu-v4" in page.inner_text("h1")
+    page.close()
+
+
+def test_api_docs_page_renders_offline_from_vendored_swagger_ui(server, browser):
+    page = browser.new_page()
+    failed: list[str] = []
+    page.on("requestfailed", lambda r: failed.append(r.url))
+    page.goto(f"{server.url}/docs")
+    page.wait_for_selector(".swagger-ui .opblock", timeout=15_000)
+    paths = page.locator(".opblock-summary-path").all_inner_texts()
+    assert "/v1/plans" in paths and "/v1/jobs/{job_id}" in paths
+    assert failed == []  # nothing fetched from outside
     page.close()

@@ -137,7 +137,9 @@ def test_two_process_variables_gather_to_the_single_process_values(runs: dict) -
     for t in runs["tasks"]:
         assert t["variables"].keys() == want.keys()
         for name, value in want.items():
-            np.testing.assert_allclose(t["variables"][name], value, rtol=1e-4, atol=1e-5)
+            np.testing.assert_allclose(
+                t["variables"][name], value, rtol=1e-4, atol=1e-5
+            )
 
 
 def test_two_process_step_records_the_single_process_collectives(runs: dict) -> None:

@@ -162,3 +162,22 @@ def test_mtf_core_loads_the_planner_only_when_asked() -> None:
         "assert 'tensorflow' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_integer_program_does_not_grow_with_depth() -> None:
+    plans = [
+        mtf.auto_layout(
+            transformer(num_layers=n).graph,
+            "x:2;y:4",
+            (),
+            "cpu-host",
+            top_k=1,
+            verify=False,
+        )
+        for n in (1, 4)
+    ]
+    shallow, deep = (p.solver for p in plans)
+    assert deep.problem["num_ops"] > 2.5 * shallow.problem["num_ops"]
+    assert deep.num_variables == shallow.num_variables
+    assert deep.problem["num_dimsets"] == shallow.problem["num_dimsets"]
+    assert deep.problem["num_signatures"] <= shallow.problem["num_signatures"] + 10

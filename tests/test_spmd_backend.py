@@ -38,7 +38,9 @@ def _slices(laid: Any) -> np.ndarray:
 
 
 def _records(counters: Any) -> list[list[Any]]:
-    return [[c.kind, list(c.mesh_axes), c.bytes_per_device] for c in counters.collectives]
+    return [
+        [c.kind, list(c.mesh_axes), c.bytes_per_device] for c in counters.collectives
+    ]
 
 
 def _primitive_checks(devices: list[str]) -> dict[str, Any]:
@@ -59,20 +61,32 @@ def _primitive_checks(devices: list[str]) -> dict[str, Any]:
     for axes in ([0], [1], [0, 1]):
         for red in ("SUM", "MAX", "MIN"):
             calls.append(
-                (f"allreduce_{axes}_{red}", lambda m, x, f, a=axes, r=red: m.allreduce(x, a, r))
+                (
+                    f"allreduce_{axes}_{red}",
+                    lambda m, x, f, a=axes, r=red: m.allreduce(x, a, r),
+                )
             )
         for red in ("LOGICAL_OR", "LOGICAL_AND"):
             calls.append(
-                (f"allreduce_bool_{axes}_{red}", lambda m, x, f, a=axes, r=red: m.allreduce(f, a, r))
+                (
+                    f"allreduce_bool_{axes}_{red}",
+                    lambda m, x, f, a=axes, r=red: m.allreduce(f, a, r),
+                )
             )
     for mesh_axis, axis in ((0, 0), (1, 1), (0, 2), (1, 2)):
         calls.append(
-            (f"allconcat_{mesh_axis}_{axis}", lambda m, x, f, a=mesh_axis, t=axis: m.allconcat(x, a, t))
+            (
+                f"allconcat_{mesh_axis}_{axis}",
+                lambda m, x, f, a=mesh_axis, t=axis: m.allconcat(x, a, t),
+            )
         )
     calls.append(("allconcat_bool", lambda m, x, f: m.allconcat(f, 1, 1)))
     for mesh_axis, split, concat in ((0, 2, 0), (1, 2, 1), (1, 2, 0)):
         calls.append(
-            (f"alltoall_{mesh_axis}_{split}_{concat}", lambda m, x, f, a=mesh_axis, s=split, c=concat: m.alltoall(x, a, s, c))
+            (
+                f"alltoall_{mesh_axis}_{split}_{concat}",
+                lambda m, x, f, a=mesh_axis, s=split, c=concat: m.alltoall(x, a, s, c),
+            )
         )
         calls.append(
             (f"allsplit_{mesh_axis}", lambda m, x, f, a=mesh_axis: m.allsplit(x, a, 2))
@@ -81,10 +95,18 @@ def _primitive_checks(devices: list[str]) -> dict[str, Any]:
         for offset in (1, -1, 2, 5):
             for wrap in (True, False):
                 calls.append(
-                    (f"shift_{mesh_axis}_{offset}_{wrap}", lambda m, x, f, a=mesh_axis, o=offset, w=wrap: m.shift_by_n_processors(x, a, o, w))
+                    (
+                        f"shift_{mesh_axis}_{offset}_{wrap}",
+                        lambda m, x, f, a=mesh_axis, o=offset, w=wrap: (
+                            m.shift_by_n_processors(x, a, o, w)
+                        ),
+                    )
                 )
         calls.append(
-            (f"pcoordinate_{mesh_axis}", lambda m, x, f, a=mesh_axis: m.laid_out_pcoordinate(a))
+            (
+                f"pcoordinate_{mesh_axis}",
+                lambda m, x, f, a=mesh_axis: m.laid_out_pcoordinate(a),
+            )
         )
     calls.append(("pnum", lambda m, x, f: m.laid_out_pnum()))
 
@@ -115,7 +137,9 @@ def _primitive_checks(devices: list[str]) -> dict[str, Any]:
     f_s = spmd.import_tf_tensor(flags, shape)
     per_device = spmd.run_program(program, [x_s, f_s])
     names = [name for name, _ in calls] + ["reduce_scatter_1", "broadcast_1"]
-    got = {n: np.stack([per_device[p][i] for p in range(8)]) for i, n in enumerate(names)}
+    got = {
+        n: np.stack([per_device[p][i] for p in range(8)]) for i, n in enumerate(names)
+    }
     spmd_records = _records(spmd.counters)
     return {
         "equal": {n: bool(np.allclose(got[n], want[n], atol=1e-5)) for n in names},
@@ -156,13 +180,19 @@ def _training_checks(devices: list[str]) -> dict[str, Any]:
             graph, mesh, x, loss, logits, updates = _mlp(mtf)
             cls = mtf.PlacementMeshImpl if backend == "placement" else mtf.SimdMeshImpl
             step = mtf.compile_function(
-                graph, {mesh: cls(mesh_shape, rules, devices[:n])}, [x], [loss, logits], updates
+                graph,
+                {mesh: cls(mesh_shape, rules, devices[:n])},
+                [x],
+                [loss, logits],
+                updates,
             )
             runs = [step(xv) for _ in range(3)]
             out[f"{name}/{backend}"] = {
                 "losses": [float(r[0]) for r in runs],
                 "logits": runs[-1][1].tolist(),
-                "variables": {k: v.tolist() for k, v in step.variables.to_dict().items()},
+                "variables": {
+                    k: v.tolist() for k, v in step.variables.to_dict().items()
+                },
                 "records": _records(step.counters),
                 "flops": step.counters["flops_per_device"],
                 "type": type(step).__name__,
@@ -180,7 +210,11 @@ def _trace_once_checks(devices: list[str]) -> dict[str, Any]:
             graph, mesh, x, loss, _, updates = _mlp(mtf)
             cls = mtf.PlacementMeshImpl if backend == "placement" else mtf.SimdMeshImpl
             step = mtf.compile_function(
-                graph, {mesh: cls(f"all:{n}", "batch:all", devices[:n])}, [x], [loss], updates
+                graph,
+                {mesh: cls(f"all:{n}", "batch:all", devices[:n])},
+                [x],
+                [loss],
+                updates,
             )
             step.trace()
             if backend == "spmd":
@@ -255,7 +289,9 @@ def test_every_primitive_gives_the_placement_slices(results: dict, order: str) -
 
 
 @pytest.mark.parametrize("order", ["primitives", "primitives_shuffled"])
-def test_every_primitive_records_what_placement_records(results: dict, order: str) -> None:
+def test_every_primitive_records_what_placement_records(
+    results: dict, order: str
+) -> None:
     got = results[order]
     assert got["spmd_records"] == got["placement_records"]
     kinds = {r[0] for r in got["placement_records"]}

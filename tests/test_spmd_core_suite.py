@@ -89,7 +89,12 @@ def test_core_layout_tests_pass_on_the_spmd_backend() -> None:
         *files,
     ]
     run = subprocess.run(
-        cmd, capture_output=True, text=True, timeout=TIMEOUT_S, env=env, cwd=TESTS.parent
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        env=env,
+        cwd=TESTS.parent,
     )
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
     built = re.search(r"spmd-meshes=(\d+) spmd-compiled-steps=(\d+)", run.stdout)

@@ -21,7 +21,7 @@ from fastapi.templating import Jinja2Templates
 from pydantic import ValidationError
 
 from api.deps import ServiceDep, token_ok
-from api.dimgraph_svg import axis_colours, dimension_graph_svg
+from api.dimgraph_svg import AXIS_COLOURS, axis_colours, dimension_graph_svg
 from api.schemas import PlanRequest
 from api.service import PlannerService, QueueFull, iso, job_dict, plan_header
 from api.store import PlanRecord
@@ -57,12 +57,17 @@ def chart_data(plan: dict[str, Any], colours: dict[str, str]) -> dict[str, Any]:
         rules = c["layout_rules"] or "(nothing split)"
         tag = "chosen" if c["rank"] == 1 else f"#{c['rank']}"
         rows.append((f"{tag}: {rules}"[:_LABEL_CHARS], c["cost"]))
+    if not rows:  # nothing fits: the plan holds the layout with the smallest peak
+        rules = plan["layout_rules"] or "(nothing split)"
+        rows.append((f"chosen: {rules}"[:_LABEL_CHARS], plan["cost"]))
     for b in plan["baselines"]:
         if b["cost"] is not None:
             rows.append((f"baseline {b['name']}"[:_LABEL_CHARS], b["cost"]))
-    if not rows:  # no solution: the cost of the layout the plan holds
-        rows.append(("plan", plan["cost"]))
     axes = sorted({a for _, cost in rows for a in cost["comm_s_by_axis"]})
+    # Collectives over several axes ("x,y") get colours after the mesh axes'.
+    colours = dict(colours)
+    for a in axes:
+        colours.setdefault(a, AXIS_COLOURS[len(colours) % len(AXIS_COLOURS)])
     return {
         "labels": [label for label, _ in rows],
         "chosen": 0,
@@ -133,7 +138,7 @@ def _try_request(
         mesh_shape=None if devices else mesh,
         num_devices=devices,  # type: ignore[arg-type]  # pydantic parses "8"
         hardware=hardware,
-        objective=form.get("objective", plan["objective"]),  # type: ignore[arg-type]
+        objective=form.get("objective", plan["objective"]),
         top_k=max(1, len(plan["candidates"])),
         time_limit_s=float(plan["solver"]["time_limit_s"]),
     )

@@ -17,6 +17,14 @@
     }
     return Math.round(v) + " B";
   };
+  // Legend swatches without the chosen bar's outline (it is per bar, not per set).
+  const legend = {
+    labels: {
+      generateLabels: (chart) =>
+        Chart.defaults.plugins.legend.labels.generateLabels(chart).map((item) =>
+          chart.data.datasets[item.datasetIndex].type === "line" ? item : Object.assign(item, { lineWidth: 0 })),
+    },
+  };
   const common = {
     animation: false,
     responsive: true,
@@ -43,7 +51,7 @@
         x: { stacked: true },
         y: { stacked: true, title: { display: true, text: "step time" }, ticks: { callback: seconds } },
       },
-      plugins: { tooltip: { callbacks: { label: (c) => c.dataset.label + ": " + seconds(c.parsed.y) } } },
+      plugins: { legend, tooltip: { callbacks: { label: (c) => c.dataset.label + ": " + seconds(c.parsed.y) } } },
     }),
   });
 
@@ -64,7 +72,7 @@
     },
     options: Object.assign({}, common, {
       scales: { y: { beginAtZero: true, title: { display: true, text: "bytes per device" }, ticks: { callback: bytes } } },
-      plugins: { tooltip: { callbacks: { label: (c) => c.dataset.label + ": " + bytes(c.parsed.y) } } },
+      plugins: { legend, tooltip: { callbacks: { label: (c) => c.dataset.label + ": " + bytes(c.parsed.y) } } },
     }),
   });
   document.body.dataset.chartsReady = "1";

@@ -98,7 +98,7 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def heartbeat(self, job_ids: list[str]) -> None:
-        """Marks running jobs as alive (updated_at = now)."""
+        """Marks this replica's queued and running jobs alive (updated_at = now)."""
 
     @abc.abstractmethod
     def fail_unfinished_jobs(

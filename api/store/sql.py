@@ -218,8 +218,8 @@ class SqlStore(Store):
         now = time.time()
         for job_id in job_ids:
             self._execute(
-                "UPDATE jobs SET updated_at = ? WHERE id = ? AND status = 'running'",
-                (now, job_id),
+                "UPDATE jobs SET updated_at = ? WHERE id = ? AND status IN (?, ?)",
+                (now, job_id, *UNFINISHED),
             )
 
     def fail_unfinished_jobs(
@@ -234,7 +234,7 @@ class SqlStore(Store):
 
     def ping(self) -> bool:
         try:
-            return self._execute("SELECT 1").fetchone()[0] == 1
+            return bool(self._execute("SELECT 1").fetchone()[0] == 1)
         except Exception:  # any driver error means "not answering"
             return False
 

@@ -86,7 +86,7 @@ class ClusterSpec:
                 f"TF_CONFIG cluster has jobs {sorted(cluster)}; an mtf mesh runs on "
                 "one job of peer tasks, e.g. {'worker': ['host0:2222', ...]}"
             )
-        (job, addresses), = cluster.items()
+        ((job, addresses),) = cluster.items()
         if task.get("type", job) != job:
             raise LoweringError(
                 f"TF_CONFIG task type {task.get('type')!r} is not the cluster's job "

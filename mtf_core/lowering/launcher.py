@@ -43,7 +43,9 @@ def free_ports(n: int, host: str = "localhost") -> list[int]:
             s.close()
 
 
-def local_cluster(num_processes: int, ports: Sequence[int] | None = None) -> list[ClusterSpec]:
+def local_cluster(
+    num_processes: int, ports: Sequence[int] | None = None
+) -> list[ClusterSpec]:
     """One :class:`ClusterSpec` per task of a loopback cluster."""
     if num_processes < 1:
         raise LoweringError(f"num_processes must be >= 1, got {num_processes}")

@@ -46,6 +46,7 @@ import tensorflow as tf
 from mtf_core.errors import LoweringError
 from mtf_core.lowering import cluster
 from mtf_core.lowering import spmd_collectives as coll
+from mtf_core.lowering import spmd_variables as sv
 from mtf_core.lowering.mesh_impl import MeshImpl
 from mtf_core.shapes import convert_to_shape
 
@@ -99,8 +100,18 @@ class Replica:
     """What the program being traced knows about the device running it."""
 
     pnum: Any  # scalar int32 tensor
-    token: Any  # resource handle ordering this device's collectives
-    handles: dict[Any, Any] = field(default_factory=dict)  # variable ref -> handle
+    handles: dict[str, Any] = field(default_factory=dict)  # opened, by name
+
+    def open(self, name: str, opener: Callable[[], Any]) -> Any:
+        """One handle per named resource per program: automatic control
+        dependencies order the ops that share it (a read before an assign)."""
+        if name not in self.handles:
+            self.handles[name] = opener()
+        return self.handles[name]
+
+    @property
+    def token(self) -> Any:
+        return self.open(sv.TOKEN_NAME, sv.open_ordering_token)
 
 
 class SimdMeshImpl(MeshImpl):
@@ -170,18 +181,19 @@ class SimdMeshImpl(MeshImpl):
         return len(self.local_pnums) == self.size
 
     @contextlib.contextmanager
-    def replica(
-        self, pnum: Any, token: Any, handles: dict[Any, Any] | None = None
-    ) -> Iterator[Replica]:
-        """Lowers for one device: the context of a per-replica trace."""
-        saved, self._replica = self._replica, Replica(pnum, token, handles or {})
+    def replica(self, pnum: Any) -> Iterator[Replica]:
+        """Lowers for one device (pnum: scalar int32 tensor): the context of
+        the per-replica trace."""
+        saved, self._replica = self._replica, Replica(pnum)
         try:
             yield self._replica
         finally:
             self._replica = saved
 
-    def ordering_token(self, pnum: int) -> Any:
-        return coll.ordering_token(self.devices[pnum])
+    def prepare_devices(self) -> None:
+        """Creates this process's per-device ordering tokens (before tracing)."""
+        for p in self.local_pnums:
+            sv.ensure_ordering_token(self.devices[p])
 
     def axis_groups(self, mesh_axes: Sequence[int]) -> coll.AxisGroups:
         key = tuple(sorted(mesh_axes))
@@ -206,7 +218,9 @@ class SimdMeshImpl(MeshImpl):
     def _channel(self, groups: coll.AxisGroups) -> coll.Channel:
         assert self._replica is not None
         key = (
-            groups.group_keys[0] if groups.single_group else self._row(groups.group_keys)
+            groups.group_keys[0]
+            if groups.single_group
+            else self._row(groups.group_keys)
         )
         return coll.Channel(
             groups.group_size, key, self._replica.token, self.collective_timeout_s
@@ -236,7 +250,7 @@ class SimdMeshImpl(MeshImpl):
         else:
             per_device = {}
             for p in self.local_pnums:
-                with tf.device(self.devices[p]), self.replica(tf.constant(p), None):
+                with tf.device(self.devices[p]), self.replica(tf.constant(p)):
                     per_device[p] = fn(*[x.slices[p] for x in laid])
         return _unwrap_local(per_device, self.size)
 
@@ -252,21 +266,21 @@ class SimdMeshImpl(MeshImpl):
         """
         specs = [tf.TensorSpec(x.first.shape, x.first.dtype) for x in inputs]
 
-        def body(pnum: Any, token: Any, *tensors: Any) -> Any:
-            with self.replica(pnum, token):
+        def body(pnum: Any, *tensors: Any) -> Any:
+            with self.replica(pnum):
                 return fn(*tensors)
 
+        self.prepare_devices()
         inner = tf.function(body, autograph=False).get_concrete_function(
-            tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.resource), *specs
+            tf.TensorSpec([], tf.int32), *specs
         )
-        tokens = {p: self.ordering_token(p) for p in self.local_pnums}
 
         def launch() -> list[Any]:
             outs = []
             for p in self.local_pnums:
                 with tf.device(self.devices[p]):
                     args = [x.slices[p] for x in inputs]
-                    outs.append(inner(tf.constant(p), tokens[p].handle, *args))
+                    outs.append(inner(tf.constant(p), *args))
             return outs
 
         # A concrete function: tracing a new launcher per call is expected here.
@@ -294,7 +308,9 @@ class SimdMeshImpl(MeshImpl):
         return list(out)
 
     # -- collectives -----------------------------------------------------------
-    def allreduce(self, x: Any, mesh_axes: Sequence[int], reduction: str = "SUM") -> Any:
+    def allreduce(
+        self, x: Any, mesh_axes: Sequence[int], reduction: str = "SUM"
+    ) -> Any:
         mesh_axes = [a for a in mesh_axes if self.shape[a].size > 1]
         if not mesh_axes:
             return x
@@ -333,7 +349,9 @@ class SimdMeshImpl(MeshImpl):
             full = tf.transpose(full, [perm.index(i) for i in range(rank)])
         return full
 
-    def alltoall(self, x: Any, mesh_axis: int, split_axis: int, concat_axis: int) -> Any:
+    def alltoall(
+        self, x: Any, mesh_axis: int, split_axis: int, concat_axis: int
+    ) -> Any:
         n = self.shape[mesh_axis].size
         if n == 1:
             return x
@@ -493,47 +511,24 @@ class SimdMeshImpl(MeshImpl):
 
     # -- variables ---------------------------------------------------------------
     def make_variables(self, laid: Any, name: str, trainable: bool) -> list[Any]:
+        """Named slices (see :mod:`spmd_variables`) on this process's devices."""
         if self._replica is not None:
             raise LoweringError(
                 f"variable {name}: SPMD variables are made outside the replica "
                 "program (by a VariableStore)"
             )
         laid = laid.to_laid_out_tensor()
-        out: list[Any] = [None] * self.size
-        for p in self.local_pnums:
-            with tf.init_scope(), tf.device(self.devices[p]):
-                out[p] = tf.Variable(
-                    laid.slices[p], name=f"{name}_slice_{p}", trainable=trainable
-                )
-        return out
-
-    @staticmethod
-    def variable_key(variables: Sequence[Any]) -> Any:
-        """The key of one mtf variable's slices in :attr:`Replica.handles`."""
-        return next(v for v in variables if v is not None).ref()
-
-    def _handle(self, variables: Sequence[Any]) -> Any:
-        assert self._replica is not None
-        try:
-            return self._replica.handles[self.variable_key(variables)]
-        except KeyError:
-            raise LoweringError(
-                f"variable {next(v for v in variables if v is not None).name} was "
-                "not passed to this replica program; compile the step with "
-                "mtf.compile_function, which passes every variable of its store"
-            ) from None
+        return sv.slice_variables(laid.slices, self.devices, name)
 
     def read_variables(self, variables: Sequence[Any]) -> Any:
+        v0 = sv.first(variables)
         if self._replica is None:
             out: list[Any] = [None] * self.size
             for p in self.local_pnums:
-                with tf.device(self.devices[p]):
-                    out[p] = variables[p].read_value()
+                out[p] = variables[p].read_value()
             return LocalSlices(out)
-        v0 = next(v for v in variables if v is not None)
-        value = tf.raw_ops.ReadVariableOp(
-            resource=self._handle(variables), dtype=v0.dtype
-        )
+        handle = self._replica.open(v0.shared_name, v0.open)
+        value = tf.raw_ops.ReadVariableOp(resource=handle, dtype=v0.dtype)
         value.set_shape(v0.shape)
         return ReplicaTensor(value)
 
@@ -542,21 +537,21 @@ class SimdMeshImpl(MeshImpl):
     ) -> list[Any]:
         if mode not in ("assign", "add", "sub"):
             raise LoweringError(f"assign mode {mode!r}: expected assign, add or sub")
+        v0 = sv.first(variables)
         laid = laid.to_laid_out_tensor()
         if self._replica is None:
-            out = []
-            for p in self.local_pnums:
-                v, s = variables[p], laid.slices[p]
-                with tf.device(self.devices[p]):
-                    fn = {"assign": v.assign, "add": v.assign_add, "sub": v.assign_sub}
-                    out.append(fn[mode](s))
-            return out
+            methods = {"assign": "assign", "add": "assign_add", "sub": "assign_sub"}
+            return [
+                getattr(variables[p], methods[mode])(laid.slices[p])
+                for p in self.local_pnums
+            ]
         op = {
             "assign": tf.raw_ops.AssignVariableOp,
             "add": tf.raw_ops.AssignAddVariableOp,
             "sub": tf.raw_ops.AssignSubVariableOp,
         }[mode]
-        return [op(resource=self._handle(variables), value=laid.tensor)]
+        handle = self._replica.open(v0.shared_name, v0.open)
+        return [op(resource=handle, value=laid.tensor)]
 
 
 def _wrap(value: Any) -> Any:

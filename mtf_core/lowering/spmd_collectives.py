@@ -14,8 +14,9 @@ on every device; devices meet in TensorFlow's collective ops
   mesh traces the same programs in the same order, so they agree on the keys.
 * **Ordering.** Inside a ``tf.function`` the executor may start independent
   collectives in any order; two devices starting them in different orders
-  deadlock.  Every device passes its own ``ordering_token`` (a resource), which
-  makes automatic control dependencies run its collectives in program order.
+  deadlock.  Every device passes its own ``ordering_token`` (a resource, see
+  :mod:`spmd_variables`), which makes automatic control dependencies run its
+  collectives in program order.
 * **Ranks.** Gathers and all-to-alls order their blocks by the rank TensorFlow
   gives each member: devices sorted by (job, replica, task, type, index).  Mesh
   coordinates may differ from that order (any device list is allowed), so
@@ -42,7 +43,6 @@ from mtf_core.errors import LoweringError
 _lock = threading.Lock()
 _group_members: dict[int, tuple[str, ...]] = {}
 _instance_keys = itertools.count(1)
-_tokens: dict[str, tf.Variable] = {}
 
 
 # -- device names -----------------------------------------------------------
@@ -93,18 +93,6 @@ def next_instance_key() -> int:
     """A fresh instance key for one collective call site."""
     with _lock:
         return next(_instance_keys)
-
-
-def ordering_token(device: str) -> tf.Variable:
-    """The per-device resource that orders this device's collectives."""
-    with _lock:
-        token = _tokens.get(device)
-    if token is None:
-        with tf.init_scope(), tf.device(device):
-            token = tf.Variable(0.0, trainable=False, name="collective_order")
-        with _lock:
-            token = _tokens.setdefault(device, token)
-    return token
 
 
 # -- processor groups -------------------------------------------------------
@@ -184,9 +172,7 @@ _WIDEN = {
 
 def carrier_dtype(dtype: tf.DType, kind: str) -> tf.DType:
     """The dtype a tensor of ``dtype`` travels in through collective ``kind``."""
-    if dtype in _NATIVE or (
-        dtype == tf.bfloat16 and kind in ("allreduce", "alltoall")
-    ):
+    if dtype in _NATIVE or (dtype == tf.bfloat16 and kind in ("allreduce", "alltoall")):
         return dtype
     if dtype in _WIDEN:
         return _WIDEN[dtype]
@@ -276,31 +262,30 @@ def all_to_all(x: Any, ch: Channel) -> Any:
 def broadcast(x: Any, is_source: Any, ch: Channel) -> Any:
     """Every member gets the ``x`` of the member whose ``is_source`` is true.
 
-    Broadcast ops take no ordering token, so the send/receive branch reads the
-    token: that puts it in the token's chain like the other collectives.
+    Broadcast ops take no ordering token, so each branch first writes the
+    token (adds 0): that puts the broadcast in the token's chain, in program
+    order with the other collectives.
     """
     xc, dtype = _in_carrier(x, "broadcast")
     key = next_instance_key()
+    common = dict(
+        group_size=ch.group_size,
+        group_key=ch.group_key,
+        instance_key=key,
+        timeout_seconds=ch.timeout_s,
+    )
+
+    def in_order() -> Any:
+        return tf.raw_ops.AssignAddVariableOp(resource=ch.token, value=tf.constant(0.0))
 
     def send() -> Any:
-        with tf.control_dependencies([tf.raw_ops.ReadVariableOp(resource=ch.token, dtype=tf.float32)]):
-            return tf.raw_ops.CollectiveBcastSendV2(
-                input=xc,
-                group_size=ch.group_size,
-                group_key=ch.group_key,
-                instance_key=key,
-                timeout_seconds=ch.timeout_s,
-            )
+        with tf.control_dependencies([in_order()]):
+            return tf.raw_ops.CollectiveBcastSendV2(input=xc, **common)
 
     def recv() -> Any:
-        with tf.control_dependencies([tf.raw_ops.ReadVariableOp(resource=ch.token, dtype=tf.float32)]):
+        with tf.control_dependencies([in_order()]):
             return tf.raw_ops.CollectiveBcastRecvV2(
-                group_size=ch.group_size,
-                group_key=ch.group_key,
-                instance_key=key,
-                shape=xc.shape,
-                T=xc.dtype,
-                timeout_seconds=ch.timeout_s,
+                shape=xc.shape, T=xc.dtype, **common
             )
 
     y = tf.cond(is_source, send, recv)

@@ -2,16 +2,15 @@
 
 Two ``tf.function`` levels, with no ``tf.distribute``:
 
-* the **replica program** takes this device's pnum, a seed, its ordering
-  token, a resource handle per variable slice, and the full placeholder values;
-  it lowers the whole mtf graph once (every laid-out tensor is one tensor) and
-  returns the exported outputs;
+* the **replica program** takes this device's pnum, a seed and the full
+  placeholder values; it lowers the whole mtf graph once (every laid-out tensor
+  is one tensor), opens the running device's variable slices and ordering token
+  by name (:mod:`spmd_variables`) and returns the exported outputs;
 * the **launcher** calls that one concrete function once per local device,
-  under ``tf.device``, passing each device its own pnum, token and variable
-  handles.
+  under ``tf.device``, passing each device its own pnum.
 
 Tracing cost is one lowering whatever the number of devices; the launcher adds
-one call node per device.  In a multi-process mesh every process compiles the
+one small call node per device.  In a multi-process mesh every process compiles the
 same step and launches it on its own devices; the collectives inside couple
 them, so every process must call the step the same number of times, with the
 same placeholder values.
@@ -83,8 +82,9 @@ class SpmdCompiledFunction:
             if variables is not None
             else VariableStore(graph, self.mesh_to_impl)
         )
-        self._var_slices = [self.variables.slices(v) for v in self.variables.variables]
         self.counters: Counters | None = None
+        # Variables made while tracing would make tf.function trace twice.
+        self.impl.prepare_devices()
         self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="mtf_step")
         self._input_specs = [
             tf.TensorSpec(t.shape.to_integer_list(), tf.as_dtype(t.dtype))
@@ -100,13 +100,8 @@ class SpmdCompiledFunction:
         self.replica_trace_seconds = 0.0
 
     # -- the replica program ------------------------------------------------
-    def _replica_program(self, pnum: Any, seed: Any, token: Any, *rest: Any) -> Any:
-        n_vars = len(self._var_slices)
-        handles, values = rest[:n_vars], rest[n_vars:]
-        by_key = {
-            SimdMeshImpl.variable_key(s): h for s, h in zip(self._var_slices, handles)
-        }
-        with self.impl.replica(pnum, token, by_key):
+    def _replica_program(self, pnum: Any, seed: Any, *values: Any) -> Any:
+        with self.impl.replica(pnum):
             lowering = Lowering(
                 self.graph,
                 self.mesh_to_impl,
@@ -125,12 +120,7 @@ class SpmdCompiledFunction:
 
     def _trace_replica(self) -> Any:
         if self._replica_fn is None:
-            specs = [
-                tf.TensorSpec([], tf.int32),
-                tf.TensorSpec([], tf.int64),
-                tf.TensorSpec([], tf.resource),
-            ]
-            specs += [tf.TensorSpec([], tf.resource)] * len(self._var_slices)
+            specs = [tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int64)]
             t0 = time.perf_counter()
             self._replica_fn = tf.function(
                 self._replica_program, autograph=False
@@ -147,14 +137,7 @@ class SpmdCompiledFunction:
         first = None
         for p in impl.local_pnums:
             with tf.device(impl.devices[p]):
-                handles = [s[p].handle for s in self._var_slices]
-                outs = program(
-                    tf.constant(p, tf.int32),
-                    seed,
-                    impl.ordering_token(p).handle,
-                    *handles,
-                    *values,
-                )
+                outs = program(tf.constant(p, tf.int32), seed, *values)
             if first is None:
                 first = outs
         # Every device holds the outputs; return this process's first copy.
@@ -176,4 +159,3 @@ class SpmdCompiledFunction:
             )
         outs = self._launcher(*values)
         return [o.numpy() for o in outs]
-

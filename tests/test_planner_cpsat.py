@@ -1,0 +1,90 @@
+"""The CP-SAT layer: status mapping, the one-phase-at-a-time fallback, lazily
+added memory rows, and the worker process."""
+
+from __future__ import annotations
+
+import pytest
+from test_planner_graphs import PRESSURE_HW, PRESSURE_MESH, PRESSURE_SIZES, transformer
+
+import mtf_core as mtf
+from cost_models import get_hardware
+from layout_planner import solver_process
+from layout_planner.problem import LayoutProblem
+from layout_planner.program import Objective, SolveParams, SolveStatus
+
+pytestmark = pytest.mark.solver
+
+
+def test_every_cp_sat_status_maps_to_one_of_ours() -> None:
+    from ortools.sat.python import cp_model
+
+    from layout_planner.cpsat import _STATUS
+
+    names = {"OPTIMAL", "FEASIBLE", "INFEASIBLE", "MODEL_INVALID", "UNKNOWN"}
+    assert {getattr(cp_model, n) for n in names} == set(_STATUS)
+    assert {s.name for s in _STATUS.values()} == names == {s.name for s in SolveStatus}
+
+
+@pytest.mark.parametrize("objective", [Objective.TIME, Objective.MEMORY])
+def test_phase_by_phase_fallback_ranks_like_the_single_objective(
+    objective: Objective,
+) -> None:
+    model = transformer(batch=16)
+    problem = LayoutProblem(
+        model.graph,
+        mtf.convert_to_shape("x:2;y:4"),
+        get_hardware("cpu-host"),
+        [model.loss],
+    )
+    program = problem.program(objective, problem.hw.memory_bytes)
+    one, _ = solver_process.solve(program, SolveParams(60, 2, 0, 4))
+    # A tiny weight limit forces time, then each tie-break dim, to be solved
+    # one after the other.
+    split, _ = solver_process.solve(
+        program, SolveParams(60, 2, 0, 4, max_objective_weight=50)
+    )
+    assert split.num_solves > one.num_solves
+    assert [s.x for s in split.solutions] == [s.x for s in one.solutions]
+    assert [s.time_ps for s in split.solutions] == [s.time_ps for s in one.solutions]
+    assert all(s.status is SolveStatus.OPTIMAL for s in split.solutions)
+
+
+def test_memory_rows_are_added_only_when_an_answer_breaks_them() -> None:
+    model = transformer(**PRESSURE_SIZES)
+    free = mtf.auto_layout(
+        model.graph, PRESSURE_MESH, [model.loss], PRESSURE_HW, top_k=1, verify=False
+    )
+    assert free.solver.memory_rows_added == 0  # 80 GiB: no live set can bind
+    limit = free.cost.peak_memory_bytes * 3 // 4
+    plan = mtf.auto_layout(
+        model.graph, PRESSURE_MESH, [model.loss], PRESSURE_HW, memory_limit=limit
+    )
+    rows = plan.solver.problem["num_memory_rows"]
+    assert 0 < plan.solver.memory_rows_added < rows
+    # ...yet the plan satisfies every live set: evaluate() agrees on its peak.
+    assert plan.ok and plan.evaluation.peak_memory_bytes <= limit
+
+
+def test_worker_process_solves_the_same_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MTF_PLANNER_SOLVER", "subprocess")
+    model = transformer(batch=16)
+    plan = mtf.auto_layout(model.graph, "x:2;y:2", [model.loss], top_k=3, verify=False)
+    assert plan.solver.solved_in == "subprocess"
+    monkeypatch.delenv("MTF_PLANNER_SOLVER")
+    if solver_process.solver_location() == "inprocess":
+        here = mtf.auto_layout(
+            model.graph, "x:2;y:2", [model.loss], top_k=3, verify=False
+        )
+        assert here.solver.solved_in == "inprocess"
+        assert [c.layout_rules for c in here.candidates] == [
+            c.layout_rules for c in plan.candidates
+        ]
+    assert len(plan.candidates) == 3 and plan.status.value == "optimal"
+
+
+def test_unknown_solver_location_is_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("MTF_PLANNER_SOLVER", "gpu")
+    with pytest.raises(mtf.MtfError, match="MTF_PLANNER_SOLVER='gpu'"):
+        solver_process.solver_location()
