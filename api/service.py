@@ -209,15 +209,19 @@ class PlannerService:
         """Loads the graph here, so that a bad one is a 422 now, not a failed job."""
         load_graph(json.loads(spec.graph_json), self.settings)
 
-    def submit(self, spec: PlanSpec) -> JobRecord:
-        """A job for ``spec``: the one already solving it, or a new one.
-        Raises QueueFull when the queue is full."""
+    def submit(
+        self, spec: PlanSpec
+    ) -> tuple[JobRecord, concurrent.futures.Future[PlanRecord] | None]:
+        """A job for ``spec`` (the one already solving it, or a new one) and
+        the future of its plan, taken before the job can finish (None only
+        when joining a job that finished meanwhile).  Raises QueueFull when
+        the queue is full."""
         with self._lock:
             job_id = self._inflight.get(spec.request_hash)
             if job_id is not None:
                 job = self.store.get_job(job_id)
                 if job is not None:
-                    return job
+                    return job, self._futures.get(job_id)
             if self.pool.queue_depth >= self.settings.queue_size:
                 raise QueueFull(
                     f"{self.pool.queue_depth} jobs are waiting (queue_size="
@@ -255,7 +259,7 @@ class PlannerService:
             self._inflight[spec.request_hash] = job.id
             self._futures[job.id] = done
         fut.add_done_callback(lambda f: self._finished(job, spec, f, done))
-        return job
+        return job, done
 
     def future(self, job_id: str) -> concurrent.futures.Future[PlanRecord] | None:
         """Resolves to the job's plan (or raises why not); None once finished."""

@@ -125,11 +125,20 @@ class _Slot:
             if task is None:
                 continue
             try:
-                self._serve(task)
+                if self.alive or self._spawn():  # it may have died while idle
+                    self._serve(task)
+                else:
+                    task.future.set_exception(
+                        TaskFailed(
+                            "no solve worker process could start; see the server log"
+                        )
+                    )
             finally:
                 self.task = None
                 self.pool._task_finished()
         self.kill()
+        if self.proc is not None:
+            self.proc.join(timeout=5)
 
     def _serve(self, task: _Task) -> None:
         if task.on_start is not None:

@@ -14,13 +14,13 @@ configuration runs in a fresh process.  Columns:
 * first step: TensorFlow's graph optimization plus the first run.
 * step: median of ``--steps`` further steps; tokens/s = batch x length / step.
 
-``--mtf`` also runs bench/baseline (the graph both libraries can build) with
+``--mtf_layers N...`` also runs bench/baseline (the graph both libraries can build) with
 Mesh TensorFlow 0.1.21 and with mtf_core on mesh x:2;y:4 in the same run, for
 the side-by-side ratios (needs ``make bench-venv-mtf``).
 
     .venv/bin/python bench/transformer.py                       # 1..64 layers
     .venv/bin/python bench/transformer.py --layers 1 8 --presets 2d --no_write
-    .venv/bin/python bench/transformer.py --layers 8 --mtf
+    .venv/bin/python bench/transformer.py --layers 1 8 --mtf_layers 1 8
 """
 
 from __future__ import annotations
@@ -165,35 +165,7 @@ def mtf_side_by_side(layers: list[int], steps: int, timeout: int) -> str:
     return head + "\n".join(lines)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--layers", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
-    ap.add_argument("--presets", nargs="+", default=PRESETS)
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--optimizer", default="sgd")
-    ap.add_argument("--timeout", type=int, default=1800)
-    ap.add_argument("--mtf", action="store_true", help="also run the MTF comparison")
-    ap.add_argument("--no_write", action="store_true")
-    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.child:
-        print(
-            json.dumps(
-                child(args.layers[0], args.presets[0], args.steps, args.optimizer)
-            )
-        )
-        return
-    rows = []
-    for layers in args.layers:
-        for preset in args.presets:
-            print(f"[transformer] layers={layers} preset={preset} ...", flush=True)
-            r = run_child(layers, preset, args.steps, args.optimizer, args.timeout)
-            r.setdefault("layers", layers)
-            r.setdefault("preset", preset)
-            print(f"    {r}", flush=True)
-            rows.append(r)
+def report(args: argparse.Namespace, rows: list[dict], side_by_side: str) -> str:
     cmd = "python bench/transformer.py " + " ".join(sys.argv[1:])
     text = (
         "## Transformer\n\n"
@@ -204,19 +176,58 @@ def main() -> None:
         f"Command: `{cmd}` ({time.strftime('%Y-%m-%d')}, 8 logical CPU devices on a "
         f"{os.cpu_count()}-core host, optimizer {args.optimizer}).\n\n{table(rows)}\n"
     )
-    if args.mtf:
+    if side_by_side:
         text += (
             "\nSide by side with Mesh TensorFlow 0.1.21 in the same run (the shared "
             "graph of bench/baseline: no layer norm, SGD; mesh `x:2;y:4`, layout "
-            "`batch:x;d_ff:y;heads:y;vocab:y`):\n\n"
-            + mtf_side_by_side(args.layers, args.steps, args.timeout)
-            + "\n"
+            "`batch:x;d_ff:y;heads:y;vocab:y`):\n\n" + side_by_side + "\n"
         )
-    print(text)
-    if not args.no_write:
-        from compare_mtf import replace_section
+    return text
 
-        replace_section("transformer", text)
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--layers", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
+    ap.add_argument("--presets", nargs="+", default=PRESETS)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--optimizer", default="sgd")
+    ap.add_argument("--timeout", type=int, default=1800)
+    ap.add_argument(
+        "--mtf_layers",
+        type=int,
+        nargs="*",
+        default=[],
+        help="also run the Mesh TensorFlow comparison at these depths",
+    )
+    ap.add_argument("--no_write", action="store_true")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print(
+            json.dumps(
+                child(args.layers[0], args.presets[0], args.steps, args.optimizer)
+            )
+        )
+        return
+    from compare_mtf import replace_section
+
+    rows: list[dict] = []
+    side = ""
+    if args.mtf_layers:
+        side = mtf_side_by_side(args.mtf_layers, args.steps, args.timeout)
+    for layers in args.layers:
+        for preset in args.presets:
+            print(f"[transformer] layers={layers} preset={preset} ...", flush=True)
+            r = run_child(layers, preset, args.steps, args.optimizer, args.timeout)
+            r.setdefault("layers", layers)
+            r.setdefault("preset", preset)
+            print(f"    {r}", flush=True)
+            rows.append(r)
+            if not args.no_write:  # after every row: a long run keeps what it has
+                replace_section("transformer", report(args, rows, side))
+    print(report(args, rows, side))
 
 
 if __name__ == "__main__":

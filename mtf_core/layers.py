@@ -28,6 +28,8 @@ from mtf_core.ops import reduce as red
 from mtf_core.ops.creation import constant
 from mtf_core.ops.einsum import einsum
 from mtf_core.ops.indexing import gather
+from mtf_core.ops.random import dropout as random_dropout
+from mtf_core.ops.reshape import rename_dimension
 from mtf_core.ops.variables import get_variable
 from mtf_core.shapes import Dimension, Shape, convert_to_dimension, convert_to_shape
 
@@ -238,8 +240,6 @@ def dropout(x: Tensor, rate: float, noise_shape: Any = None) -> Tensor:
         raise ConfigError(f"dropout rate must be in [0, 1), got {rate!r}")
     if rate == 0.0:
         return x
-    from mtf_core.ops.random import dropout as random_dropout
-
     return random_dropout(x, rate=rate, noise_shape=noise_shape)
 
 
@@ -285,14 +285,6 @@ def attention_bias_padding(memory_ids: Tensor, pad_id: int = 0) -> Tensor:
     """``-1e9`` at memory positions holding ``pad_id``, 0 elsewhere."""
     pad = constant(memory_ids.mesh, pad_id, (), memory_ids.dtype)
     return ew.cast(ew.equal(memory_ids, pad), "float32") * -1e9
-
-
-def rename_dimension(x: Tensor, old_name: str, new_name: str) -> Tensor:
-    """``x`` with dimension ``old_name`` called ``new_name``."""
-    # Imported here: the reshape family is optional for layers that never rename.
-    from mtf_core.ops.reshape import rename_dimension as rename
-
-    return rename(x, old_name, new_name)
 
 
 def multihead_attention(

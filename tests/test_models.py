@@ -39,7 +39,7 @@ def _tokens(cfg: TransformerConfig, seed: int = 0) -> np.ndarray:
 
 
 def _train(build, cfg, devices, layout, feeds, steps=STEPS):
-    model = build(cfg, optimizer="adam", learning_rate=1e-2)
+    model = build(cfg, optimizer="sgd", learning_rate=0.5)
     if layout is None:
         impl = mtf.PlacementMeshImpl("all:1", "", devices[:1])
     else:

@@ -143,14 +143,14 @@ def test_checkpoint_from_one_layout_resumes_under_another_with_the_same_next_los
 ):
     from mtf_core.lowering.training import Trainer
 
-    first = Trainer(build_lm(SMALL, "adam", 1e-2), resolve_layout("dp", 8), devices)
+    first = Trainer(build_lm(SMALL, "adam", 1e-2), resolve_layout("dp", 4), devices)
     for seed in (0, 1):
         first.step(_batch(SMALL, seed))
     path = first.save(str(tmp_path), {"model": SMALL.to_dict()})
     expected = first.step(_batch(SMALL, 2))
     ck = load_checkpoint(path)
     assert ck.step == 2 and ck.metadata["layout"] == "batch:all"
-    second = Trainer(build_lm(SMALL, "adam", 1e-2), resolve_layout("2d", 8), devices)
+    second = Trainer(build_lm(SMALL, "adam", 1e-2), resolve_layout("2d", 4), devices)
     second.restore(ck)
     assert second.global_step == 2
     assert second.step(_batch(SMALL, 2)) == pytest.approx(expected, rel=1e-5)
@@ -165,6 +165,7 @@ def test_mtf_train_command_trains_resumes_on_another_mesh_and_samples(
         "--layers", "1", "--d_model", "16", "--heads", "8", "--d_kv", "2",
         "--d_ff", "32", "--length", "8", "--batch", "8", "--vocab", "32",
         "--corpus_bytes", "20000", "--checkpoint_dir", str(ckpt), "--no_progress",
+        "--no_eval",
     ]  # fmt: skip
     assert (
         cli.main([*common, "--steps", "3", "--layout", "2d", "--tensorboard", str(tb)])
@@ -173,11 +174,14 @@ def test_mtf_train_command_trains_resumes_on_another_mesh_and_samples(
     first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert first["global_step"] == 3 and first["mesh_shape"] == "rows:2,cols:4"
     assert list(tb.glob("events.out.tfevents.*"))
-    argv = [*common, "--steps", "2", "--layout", "batch:x;vocab:y", "--mesh", "x:2;y:2"]
+    argv = [*common, "--steps", "2", "--layout", "batch:x;vocab:x", "--mesh", "x:2"]
+    assert cli.main([*argv, "--resume"]) == 2  # one mesh axis cannot split two dims
+    assert "'x'" in capsys.readouterr().err
+    argv = [*common, "--steps", "2", "--layout", "heads:x;vocab:x", "--mesh", "x:2"]
     assert cli.main([*argv, "--resume"]) == 0
     second = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert second["global_step"] == 5 and second["steps"] == 2
-    assert load_checkpoint(ckpt).metadata["mesh_shape"] == "x:2,y:2"
+    assert load_checkpoint(ckpt).metadata["mesh_shape"] == "x:2"
     sample = [
         "sample",
         "--checkpoint_dir",

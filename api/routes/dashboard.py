@@ -173,7 +173,7 @@ async def try_other(plan_id: str, request: Request, service: ServiceDep) -> Resp
         cached = await run_in_threadpool(service.cached, spec)
         if cached is not None:
             return RedirectResponse(f"/plans/{cached.id}", status_code=303)
-        job = await run_in_threadpool(service.submit, spec)
+        job, _ = await run_in_threadpool(service.submit, spec)
     except (ValidationError, MtfError, ValueError, QueueFull) as e:
         if isinstance(e, ValidationError):
             err = e.errors()[0]

@@ -23,7 +23,7 @@ def _create(service: PlannerService, body: PlanRequest) -> JobRecord:
     record = service.cached(spec)
     if record is None:
         service.validate(spec)
-        return service.submit(spec)
+        return service.submit(spec)[0]
     # Cached: a job that is done already, so that clients poll one way.
     now = time.time()
     job = JobRecord(

@@ -78,10 +78,9 @@ async def create_plan(
         return Response(cached, media_type=JSON)
     await run_in_threadpool(service.validate, spec)
     try:
-        job = await run_in_threadpool(service.submit, spec)
+        job, fut = await run_in_threadpool(service.submit, spec)
     except QueueFull as e:
         return error_response(429, str(e), headers={"Retry-After": "5"})
-    fut = service.future(job.id)
     if fut is not None and spec.num_operations <= service.settings.sync_max_operations:
         waiter = asyncio.wrap_future(fut)
         waiter.add_done_callback(lambda f: f.cancelled() or f.exception())
@@ -101,6 +100,11 @@ async def create_plan(
             return Response(plan_body(record, cached=False), media_type=JSON)
     latest = await run_in_threadpool(service.store.get_job, job.id)
     assert latest is not None
+    if latest.status == "done" and latest.plan_id is not None:
+        # Joined an identical request's job that finished meanwhile.
+        done_record = await run_in_threadpool(service.store.get_plan, latest.plan_id)
+        if done_record is not None:
+            return Response(plan_body(done_record, cached=True), media_type=JSON)
     return JSONResponse(
         job_dict(latest), status_code=202, headers={"Location": f"/v1/jobs/{job.id}"}
     )

@@ -73,6 +73,9 @@ def _train_parser(p: argparse.ArgumentParser) -> None:
     t.add_argument("--resume", action="store_true", help="continue from the latest")
     t.add_argument("--tensorboard", help="directory for TensorBoard scalars")
     t.add_argument("--eval_every", type=int, default=0)
+    t.add_argument(
+        "--no_eval", action="store_true", help="skip the held-out loss at the end"
+    )
     t.add_argument("--no_progress", action="store_true", help="no progress bar")
 
 
@@ -225,7 +228,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         if args.checkpoint_dir and (last or step % args.save_every == 0):
             saved = trainer.save(args.checkpoint_dir, {**meta, "loss": loss})
     bar.close()
-    eval_loss = trainer.evaluate(data.eval_batch())
+    eval_loss = None if args.no_eval else trainer.evaluate(data.eval_batch())
     summary = {
         "steps": trainer.global_step - first,
         "global_step": trainer.global_step,
