@@ -192,9 +192,7 @@ def summary(rows: list[dict]) -> str:
     checked against these numbers."""
     lines = []
     for mesh in ("x:2;y:4", "x:2;y:2;z:2"):
-        r = next(
-            (r for r in rows if r.get("layers") == 64 and r["mesh"] == mesh), None
-        )
+        r = next((r for r in rows if r.get("layers") == 64 and r["mesh"] == mesh), None)
         if r is None or "error" in r:
             continue
         verdict = "met" if r["plan_s"] < 1.0 and r["gap"] == 0 else "not met"
