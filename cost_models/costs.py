@@ -28,6 +28,7 @@ from typing import Any
 
 from cost_models.deferred import DeferredAllreduces
 from cost_models.hardware import HardwareProfile, get_hardware
+from cost_models.layout_cache import CachedLayoutContext
 from cost_models.memory import (
     PARAM,
     SLOT,
@@ -134,7 +135,7 @@ class Cost:
 def layout_context(graph: Graph, mesh_shape: Any, layout_rules: Any) -> LayoutContext:
     """A LayoutContext for ``graph``, with every tensor's layout checked the way
     the lowering checks it up front (LayoutError naming the tensor)."""
-    ctx = LayoutContext.make(mesh_shape, layout_rules)
+    ctx = CachedLayoutContext.make(mesh_shape, layout_rules)
     meshes = {op.mesh for op in graph.operations}
     if len(meshes) > 1:
         raise GraphError(

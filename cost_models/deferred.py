@@ -31,7 +31,7 @@ from mtf_core.ops.elementwise import AddN, BinaryOp, Identity
 from mtf_core.ops.indexing import Gather
 from mtf_core.ops.reduce import Reduce
 from mtf_core.ops.reshape import gather_collectives
-from mtf_core.ops.slicing import _WholeDimOp
+from mtf_core.ops.slicing import WholeDimOp
 
 _DEFERRING = (Gather, Conv2d, Conv2dBackpropInput, Conv2dBackpropFilter)
 
@@ -136,7 +136,7 @@ class DeferredAllreduces:
     ) -> list[list[CollectiveSpec]] | None:
         """For ops that lower input by input (read, then gather), ``own`` split
         by input; None for ops that read all inputs first."""
-        if not isinstance(op, _WholeDimOp) or len(op.inputs) < 2 or not own:
+        if not isinstance(op, WholeDimOp) or len(op.inputs) < 2 or not own:
             return None
         parts = [gather_collectives(self.ctx, t, [op.dim_name]) for t in op.inputs]
         if [c for p in parts for c in p] != list(own):

@@ -64,10 +64,15 @@ class LayoutSizes:
 
 
 def flops_per_device(
-    op: Operation, ctx: LayoutContext, sizes: LayoutSizes | None = None
+    op: Operation,
+    ctx: LayoutContext,
+    sizes: LayoutSizes | None = None,
+    flops: float | None = None,
 ) -> float:
-    """``op.flops()`` divided over the mesh axes splitting one of its dims."""
-    flops = op.flops()
+    """``op.flops()`` divided over the mesh axes splitting one of its dims
+    (``flops``: ``op.flops()``, if the caller knows it already)."""
+    if flops is None:
+        flops = op.flops()
     if not flops:
         return 0.0
     names = op.all_dim_names
@@ -98,9 +103,11 @@ def op_compute(
     ctx: LayoutContext,
     hw: HardwareProfile,
     sizes: LayoutSizes | None = None,
+    flops: float | None = None,
 ) -> tuple[float, float]:
-    """``(flops_per_device, compute_time_s)`` of ``op``."""
-    flops = flops_per_device(op, ctx, sizes)
+    """``(flops_per_device, compute_time_s)`` of ``op`` (``flops``: ``op.flops()``,
+    if the caller knows it already)."""
+    flops = flops_per_device(op, ctx, sizes, flops)
     return flops, max(
         flops / hw.peak_flops,
         hbm_bytes_per_device(op, ctx, sizes) / hw.hbm_bandwidth_bytes_per_s,

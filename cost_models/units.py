@@ -31,10 +31,12 @@ from typing import Any
 from cost_models.collectives import axes_key, collective_time_s
 from cost_models.deferred import DeferredAllreduces, may_defer, static_deferral
 from cost_models.hardware import CostModelError, HardwareProfile
+from cost_models.layout_cache import CachedLayoutContext
 from cost_models.op_costs import op_compute
 from mtf_core.comm import CollectiveSpec, LayoutContext
 from mtf_core.errors import GraphError
 from mtf_core.graph import Graph, Operation, Tensor
+from mtf_core.shapes import Shape
 
 OP = "op"
 DEFERRED = "deferred"
@@ -82,37 +84,106 @@ def comm_by_axis(
     return tuple(sorted(out.items()))
 
 
-def own_collectives(op: Operation, ctx: LayoutContext) -> list[CollectiveSpec]:
-    """``op.communication(ctx)``, checked against what the units know defers."""
-    specs = list(op.communication(ctx))
-    if any(s.pending for s in specs) and not may_defer(op):
-        raise CostModelError(
-            f"{op.op_type} {op.name} leaves an allreduce pending, but "
-            "cost_models.deferred.may_defer does not know that op type defers; "
-            "teach it, or the cost units would miss that allreduce"
-        )
-    return specs
-
-
 def unit_cost(unit: CostUnit, ctx: LayoutContext, hw: HardwareProfile) -> UnitCost:
-    """Cost of ``unit`` under ``ctx``; reads only the layout of ``unit.dim_names``."""
-    if unit.kind == OP:
-        (op,) = unit.ops
-        issued = [s for s in own_collectives(op, ctx) if not s.pending]
-        flops, seconds = op_compute(op, ctx, hw)
-        return UnitCost(seconds, comm_by_axis(issued, ctx, hw), tuple(issued), flops)
-    if unit.kind != DEFERRED:
-        raise CostModelError(
-            f"unknown cost unit kind {unit.kind!r}; expected op or deferred"
-        )
-    sim = DeferredAllreduces(ctx)
-    forced_all: list[CollectiveSpec] = []
-    for op in unit.ops:
-        own = [s for s in op.communication(ctx) if s.pending] if may_defer(op) else []
-        forced_all.extend(i.spec for i in sim.step(op, own) if i.forced)
-    for t in unit.exported:
-        forced_all.extend(sim.force(t))
-    return UnitCost(0.0, comm_by_axis(forced_all, ctx, hw), tuple(forced_all))
+    """Cost of ``unit`` under ``ctx``; reads only the layout of ``unit.dim_names``.
+
+    To price many units under many layouts of one mesh, keep one
+    :class:`UnitPricer`: it gives the same answers, faster.
+    """
+    return UnitPricer(ctx.mesh_shape, hw).cost(unit, ctx)
+
+
+class UnitPricer:
+    """Prices cost units under many layouts of one mesh on one hardware profile.
+
+    :meth:`cost` is :func:`unit_cost`; what it remembers between calls is
+    what cannot change: each op's flops and sorted dim names, whether it may
+    defer, each collective's time, and each op's collectives under each
+    assignment of the op's *own* dims (an op reads nothing else of the
+    layout), which the deferred units of a table ask for again and again.
+    """
+
+    def __init__(self, mesh_shape: Shape, hw: HardwareProfile) -> None:
+        self.mesh_shape = mesh_shape
+        self.hw = hw
+        self._statics: dict[Operation, tuple[float, tuple[str, ...], bool]] = {}
+        self._comm: dict[tuple[Operation, tuple[int | None, ...]], list[CollectiveSpec]]
+        self._comm = {}
+        self._times: dict[CollectiveSpec, float] = {}
+
+    def cost(self, unit: CostUnit, ctx: LayoutContext) -> UnitCost:
+        """What ``unit`` costs under ``ctx`` (a layout of this pricer's mesh)."""
+        if ctx.mesh_shape is not self.mesh_shape and ctx.mesh_shape != self.mesh_shape:
+            raise CostModelError(
+                f"layout for mesh [{ctx.mesh_shape}] given to a pricer of mesh "
+                f"[{self.mesh_shape}]"
+            )
+        ctx = CachedLayoutContext.wrap(ctx)
+        if unit.kind == OP:
+            (op,) = unit.ops
+            flops, names, _ = self._op_statics(op)
+            specs = self._communication(op, names, ctx)
+            if not self._op_statics(op)[2] and any(s.pending for s in specs):
+                raise CostModelError(
+                    f"{op.op_type} {op.name} leaves an allreduce pending, but "
+                    "cost_models.deferred.may_defer does not know that op type "
+                    "defers; teach it, or the cost units would miss that allreduce"
+                )
+            issued = [s for s in specs if not s.pending]
+            flops_pd, seconds = op_compute(op, ctx, self.hw, flops=flops)
+            return UnitCost(seconds, self._by_axis(issued), tuple(issued), flops_pd)
+        if unit.kind != DEFERRED:
+            raise CostModelError(
+                f"unknown cost unit kind {unit.kind!r}; expected op or deferred"
+            )
+        sim = DeferredAllreduces(ctx)
+        forced_all: list[CollectiveSpec] = []
+        for op in unit.ops:
+            _, names, defers = self._op_statics(op)
+            own = (
+                [s for s in self._communication(op, names, ctx) if s.pending]
+                if defers
+                else []
+            )
+            forced_all.extend(i.spec for i in sim.step(op, own) if i.forced)
+        for t in unit.exported:
+            forced_all.extend(sim.force(t))
+        return UnitCost(0.0, self._by_axis(forced_all), tuple(forced_all))
+
+    def _op_statics(self, op: Operation) -> tuple[float, tuple[str, ...], bool]:
+        got = self._statics.get(op)
+        if got is None:
+            got = self._statics[op] = (
+                op.flops(),
+                tuple(sorted(op.all_dim_names)),
+                may_defer(op),
+            )
+        return got
+
+    def _communication(
+        self, op: Operation, names: tuple[str, ...], ctx: CachedLayoutContext
+    ) -> list[CollectiveSpec]:
+        # Errors (layouts the lowering rejects) are not remembered: raised again.
+        key = (op, tuple([ctx.mesh_axis(n) for n in names]))
+        specs = self._comm.get(key)
+        if specs is None:
+            specs = self._comm[key] = list(op.communication(ctx))
+        return specs
+
+    def _by_axis(
+        self, collectives: Sequence[CollectiveSpec]
+    ) -> tuple[tuple[str, float], ...]:
+        # comm_by_axis, with each collective's time looked up once.
+        if not collectives:
+            return ()
+        out: dict[str, float] = {}
+        for c in collectives:
+            seconds = self._times.get(c)
+            if seconds is None:
+                seconds = self._times[c] = collective_time_s(c, self.mesh_shape, self.hw)
+            key = axes_key(c)
+            out[key] = out.get(key, 0.0) + seconds
+        return tuple(sorted(out.items()))
 
 
 def cost_units(graph: Graph, outputs: Sequence[Tensor] = ()) -> list[CostUnit]:

@@ -36,8 +36,9 @@ import numpy as np
 
 from cost_models.collectives import collective_buffer_bytes
 from cost_models.hardware import HardwareProfile
+from cost_models.layout_cache import CachedLayoutContext
 from cost_models.memory import MemoryModel
-from cost_models.units import CostUnit, unit_cost
+from cost_models.units import CostUnit, UnitPricer
 from layout_planner.analysis import GraphAnalysis
 from layout_planner.dim_graph import Assignment
 from layout_planner.errors import PlannerError
@@ -202,6 +203,7 @@ class LayoutProblem:
             )
         self._num_signatures = sum(len(g) for g in groups.values())
         self._num_pricings = 0
+        pricer = UnitPricer(self.mesh_shape, self.hw)
         for dims in sorted(groups):
             table = self._table(dims)
             by_sig = list(groups[dims].values())
@@ -213,7 +215,7 @@ class LayoutProblem:
                 buffer = 0
                 try:
                     for units in by_sig:
-                        uc = unit_cost(units[0], ctx, self.hw)
+                        uc = pricer.cost(units[0], ctx)
                         self._num_pricings += 1
                         count = len(units)
                         compute += count * uc.compute_s
@@ -233,7 +235,7 @@ class LayoutProblem:
 
     def context(self, assignment: Mapping[str, int | None]) -> LayoutContext:
         """A LayoutContext for ``{dim: mesh axis index or None}``."""
-        return LayoutContext(self.mesh_shape, self.rules_for(assignment))
+        return CachedLayoutContext(self.mesh_shape, self.rules_for(assignment))
 
     def rules_for(self, assignment: Mapping[str, int | None]) -> LayoutRules:
         return LayoutRules(

@@ -12,7 +12,7 @@ from typing import Any
 from mtf_core.errors import GraphError
 from mtf_core.graph import Operation, Tensor
 from mtf_core.ops import elementwise as ew
-from mtf_core.ops.creation import ones
+from mtf_core.ops.creation import ones, zeros_like
 from mtf_core.ops.variables import Variable
 
 
@@ -74,7 +74,6 @@ def gradients(
             if g is None or t not in downstream:
                 continue
             grads.setdefault(t, []).append(g)
-        _ = in_grads
     return [_sum(grads.get(x)) for x in xs]
 
 
@@ -86,8 +85,12 @@ def _sum(gs: list[Tensor] | None) -> Tensor | None:
     return ew.add_n(gs)
 
 
-class _CustomGradientOp(Operation):
-    """Wraps a forward subgraph whose gradient is given by the user."""
+class CustomGradientOp(Operation):
+    """Wraps a forward subgraph whose gradient is given by the user.
+
+    Its inputs are ``inputs`` then ``fn_outputs``; it forwards the latter as
+    its outputs, and its gradient is ``grad_fn(inputs, fn_outputs, grads)``.
+    """
 
     op_type = "CustomGradient"
 
@@ -96,8 +99,9 @@ class _CustomGradientOp(Operation):
         fn_outputs: list[Tensor],
         inputs: list[Tensor],
         grad_fn: Callable[..., Any],
+        name: str | None = None,
     ) -> None:
-        super().__init__(inputs + fn_outputs, name="custom_gradient")
+        super().__init__(inputs + fn_outputs, name=name or "custom_gradient")
         self._n_in = len(inputs)
         self.grad_fn = grad_fn
         for t in fn_outputs:
@@ -109,10 +113,7 @@ class _CustomGradientOp(Operation):
     def gradient(self, grad_ys: Sequence[Tensor | None]) -> list[Tensor | None]:
         ins = self.inputs[: self._n_in]
         outs = self.inputs[self._n_in :]
-        gys = [
-            g if g is not None else ew.zeros_like_tensor(o)
-            for g, o in zip(grad_ys, outs)
-        ]
+        gys = [g if g is not None else zeros_like(o) for g, o in zip(grad_ys, outs)]
         gxs = list(self.grad_fn(ins, outs, gys))
         return gxs + [None] * len(outs)
 
@@ -130,7 +131,7 @@ def custom_gradient(
     outs = fn(*inputs)
     single = isinstance(outs, Tensor)
     outs = [outs] if single else list(outs)
-    op = _CustomGradientOp(outs, inputs, grad_fn)
+    op = CustomGradientOp(outs, inputs, grad_fn)
     return op.outputs[0] if single else op.outputs  # type: ignore[return-value]
 
 

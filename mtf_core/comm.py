@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mtf_core import dtypes
 from mtf_core.errors import LayoutError
@@ -36,6 +36,9 @@ from mtf_core.layout import (
     convert_to_layout_rules,
 )
 from mtf_core.shapes import Shape, convert_to_shape
+
+if TYPE_CHECKING:
+    from mtf_core.graph import Operation
 
 
 @dataclass(frozen=True)
@@ -81,10 +84,14 @@ class LayoutContext:
         """Index of the mesh axis splitting ``dim`` (a name or Dimension), or None."""
         return self.rules.tensor_dimension_to_mesh_axis(dim, self.mesh_shape)
 
+    def live_axis(self, axis: int | None) -> int | None:
+        """``axis`` if it is a mesh axis of size > 1, else None (an axis of size 1
+        splits nothing)."""
+        return axis if axis is not None and self.mesh_shape[axis].size > 1 else None
+
     def effective_mesh_axis(self, dim: Any) -> int | None:
         """Like :meth:`mesh_axis` but None for axes of size 1 (they split nothing)."""
-        a = self.mesh_axis(dim)
-        return a if a is not None and self.mesh_shape[a].size > 1 else None
+        return self.live_axis(self.mesh_axis(dim))
 
     def axis_name(self, axis: int) -> str:
         return self.mesh_shape[axis].name
@@ -100,13 +107,18 @@ class LayoutContext:
             self._cache[shape] = layout
         return layout
 
-    def slice_shape(self, shape: Any) -> list[int]:
-        shape = convert_to_shape(shape)
-        layout = self.tensor_layout(shape)
+    def local_shape(self, shape: Shape, layout: TensorLayout) -> list[int]:
+        """Per-device slice shape of ``shape`` under ``layout`` (any layout, not
+        only the rules' own)."""
         return [
             d.size if m is None else d.size // self.mesh_shape[m].size
             for d, m in zip(shape, layout)
         ]
+
+    def slice_shape(self, shape: Any) -> list[int]:
+        """Per-device slice shape of ``shape`` under the rules' layout."""
+        shape = convert_to_shape(shape)
+        return self.local_shape(shape, self.tensor_layout(shape))
 
     def slice_size(self, shape: Any) -> int:
         return math.prod(self.slice_shape(shape))
@@ -139,6 +151,36 @@ class LayoutContext:
                     "mesh dimension"
                 )
             used[a] = n
+
+    def check_op(self, op: Operation) -> None:
+        """:meth:`check_op_dims` over every dim of ``op``'s inputs and outputs:
+        ops computed slice by slice cannot put two of their dims on one axis."""
+        self.check_op_dims(f"{op.op_type} {op.name}", sorted(op.all_dim_names))
+
+
+def allreduce_collectives(
+    ctx: LayoutContext,
+    shape: Shape,
+    dtype: Any,
+    axes: Sequence[int],
+    pending: bool = True,
+    reduction: str = "SUM",
+) -> list[CollectiveSpec]:
+    """The allreduce over mesh ``axes`` (indices) of a result of ``shape``
+    (none when ``axes`` is empty): what ops that sum (or max, min) partial
+    results over split dims issue.  ``pending``: the lowering defers it
+    (see :class:`CollectiveSpec`)."""
+    if not axes:
+        return []
+    return [
+        CollectiveSpec(
+            "allreduce",
+            ctx.axis_names(axes),
+            ctx.slice_bytes(shape, dtype),
+            pending=pending,
+            reduction=reduction,
+        )
+    ]
 
 
 @dataclass(frozen=True)
@@ -174,10 +216,7 @@ def plan_layout_change(
     nd = ctx.ndims
     old_m2t = old_layout.mesh_axis_to_tensor_axis(nd)
     new_m2t = new_layout.mesh_axis_to_tensor_axis(nd)
-    local = [
-        d.size if m is None else d.size // ctx.mesh_shape[m].size
-        for d, m in zip(shape, old_layout)
-    ]
+    local = ctx.local_shape(shape, old_layout)
     elem = dtypes.size_bytes(dtype)
     live = [m for m in range(nd) if ctx.mesh_shape[m].size > 1]
     # tensor axis -> the mesh axis splitting it right now

@@ -24,6 +24,11 @@ class IndivisibleDimensionError(LayoutError):
     """A tensor dimension's size is not divisible by its mesh dimension's size."""
 
 
+class ArgumentError(MtfError, ValueError):
+    """An op's argument is outside what the op accepts (an unknown reduction or
+    distribution, a probability outside its range, a bound, a seed)."""
+
+
 class DTypeError(MtfError, TypeError):
     """A dtype is unknown, or two tensors' dtypes do not agree."""
 

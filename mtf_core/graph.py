@@ -198,12 +198,14 @@ class Operation:
         self._outputs: list[Tensor] = []
         self._mesh = mesh
         self._unsplittable: frozenset[str] = frozenset()
+        self._dim_names: frozenset[str] | None = None  # all_dim_names, cached
         self.name = mesh.graph.unique_name(name or self.op_type.lower())
         mesh.graph.operations.append(self)
 
     def _add_output(self, shape: Any, dtype: Any) -> Tensor:
         t = Tensor(self, convert_to_shape(shape), dtype, len(self._outputs))
         self._outputs.append(t)
+        self._dim_names = None
         return t
 
     @property
@@ -225,11 +227,16 @@ class Operation:
     # -- what the planner reads ---------------------------------------------
     @property
     def all_dim_names(self) -> frozenset[str]:
-        return frozenset(
-            d.name
-            for t in itertools.chain(self._inputs, self._outputs)
-            for d in t.shape
-        )
+        # Cached: the planner asks every op many times, and an op's tensors
+        # never change once its outputs are added.
+        names = self._dim_names
+        if names is None:
+            names = self._dim_names = frozenset(
+                d.name
+                for t in itertools.chain(self._inputs, self._outputs)
+                for d in t.shape.dims
+            )
+        return names
 
     def unsplittable_dims(self) -> frozenset[str]:
         """Dimension names this op cannot work on when split."""

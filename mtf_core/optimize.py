@@ -235,7 +235,10 @@ class AdamWeightDecayOptimizer(Optimizer):
 
     def apply_grad(self, grad: Tensor, var: Variable) -> list[Assign]:
         mesh = var.mesh
-        c = lambda v: self.const(mesh, v)  # noqa: E731
+
+        def c(value: float) -> Tensor:
+            return self.const(mesh, value)
+
         m = self.slot(var, "adam_m")
         v = self.slot(var, "adam_v")
         new_m = m * c(self.beta1) + grad * c(1.0 - self.beta1)
@@ -322,7 +325,10 @@ class AdafactorOptimizer(Optimizer):
 
     def apply_grad(self, grad: Tensor, var: Variable) -> list[Assign]:
         mesh = var.mesh
-        c = lambda v: self.const(mesh, v)  # noqa: E731
+
+        def c(value: float) -> Tensor:
+            return self.const(mesh, value)
+
         value = var.outputs[0]
         decay, fresh = self.decay(mesh)
         gsq = ew.square(grad) + c(self.epsilon1)

@@ -22,6 +22,11 @@ class LazyAllreduceSum:
         self.op = op
         self._reduced: Any = None
 
+    @property
+    def is_pending(self) -> bool:
+        """True until something forces the reduction."""
+        return self._reduced is None
+
     def to_laid_out_tensor(self) -> Any:
         if self._reduced is None:
             self._reduced = self.mesh_impl.allreduce_for(

@@ -25,6 +25,7 @@ from mtf_core.models.base import ModelGraph, add_training
 from mtf_core.ops import elementwise as ew
 from mtf_core.ops import reduce as red
 from mtf_core.ops.creation import placeholder
+from mtf_core.ops.reshape import rename_dimension
 from mtf_core.optimize import Optimizer
 from mtf_core.shapes import Dimension
 
@@ -249,7 +250,7 @@ def build_encoder_decoder(
     mesh = Mesh(graph, "mesh")
     cfg = config
     ph = _placeholders(mesh, cfg, ["inputs", "decoder_inputs", "targets"])
-    mem_ids = layers.rename_dimension(ph["inputs"], "length", "memory_length")
+    mem_ids = rename_dimension(ph["inputs"], "length", "memory_length")
     padding = layers.attention_bias_padding(mem_ids, pad_id)
     x = _embed(cfg, ph["inputs"], "encoder")
     for i in range(cfg.num_layers):

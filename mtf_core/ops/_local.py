@@ -51,5 +51,24 @@ def align(tf: Any, x: Any, from_shape: Shape, to_shape: Shape) -> Any:
     return x
 
 
-def tf_dtype(tf: Any, dtype: str) -> Any:
-    return tf.as_dtype(dtype)
+def take(tf: Any, s: Any, axis: int, start: int, length: int) -> Any:
+    """``s[..., start:start+length, ...]`` along ``axis``."""
+    begin = [0] * s.shape.rank
+    size = [-1] * s.shape.rank
+    begin[axis], size[axis] = start, length
+    return tf.slice(s, begin, size)
+
+
+def maybe_transpose(tf: Any, x: Any, perm: Sequence[int]) -> Any:
+    """``tf.transpose(x, perm)``, or ``x`` itself when ``perm`` is the identity
+    (one TF op fewer per device)."""
+    perm = list(perm)
+    return x if perm == list(range(len(perm))) else tf.transpose(x, perm)
+
+
+def inverse_permutation(perm: Sequence[int]) -> list[int]:
+    """The permutation that undoes ``perm``."""
+    inv = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inv[p] = i
+    return inv

@@ -18,9 +18,9 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from mtf_core.comm import CollectiveSpec
-from mtf_core.errors import DTypeError, LayoutError, ShapeError
-from mtf_core.graph import Operation, Tensor, check_same_mesh
+from mtf_core.comm import CollectiveSpec, allreduce_collectives
+from mtf_core.errors import LayoutError, ShapeError
+from mtf_core.graph import Operation, Tensor, check_same_dtype, check_same_mesh
 from mtf_core.lowering.lazy import LazyAllreduceSum
 from mtf_core.shapes import Dimension, Shape
 
@@ -94,26 +94,16 @@ class _ConvBase(Operation):
                     "the filter's spatial dims whole (split batch or channels instead)"
                 )
 
-    def _partial_sum(self, lowering: Any, impl: Any, res: Any, dims: list[str]) -> Any:
+    def _partial_sum(self, impl: Any, res: Any, dims: list[str]) -> Any:
         self._check_whole(impl.ctx)
         axes = impl.ctx.reduced_axes(dims)
         return LazyAllreduceSum(impl, res, axes, self) if axes else res
 
     def _pending(self, ctx: Any, dims: list[str]) -> list[CollectiveSpec]:
         self._check_whole(ctx)
-        ctx.check_op_dims(f"{self.op_type} {self.name}", sorted(self.all_dim_names))
-        axes = ctx.reduced_axes(dims)
-        if not axes:
-            return []
+        ctx.check_op(self)
         out = self.outputs[0]
-        return [
-            CollectiveSpec(
-                "allreduce",
-                ctx.axis_names(axes),
-                ctx.slice_bytes(out.shape, out.dtype),
-                pending=True,
-            )
-        ]
+        return allreduce_collectives(ctx, out.shape, out.dtype, ctx.reduced_axes(dims))
 
     def attrs(self) -> dict[str, Any]:
         return {"strides": list(self.strides), "padding": self.padding}
@@ -133,11 +123,7 @@ class Conv2d(_ConvBase):
         name: str | None = None,
     ) -> None:
         check_same_mesh([x, filters])
-        if x.dtype != filters.dtype:
-            raise DTypeError(
-                f"conv2d: {x.name} is {x.dtype} but filters {filters.name} are "
-                f"{filters.dtype}"
-            )
+        check_same_dtype([x, filters], "conv2d")
         if x.shape.ndims < 4 or filters.shape.ndims != 4:
             raise ShapeError(
                 f"conv2d: expected x [batch..., h, w, in_channels] and filters "
@@ -169,7 +155,7 @@ class Conv2d(_ConvBase):
     def lower(self, lowering: Any) -> None:
         tf = lowering.tf
         impl = lowering.mesh_impl(self)
-        impl.ctx.check_op_dims(f"Conv2d {self.name}", sorted(self.all_dim_names))
+        impl.ctx.check_op(self)
         x, f = self.inputs
 
         def local(xs: Any, fs: Any) -> Any:
@@ -178,7 +164,7 @@ class Conv2d(_ConvBase):
             return tf.reshape(y, [*batch, *[int(v) for v in y.shape[1:]]])
 
         res = impl.slicewise(local, lowering.tensors[x], lowering.tensors[f])
-        res = self._partial_sum(lowering, impl, res, [self.cin.name])
+        res = self._partial_sum(impl, res, [self.cin.name])
         lowering.set_tensor_lowering(self.outputs[0], res)
 
 
@@ -194,8 +180,9 @@ class Conv2dBackpropInput(_ConvBase):
         x_shape: Shape,
         strides: Sequence[int],
         padding: str,
+        name: str | None = None,
     ) -> None:
-        super().__init__([dy, filters], name="conv2d_grad_input")
+        super().__init__([dy, filters], name=name or "conv2d_grad_input")
         self._setup(x_shape, filters.shape, strides, padding)
         self._add_output(x_shape, dy.dtype)
 
@@ -225,7 +212,7 @@ class Conv2dBackpropInput(_ConvBase):
             return tf.reshape(dx, x_local)
 
         res = impl.slicewise(local, lowering.tensors[dy], lowering.tensors[f])
-        res = self._partial_sum(lowering, impl, res, [self.cout.name])
+        res = self._partial_sum(impl, res, [self.cout.name])
         lowering.set_tensor_lowering(self.outputs[0], res)
 
 
@@ -241,8 +228,9 @@ class Conv2dBackpropFilter(_ConvBase):
         f_shape: Shape,
         strides: Sequence[int],
         padding: str,
+        name: str | None = None,
     ) -> None:
-        super().__init__([x, dy], name="conv2d_grad_filter")
+        super().__init__([x, dy], name=name or "conv2d_grad_filter")
         self._setup(x.shape, f_shape, strides, padding)
         self._add_output(f_shape, x.dtype)
 
@@ -270,7 +258,7 @@ class Conv2dBackpropFilter(_ConvBase):
             )
 
         res = impl.slicewise(local, lowering.tensors[x], lowering.tensors[dy])
-        res = self._partial_sum(lowering, impl, res, [d.name for d in self.batch_dims])
+        res = self._partial_sum(impl, res, [d.name for d in self.batch_dims])
         lowering.set_tensor_lowering(self.outputs[0], res)
 
 

@@ -15,12 +15,12 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from mtf_core.comm import CollectiveSpec
-from mtf_core.errors import DTypeError, ShapeError
-from mtf_core.graph import Operation, Tensor, check_same_mesh
+from mtf_core.comm import CollectiveSpec, allreduce_collectives
+from mtf_core.errors import ShapeError
+from mtf_core.graph import Operation, Tensor, check_same_dtype, check_same_mesh
 from mtf_core.lowering.lazy import LazyAllreduceSum
 from mtf_core.ops._local import einsum_equation
-from mtf_core.shapes import Shape, convert_to_dimension, convert_to_shape
+from mtf_core.shapes import Shape, convert_to_shape, dimension_name
 
 
 class Einsum(Operation):
@@ -35,14 +35,9 @@ class Einsum(Operation):
         if not inputs:
             raise ShapeError("einsum needs at least one input")
         check_same_mesh(inputs)
-        dt = inputs[0].dtype
-        for t in inputs[1:]:
-            if t.dtype != dt:
-                raise DTypeError(
-                    f"einsum: dtypes differ: {inputs[0].name} is {dt}, {t.name} is "
-                    f"{t.dtype}; cast one of them first"
-                )
+        dt = check_same_dtype(inputs, "einsum")
         super().__init__(inputs, name=name or "einsum")
+        self._reduced: tuple[str, ...] | None = None
         output_shape = convert_to_shape(output_shape)
         known: dict[str, int] = {}
         for t in inputs:
@@ -68,22 +63,23 @@ class Einsum(Operation):
 
     @property
     def reduced_dims(self) -> list[str]:
-        out = set(self.outputs[0].shape.dimension_names)
-        seen: list[str] = []
-        for t in self.inputs:
-            for d in t.shape:
-                if d.name not in out and d.name not in seen:
-                    seen.append(d.name)
-        return seen
+        # Cached (the shapes never change): the planner asks many times.
+        if self._reduced is None:
+            out = set(self._outputs[0].shape.dimension_names)
+            seen: list[str] = []
+            for t in self._inputs:
+                for d in t.shape.dims:
+                    if d.name not in out and d.name not in seen:
+                        seen.append(d.name)
+            self._reduced = tuple(seen)
+        return list(self._reduced)
 
     def flops(self) -> float:
         sizes = {d.name: d.size for t in self.inputs + self.outputs for d in t.shape}
-        mults = max(len(self.inputs) - 1, 1)
-        return (
-            float(2 * mults * math.prod(sizes.values()))
-            if len(self.inputs) > 1
-            else float(math.prod(sizes.values()))
-        )
+        points = math.prod(sizes.values())
+        if len(self.inputs) == 1:
+            return float(points)  # a sum: one add per input element
+        return float(2 * (len(self.inputs) - 1) * points)
 
     def gradient(self, grad_ys: Sequence[Tensor | None]) -> list[Tensor | None]:
         dy = grad_ys[0]
@@ -96,25 +92,17 @@ class Einsum(Operation):
         return grads
 
     def communication(self, ctx: Any) -> list[CollectiveSpec]:
-        ctx.check_op_dims(f"Einsum {self.name}", sorted(self.all_dim_names))
-        axes = ctx.reduced_axes(self.reduced_dims)
-        if not axes:
-            return []
+        ctx.check_op(self)
         out = self.outputs[0]
-        return [
-            CollectiveSpec(
-                "allreduce",
-                ctx.axis_names(axes),
-                ctx.slice_bytes(out.shape, out.dtype),
-                pending=True,
-            )
-        ]
+        return allreduce_collectives(
+            ctx, out.shape, out.dtype, ctx.reduced_axes(self.reduced_dims)
+        )
 
     def lower(self, lowering: Any) -> None:
         tf = lowering.tf
         impl = lowering.mesh_impl(self)
         out = self.outputs[0]
-        impl.ctx.check_op_dims(f"Einsum {self.name}", sorted(self.all_dim_names))
+        impl.ctx.check_op(self)
         eq = einsum_equation([t.shape for t in self.inputs], out.shape)
         ins = [lowering.tensors[t] for t in self.inputs]
         res = impl.slicewise(lambda *s: tf.einsum(eq, *s), *ins)
@@ -122,9 +110,6 @@ class Einsum(Operation):
         if axes:
             res = LazyAllreduceSum(impl, res, axes, self)
         lowering.set_tensor_lowering(out, res)
-
-    def attrs(self) -> dict[str, Any]:
-        return {}
 
 
 def _einsum_or_broadcast(inputs: list[Tensor], output_shape: Shape) -> Tensor:
@@ -173,17 +158,9 @@ def einsum(
         if reduced_dims is None:
             drop = {n for n in dims if counts[n] > 1}
         else:  # Mesh TensorFlow: every input dim except reduced_dims
-            drop = {_dim_name(d) for d in reduced_dims}
+            drop = {dimension_name(d) for d in reduced_dims}
         output_shape = Shape([dims[n] for n in dims if n not in drop])
     return Einsum(xs, output_shape, name=name).outputs[0]
-
-
-def _dim_name(d: Any) -> str:
-    if isinstance(d, str) and ":" not in d:
-        return d
-    dim = convert_to_dimension(d)
-    assert dim is not None
-    return dim.name
 
 
 def matmul(

@@ -12,10 +12,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from mtf_core import dtypes
-from mtf_core.errors import DTypeError, ShapeError
-from mtf_core.graph import Operation, Tensor, check_same_mesh
+from mtf_core.errors import ArgumentError, DTypeError, ShapeError
+from mtf_core.graph import Operation, Tensor, check_same_dtype, check_same_mesh
 from mtf_core.lowering.lazy import LazyAllreduceSum
 from mtf_core.ops._local import align
+from mtf_core.ops.creation import constant, zeros_like
 from mtf_core.shapes import Shape, convert_to_shape
 
 # --------------------------------------------------------------------------
@@ -142,7 +143,7 @@ class UnaryOp(Operation):
 
     def __init__(self, fn_name: str, x: Tensor, name: str | None = None) -> None:
         if fn_name not in UNARY:
-            raise ValueError(
+            raise ArgumentError(
                 f"unknown unary op {fn_name!r}; expected one of {sorted(UNARY)}"
             )
         super().__init__([x], name=name or fn_name)
@@ -239,6 +240,9 @@ BINARY: dict[str, str] = {
 COMPARISONS = frozenset(
     {"less", "less_equal", "greater", "greater_equal", "equal", "not_equal"}
 )
+DIFFERENTIABLE_BINARY = frozenset(
+    {"add", "sub", "multiply", "divide", "minimum", "maximum", "pow"}
+)
 
 
 def broadcast_shape(shapes: Sequence[Shape]) -> Shape:
@@ -258,8 +262,6 @@ def broadcast_shape(shapes: Sequence[Shape]) -> Shape:
 def _as_tensor(x: Any, like: Tensor) -> Tensor:
     if isinstance(x, Tensor):
         return x
-    from mtf_core.ops.creation import constant
-
     # Converting 0.5 to an int32 tensor's dtype would silently make it 0.
     if like.dtype in dtypes.INTEGER and isinstance(x, float) and not x.is_integer():
         raise DTypeError(
@@ -284,13 +286,11 @@ class BinaryOp(Operation):
         name: str | None = None,
     ) -> None:
         if fn_name not in BINARY:
-            raise ValueError(f"unknown binary op {fn_name!r}")
-        check_same_mesh([x, y])
-        if x.dtype != y.dtype:
-            raise DTypeError(
-                f"{fn_name}: dtypes differ: {x.name} is {x.dtype}, {y.name} is "
-                f"{y.dtype}; cast one of them first"
+            raise ArgumentError(
+                f"unknown binary op {fn_name!r}; expected one of {sorted(BINARY)}"
             )
+        check_same_mesh([x, y])
+        check_same_dtype([x, y], fn_name)
         super().__init__([x, y], name=name or fn_name)
         self.fn_name = fn_name
         shape = broadcast_shape([x.shape, y.shape])
@@ -307,15 +307,7 @@ class BinaryOp(Operation):
 
     @property
     def has_gradient(self) -> bool:
-        return self.fn_name in (
-            "add",
-            "sub",
-            "multiply",
-            "divide",
-            "minimum",
-            "maximum",
-            "pow",
-        )
+        return self.fn_name in DIFFERENTIABLE_BINARY
 
     def gradient(self, grad_ys: Sequence[Tensor | None]) -> list[Tensor | None]:
         from mtf_core.ops.reduce import reduce_sum
@@ -352,7 +344,7 @@ class BinaryOp(Operation):
         x, y = self.inputs
         out = self.outputs[0]
         impl = lowering.mesh_impl(self)
-        if self.fn_name == "add" and _lower_lazy_add(lowering, impl, x, y, out):
+        if self.fn_name == "add" and _lower_pending_sum(lowering, self, fn):
             return
         lx, ly = lowering.tensors[x], lowering.tensors[y]
         xs, ys, zs = x.shape, y.shape, out.shape
@@ -367,24 +359,25 @@ class BinaryOp(Operation):
         return {"fn": self.fn_name}
 
 
-def _lower_lazy_add(
-    lowering: Any, impl: Any, x: Tensor, y: Tensor, out: Tensor
+def _lower_pending_sum(
+    lowering: Any, op: Operation, local_sum: Callable[..., Any]
 ) -> bool:
-    """Keeps a sum of two pending allreduces over the same axes pending."""
-    rx, ry = lowering.raw_tensor(x), lowering.raw_tensor(y)
+    """Lowers ``op`` (a sum of its inputs) as a pending allreduce when every
+    input is still pending over the same mesh axes, with the op's shape:
+    ``local_sum`` adds the unreduced slices, and the sum is reduced once, when
+    something needs it.  False (nothing lowered) otherwise."""
+    out = op.outputs[0]
+    raws = [lowering.raw_tensor(t) for t in op.inputs]
     if not (
-        isinstance(rx, LazyAllreduceSum)
-        and isinstance(ry, LazyAllreduceSum)
-        and rx.mesh_axes == ry.mesh_axes
-        and x.shape == y.shape == out.shape
-        and rx._reduced is None
-        and ry._reduced is None
+        all(isinstance(r, LazyAllreduceSum) and r.is_pending for r in raws)
+        and len({r.mesh_axes for r in raws}) == 1
+        and all(t.shape == out.shape for t in op.inputs)
     ):
         return False
-    tf = lowering.tf
-    summed = impl.slicewise(tf.math.add, rx.laid_out, ry.laid_out)
+    impl = lowering.mesh_impl(op)
+    summed = impl.slicewise(local_sum, *[r.laid_out for r in raws])
     lowering.set_tensor_lowering(
-        out, LazyAllreduceSum(impl, summed, rx.mesh_axes, rx.op)
+        out, LazyAllreduceSum(impl, summed, raws[0].mesh_axes, raws[0].op)
     )
     return True
 
@@ -449,8 +442,7 @@ class WhereOp(Operation):
             raise DTypeError(
                 f"where: condition {cond.name} has dtype {cond.dtype}; expected bool"
             )
-        if x.dtype != y.dtype:
-            raise DTypeError(f"where: {x.name} is {x.dtype} but {y.name} is {y.dtype}")
+        check_same_dtype([x, y], "where")
         super().__init__([cond, x, y], name=name or "where")
         shape = broadcast_shape([cond.shape, x.shape, y.shape])
         if output_shape is not None:
@@ -464,7 +456,7 @@ class WhereOp(Operation):
         if dz is None:
             return [None, None, None]
         cond, x, y = self.inputs
-        zero = zeros_like_tensor(dz)
+        zero = zeros_like(dz)
         return [
             None,
             reduce_sum(where(cond, dz, zero), output_shape=x.shape),
@@ -506,12 +498,6 @@ def where(condition: Tensor, x: Any, y: Any, output_shape: Any = None) -> Tensor
     return WhereOp(condition, x, y, output_shape).outputs[0]
 
 
-def zeros_like_tensor(t: Tensor) -> Tensor:
-    from mtf_core.ops.creation import zeros
-
-    return zeros(t.mesh, t.shape, t.dtype)
-
-
 class AddN(Operation):
     """Sum of tensors of one shape; pending allreduces over the same axes are
     summed before one reduction."""
@@ -521,18 +507,15 @@ class AddN(Operation):
     def __init__(self, xs: Sequence[Tensor], name: str | None = None) -> None:
         xs = list(xs)
         check_same_mesh(xs)
+        dtype = check_same_dtype(xs, "add_n")
         shape = xs[0].shape
         for t in xs:
             if t.shape != shape:
                 raise ShapeError(
                     f"add_n: {t.name} has shape [{t.shape}], expected [{shape}]"
                 )
-            if t.dtype != xs[0].dtype:
-                raise DTypeError(
-                    f"add_n: {t.name} is {t.dtype}, expected {xs[0].dtype}"
-                )
         super().__init__(xs, name=name or "add_n")
-        self._add_output(shape, xs[0].dtype)
+        self._add_output(shape, dtype)
 
     def flops(self) -> float:
         return float(self.outputs[0].size * max(len(self.inputs) - 1, 1))
@@ -542,22 +525,14 @@ class AddN(Operation):
 
     def lower(self, lowering: Any) -> None:
         tf = lowering.tf
-        impl = lowering.mesh_impl(self)
-        raws = [lowering.raw_tensor(t) for t in self.inputs]
-        lazies = [
-            r for r in raws if isinstance(r, LazyAllreduceSum) and r._reduced is None
-        ]
-        if len(lazies) == len(raws) and len({r.mesh_axes for r in lazies}) == 1:
-            summed = impl.slicewise(
-                lambda *s: tf.add_n(list(s)), *[r.laid_out for r in lazies]
-            )
-            lowering.set_tensor_lowering(
-                self.outputs[0],
-                LazyAllreduceSum(impl, summed, lazies[0].mesh_axes, lazies[0].op),
-            )
+
+        def local_sum(*s: Any) -> Any:
+            return tf.add_n(list(s))
+
+        if _lower_pending_sum(lowering, self, local_sum):
             return
         ins = [lowering.tensors[t] for t in self.inputs]
-        res = impl.slicewise(lambda *s: tf.add_n(list(s)), *ins)
+        res = lowering.mesh_impl(self).slicewise(local_sum, *ins)
         lowering.set_tensor_lowering(self.outputs[0], res)
 
 

@@ -1,5 +1,6 @@
-"""Indexing ops: ``one_hot``, ``range``, ``gather``, ``top_k``/``argmax`` and
-``cumsum``.
+"""Indexing ops: ``one_hot``, ``range`` and ``gather`` (``top_k``/``argmax``
+live in :mod:`mtf_core.ops.top_k`, ``cumsum`` in :mod:`mtf_core.ops.cumsum`;
+both are re-exported here).
 
 How each lowers when the dimension it indexes is split over mesh axis ``m``
 (``n`` devices along ``m``, each holding ``k = size / n`` positions):
@@ -9,66 +10,33 @@ How each lowers when the dimension it indexes is split over mesh axis ``m``
 * ``gather``: each device looks up the ids in its own block, zeroes the rest,
   and the partial results are summed over ``m`` (a pending allreduce, like
   einsum's, so sums of lookups reduce once).
-* ``top_k`` / ``argmax``: each device takes its local top k (values and global
-  indices), the ``n * k`` candidates are allconcatenated over ``m`` and the top
-  k of those is the answer.  Ties resolve to the lowest index, as on one device.
-* ``cumsum``: a local cumsum plus the sum of the blocks before (after, when
-  reversed) this device's, from an allconcat of the ``n`` block totals.
 """
 
 from __future__ import annotations
 
-import builtins
 from collections.abc import Sequence
 from typing import Any
 
 from mtf_core import dtypes
-from mtf_core.comm import CollectiveSpec, LayoutContext
+from mtf_core.comm import CollectiveSpec, allreduce_collectives
 from mtf_core.errors import DTypeError, ShapeError
 from mtf_core.graph import Mesh, Operation, Tensor, check_same_mesh
 from mtf_core.lowering.lazy import LazyAllreduceSum
-from mtf_core.shapes import Dimension, Shape, convert_to_dimension
+from mtf_core.ops._local import maybe_transpose
+from mtf_core.ops.arguments import check_mesh, dim_of, sized_dim
 
-_brange = builtins.range
-
-
-def _as_dim(dim: Any, what: str) -> Dimension:
-    if isinstance(dim, str) and ":" not in dim:
-        raise ShapeError(
-            f"{what}: dimension {dim!r} has no size; expected a Dimension or 'name:size'"
-        )
-    d = convert_to_dimension(dim)
-    if d is None:
-        raise ShapeError(f"{what}: dimension is None; expected a Dimension")
-    return d
-
-
-def _dim_of(x: Tensor, dim: Any, what: str) -> Dimension:
-    """The dimension of ``x`` named by ``dim`` (a name or a Dimension)."""
-    name = dim if isinstance(dim, str) and ":" not in dim else _as_dim(dim, what).name
-    if name not in x.shape.dimension_names:
-        raise ShapeError(
-            f"{what}: {x.name} [{x.shape}] has no dimension {name!r}; expected one of "
-            f"{x.shape.dimension_names}"
-        )
-    d = x.shape.get_dim_by_name(name)
-    if not isinstance(dim, str) or ":" in dim:
-        given = _as_dim(dim, what)
-        if given.size != d.size:
-            raise ShapeError(
-                f"{what}: dimension {given} does not match {d} of {x.name} [{x.shape}]"
-            )
-    return d
+# Re-exported: these were defined here first.
+from mtf_core.ops.cumsum import Cumsum as Cumsum
+from mtf_core.ops.cumsum import cumsum as cumsum
+from mtf_core.ops.top_k import TopK as TopK
+from mtf_core.ops.top_k import argmax as argmax
+from mtf_core.ops.top_k import top_k as top_k
+from mtf_core.shapes import Dimension
 
 
 def _wide_ids(tf: Any, i: Any) -> Any:
     """Ids as int32/int64 (what tf.one_hot and tf.gather take)."""
     return i if i.dtype in (tf.int32, tf.int64) else tf.cast(i, tf.int32)
-
-
-def _split_axis(ctx: LayoutContext, name: str) -> int | None:
-    """Mesh axis (of size > 1) splitting dimension ``name``, or None."""
-    return ctx.effective_mesh_axis(name)
 
 
 # --------------------------------------------------------------------------
@@ -121,7 +89,7 @@ class OneHot(Operation):
         dt = out.dtype
         on, off = tf.cast(self.on_value, dt), tf.cast(self.off_value, dt)
         ids = lowering.tensors[self.inputs[0]]
-        m = _split_axis(impl.ctx, self.output_dim.name)
+        m = impl.ctx.effective_mesh_axis(self.output_dim.name)
 
         def local(i: Any, c: Any) -> Any:
             # Ids outside this device's block [c*k, (c+1)*k) become off values.
@@ -157,7 +125,7 @@ def one_hot(
     >>> # onehot = mtf.one_hot(labels, classes_dim, dtype=mtf.float32)
     """
     return OneHot(
-        indices, _as_dim(output_dim, "one_hot"), on_value, off_value, dtype, name
+        indices, sized_dim(output_dim, "one_hot"), on_value, off_value, dtype, name
     ).outputs[0]
 
 
@@ -190,7 +158,7 @@ class Range(Operation):
         out = self.outputs[0]
         (k,) = impl.slice_shape(out.shape)
         dt = out.dtype
-        m = _split_axis(impl.ctx, self.dim.name)
+        m = impl.ctx.effective_mesh_axis(self.dim.name)
         if m is None:
             res = impl.slicewise(lambda: tf.cast(tf.range(k), dt))
         else:
@@ -211,9 +179,8 @@ def mtf_range(
 
     Each device makes its own piece from its mesh coordinate (no communication).
     """
-    if not isinstance(mesh, Mesh):
-        raise ShapeError(f"range: {mesh!r} is not an mtf.Mesh")
-    return Range(mesh, _as_dim(dim, "range"), dtype, name).outputs[0]
+    mesh = check_mesh(mesh, "range")
+    return Range(mesh, sized_dim(dim, "range"), dtype, name).outputs[0]
 
 
 # --------------------------------------------------------------------------
@@ -271,22 +238,15 @@ class Gather(Operation):
         return [einsum([hot, dy], output_shape=weights.shape), None]
 
     def _check(self, ctx: Any) -> int | None:
-        ctx.check_op_dims(f"Gather {self.name}", sorted(self.all_dim_names))
-        return _split_axis(ctx, self.dim.name)
+        ctx.check_op(self)
+        return ctx.effective_mesh_axis(self.dim.name)
 
     def communication(self, ctx: Any) -> list[CollectiveSpec]:
         m = self._check(ctx)
-        if m is None:
-            return []
         out = self.outputs[0]
-        return [
-            CollectiveSpec(
-                "allreduce",
-                (ctx.axis_name(m),),
-                ctx.slice_bytes(out.shape, out.dtype),
-                pending=True,
-            )
-        ]
+        return allreduce_collectives(
+            ctx, out.shape, out.dtype, [] if m is None else [m]
+        )
 
     def lower(self, lowering: Any) -> None:
         tf = lowering.tf
@@ -307,8 +267,8 @@ class Gather(Operation):
         nb = len(batch)
 
         def local(w: Any, i: Any, c: Any) -> Any:
-            w = _maybe_transpose(tf, w, w_perm)
-            i = _wide_ids(tf, _maybe_transpose(tf, i, i_perm))
+            w = maybe_transpose(tf, w, w_perm)
+            i = _wide_ids(tf, maybe_transpose(tf, i, i_perm))
             ids = i - tf.cast(c * kv, i.dtype)
             valid = tf.logical_and(ids >= 0, ids < kv)
             g = tf.gather(
@@ -316,7 +276,7 @@ class Gather(Operation):
             )
             mask = tf.reshape(valid, valid.shape.as_list() + [1] * len(w_rest))
             g = tf.where(mask, g, tf.zeros_like(g))
-            return _maybe_transpose(tf, g, o_perm)
+            return maybe_transpose(tf, g, o_perm)
 
         coord = 0 if m is None else impl.laid_out_pcoordinate(m)
         res = impl.slicewise(
@@ -332,10 +292,6 @@ class Gather(Operation):
         return {"dim": str(self.dim)}
 
 
-def _maybe_transpose(tf: Any, x: Any, perm: list[int]) -> Any:
-    return x if perm == list(_brange(len(perm))) else tf.transpose(x, perm)
-
-
 def gather(
     weights: Tensor, indices: Tensor, dim: Any, name: str | None = None
 ) -> Tensor:
@@ -344,268 +300,4 @@ def gather(
     >>> # emb [vocab, d_model], ids [batch, seq] -> [batch, seq, d_model]
     >>> # x = mtf.gather(emb, ids, vocab_dim)
     """
-    return Gather(weights, indices, _dim_of(weights, dim, "gather"), name).outputs[0]
-
-
-# --------------------------------------------------------------------------
-# top_k / argmax
-# --------------------------------------------------------------------------
-
-
-class TopK(Operation):
-    """``top_k(x, reduced_dim, k_dim)``: the ``k`` largest values along
-    ``reduced_dim`` (descending) and their indices (int32).
-
-    The outputs have ``k_dim`` where ``x`` had ``reduced_dim``; with
-    ``k_dim=None`` (``argmax``) k is 1 and the dimension is dropped.
-    """
-
-    op_type = "TopK"
-
-    def __init__(
-        self,
-        x: Tensor,
-        reduced_dim: Dimension,
-        k_dim: Dimension | None,
-        name: str | None = None,
-    ) -> None:
-        if k_dim is not None:
-            if k_dim.name in x.shape.dimension_names:
-                raise ShapeError(
-                    f"top_k: k_dim {k_dim} is already a dimension of {x.name} "
-                    f"[{x.shape}]; give it a new name"
-                )
-            if k_dim.size > reduced_dim.size:
-                raise ShapeError(
-                    f"top_k: k_dim {k_dim} is larger than reduced_dim {reduced_dim}"
-                )
-        super().__init__([x], name=name or ("top_k" if k_dim else "argmax"))
-        self.reduced_dim = reduced_dim
-        self.k_dim = k_dim
-        dims = list(x.shape.dims)
-        pos = x.shape.index(reduced_dim.name)
-        if k_dim is None:
-            del dims[pos]
-        else:
-            dims[pos] = k_dim
-        self._add_output(Shape(dims), x.dtype)
-        self._add_output(Shape(dims), "int32")
-
-    @property
-    def k(self) -> int:
-        return 1 if self.k_dim is None else self.k_dim.size
-
-    def flops(self) -> float:
-        return float(self.inputs[0].size)
-
-    def gradient(self, grad_ys: Sequence[Tensor | None]) -> list[Tensor | None]:
-        from mtf_core.ops.einsum import einsum
-
-        dv = grad_ys[0]
-        if dv is None:
-            return [None]
-        x = self.inputs[0]
-        hot = one_hot(self.outputs[1], self.reduced_dim, dtype=dv.dtype)
-        return [einsum([hot, dv], output_shape=x.shape)]
-
-    def _plan(self, ctx: Any) -> tuple[int | None, bool]:
-        """(mesh axis splitting reduced_dim, whether to gather it whole first:
-        when a device holds fewer than k candidates)."""
-        m = _split_axis(ctx, self.reduced_dim.name)
-        if m is None:
-            return None, False
-        return m, self.reduced_dim.size // ctx.mesh_shape[m].size < self.k
-
-    def communication(self, ctx: Any) -> list[CollectiveSpec]:
-        from mtf_core.ops.reshape import gather_collectives
-
-        m, whole = self._plan(ctx)
-        x = self.inputs[0]
-        if m is None:
-            return []
-        if whole:
-            return gather_collectives(ctx, x, [self.reduced_dim.name])
-        per_pos = ctx.slice_size(x.shape) // (
-            self.reduced_dim.size // ctx.mesh_shape[m].size
-        )
-        axis = (ctx.axis_name(m),)
-        return [
-            CollectiveSpec(
-                "allconcat", axis, per_pos * self.k * dtypes.size_bytes(x.dtype)
-            ),
-            CollectiveSpec("allconcat", axis, per_pos * self.k * 4),
-        ]
-
-    def lower(self, lowering: Any) -> None:
-        from mtf_core.ops.reshape import lower_gathered, lower_resplit
-
-        tf = lowering.tf
-        impl = lowering.mesh_impl(self)
-        x = self.inputs[0]
-        names = x.shape.dimension_names
-        r = names.index(self.reduced_dim.name)
-        to_last = [i for i in _brange(len(names)) if i != r] + [r]
-        k = self.k
-        m, whole = self._plan(impl.ctx)
-        laid = lowering.tensors[x]
-        if whole:
-            laid = lower_gathered(impl, laid, x.shape, [self.reduced_dim.name])
-        kl = (
-            self.reduced_dim.size
-            if whole or m is None
-            else (self.reduced_dim.size // impl.shape[m].size)
-        )
-
-        def local(s: Any, c: Any) -> tuple[Any, Any]:
-            v, i = tf.math.top_k(_maybe_transpose(tf, s, to_last), k)
-            return v, i + c * kl
-
-        coord = 0 if m is None or whole else impl.laid_out_pcoordinate(m)
-        vals, idx = impl.slicewise_multi(local, 2, laid, coord)
-        if m is not None and not whole:
-            # n*k candidates, in device order; top_k is stable, so ties still
-            # resolve to the lowest index.
-            last = len(names) - 1
-            vals = impl.allconcat(vals, m, last)
-            idx = impl.allconcat(idx, m, last)
-
-            def merge(v: Any, i: Any) -> tuple[Any, Any]:
-                v2, pos = tf.math.top_k(v, k)
-                return v2, tf.gather(i, pos, batch_dims=last)
-
-            vals, idx = impl.slicewise_multi(merge, 2, vals, idx)
-        back = (
-            (lambda s: tf.squeeze(s, -1))
-            if self.k_dim is None
-            else (lambda s: _maybe_transpose(tf, s, _inverse(to_last)))
-        )
-        kname = [] if self.k_dim is None else [self.k_dim.name]
-        for t, v in zip(self.outputs, (vals, idx)):
-            v = impl.slicewise(back, v)
-            lowering.set_tensor_lowering(t, lower_resplit(impl, v, t.shape, kname))
-
-    def attrs(self) -> dict[str, Any]:
-        return {
-            "reduced_dim": str(self.reduced_dim),
-            "k_dim": None if self.k_dim is None else str(self.k_dim),
-        }
-
-
-def _inverse(perm: list[int]) -> list[int]:
-    inv = [0] * len(perm)
-    for i, p in enumerate(perm):
-        inv[p] = i
-    return inv
-
-
-def top_k(
-    x: Tensor, reduced_dim: Any, k_dim: Any, name: str | None = None
-) -> tuple[Tensor, Tensor]:
-    """The ``k_dim.size`` largest values of ``x`` along ``reduced_dim`` and their
-    int32 indices; both have ``k_dim`` in place of ``reduced_dim``."""
-    op = TopK(x, _dim_of(x, reduced_dim, "top_k"), _as_dim(k_dim, "top_k"), name)
-    return op.outputs[0], op.outputs[1]
-
-
-def argmax(x: Tensor, reduced_dim: Any, name: str | None = None) -> Tensor:
-    """int32 index of the largest value along ``reduced_dim`` (the first one on
-    ties), with ``reduced_dim`` dropped."""
-    return TopK(x, _dim_of(x, reduced_dim, "argmax"), None, name).outputs[1]
-
-
-# --------------------------------------------------------------------------
-# cumsum
-# --------------------------------------------------------------------------
-
-
-class Cumsum(Operation):
-    """``cumsum(x, dim, exclusive)`` (``reverse`` sums from the end)."""
-
-    op_type = "Cumsum"
-
-    def __init__(
-        self,
-        x: Tensor,
-        dim: Dimension,
-        exclusive: bool,
-        reverse: bool,
-        name: str | None = None,
-    ) -> None:
-        super().__init__([x], name=name or "cumsum")
-        self.dim = dim
-        self.exclusive = exclusive
-        self.reverse = reverse
-        self._add_output(x.shape, x.dtype)
-
-    def flops(self) -> float:
-        return float(self.inputs[0].size)
-
-    def gradient(self, grad_ys: Sequence[Tensor | None]) -> list[Tensor | None]:
-        dy = grad_ys[0]
-        if dy is None:
-            return [None]
-        return [cumsum(dy, self.dim, self.exclusive, reverse=not self.reverse)]
-
-    def communication(self, ctx: Any) -> list[CollectiveSpec]:
-        m = _split_axis(ctx, self.dim.name)
-        if m is None:
-            return []
-        x = self.inputs[0]
-        k = self.dim.size // ctx.mesh_shape[m].size
-        return [
-            CollectiveSpec(
-                "allconcat", (ctx.axis_name(m),), ctx.slice_bytes(x.shape, x.dtype) // k
-            )
-        ]
-
-    def lower(self, lowering: Any) -> None:
-        tf = lowering.tf
-        impl = lowering.mesh_impl(self)
-        x = self.inputs[0]
-        axis = x.shape.index(self.dim.name)
-        ex, rev = self.exclusive, self.reverse
-        laid = lowering.tensors[x]
-        res = impl.slicewise(
-            lambda s: tf.cumsum(s, axis, exclusive=ex, reverse=rev), laid
-        )
-        m = _split_axis(impl.ctx, self.dim.name)
-        if m is not None:
-            n = impl.shape[m].size
-            totals = impl.slicewise(
-                lambda s: tf.reduce_sum(s, axis, keepdims=True), laid
-            )
-            totals = impl.allconcat(totals, m, axis)
-            bshape = [1] * len(x.shape)
-            bshape[axis] = n
-
-            def add_blocks_before(s: Any, t: Any, c: Any) -> Any:
-                j = tf.range(n)
-                before = j > c if rev else j < c
-                w = tf.reshape(tf.cast(before, s.dtype), bshape)
-                return s + tf.reduce_sum(t * w, axis, keepdims=True)
-
-            res = impl.slicewise(
-                add_blocks_before, res, totals, impl.laid_out_pcoordinate(m)
-            )
-        lowering.set_tensor_lowering(self.outputs[0], res)
-
-    def attrs(self) -> dict[str, Any]:
-        return {
-            "dim": self.dim.name,
-            "exclusive": self.exclusive,
-            "reverse": self.reverse,
-        }
-
-
-def cumsum(
-    x: Tensor,
-    dim: Any,
-    exclusive: bool = False,
-    reverse: bool = False,
-    name: str | None = None,
-) -> Tensor:
-    """Cumulative sum of ``x`` along ``dim`` (``exclusive``: without the current
-    element; ``reverse``: from the end)."""
-    return Cumsum(
-        x, _dim_of(x, dim, "cumsum"), bool(exclusive), bool(reverse), name
-    ).outputs[0]
+    return Gather(weights, indices, dim_of(weights, dim, "gather"), name).outputs[0]

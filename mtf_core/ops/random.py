@@ -16,11 +16,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from mtf_core import dtypes
-from mtf_core.errors import DTypeError, ShapeError
+from mtf_core.errors import ArgumentError, DTypeError, ShapeError
 from mtf_core.graph import Mesh, Operation, Tensor
+from mtf_core.ops.arguments import check_mesh
 from mtf_core.shapes import convert_to_shape
 
-_DISTRIBUTIONS = ("uniform", "normal")
+#: Distributions :class:`RandomOp` draws from.
+DISTRIBUTIONS = ("uniform", "normal")
 
 
 class RandomOp(Operation):
@@ -40,10 +42,10 @@ class RandomOp(Operation):
         seed: int | None,
         name: str | None = None,
     ) -> None:
-        if distribution not in _DISTRIBUTIONS:
-            raise ValueError(
+        if distribution not in DISTRIBUTIONS:
+            raise ArgumentError(
                 f"unknown distribution {distribution!r}; expected one of "
-                f"{list(_DISTRIBUTIONS)}"
+                f"{list(DISTRIBUTIONS)}"
             )
         dtype = dtypes.as_dtype_name(dtype)
         if distribution == "normal" and not dtypes.is_floating(dtype):
@@ -54,7 +56,7 @@ class RandomOp(Operation):
                 "floating dtype, int32 or int64"
             )
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise ValueError(f"random seed {seed!r} is not an integer")
+            raise ArgumentError(f"random seed {seed!r} is not an integer")
         super().__init__([], mesh=mesh, name=name or f"random_{distribution}")
         self.distribution = distribution
         self.params = (params[0], params[1])
@@ -102,12 +104,6 @@ class RandomOp(Operation):
         }
 
 
-def _check_mesh(mesh: Any, what: str) -> Mesh:
-    if not isinstance(mesh, Mesh):
-        raise ShapeError(f"{what}: {mesh!r} is not an mtf.Mesh")
-    return mesh
-
-
 def random_uniform(
     mesh: Mesh,
     shape: Any,
@@ -119,7 +115,7 @@ def random_uniform(
 ) -> Tensor:
     """Uniform random numbers in ``[minval, maxval)`` (``maxval`` defaults to 1
     for floats; int dtypes need it)."""
-    _check_mesh(mesh, "random_uniform")
+    check_mesh(mesh, "random_uniform")
     if maxval is None:
         if not dtypes.is_floating(dtype):
             raise DTypeError(
@@ -127,7 +123,7 @@ def random_uniform(
             )
         maxval = 1.0
     if not maxval > minval:
-        raise ValueError(
+        raise ArgumentError(
             f"random_uniform: maxval {maxval!r} must be greater than minval {minval!r}"
         )
     return RandomOp(
@@ -145,9 +141,9 @@ def random_normal(
     name: str | None = None,
 ) -> Tensor:
     """Normally distributed random numbers."""
-    _check_mesh(mesh, "random_normal")
+    check_mesh(mesh, "random_normal")
     if not stddev >= 0:
-        raise ValueError(f"random_normal: stddev {stddev!r} must be >= 0")
+        raise ArgumentError(f"random_normal: stddev {stddev!r} must be >= 0")
     return RandomOp(mesh, shape, "normal", (mean, stddev), dtype, seed, name).outputs[0]
 
 
@@ -170,16 +166,19 @@ def dropout(
     from mtf_core.ops import elementwise as ew
 
     if isinstance(keep_prob, bool):
-        raise ValueError(
+        raise ArgumentError(
             f"dropout: keep_prob is {keep_prob!r}; pass is_training=... by keyword "
             "(Mesh TensorFlow's dropout(x, is_training, ...) order is not supported)"
         )
     if (keep_prob is None) == (rate is None):
-        raise ValueError("dropout: give exactly one of keep_prob and rate")
+        raise ArgumentError(
+            f"dropout: give exactly one of keep_prob and rate (got keep_prob="
+            f"{keep_prob!r}, rate={rate!r})"
+        )
     if keep_prob is None:
         keep_prob = 1.0 - float(rate)  # type: ignore[arg-type]
     if not 0.0 < keep_prob <= 1.0:
-        raise ValueError(f"dropout: keep_prob {keep_prob!r} must be in (0, 1]")
+        raise ArgumentError(f"dropout: keep_prob {keep_prob!r} must be in (0, 1]")
     shape = x.shape if noise_shape is None else convert_to_shape(noise_shape)
     for d in shape:
         if d not in x.shape.dims:

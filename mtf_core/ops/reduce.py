@@ -10,15 +10,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from mtf_core.comm import CollectiveSpec
-from mtf_core.errors import ShapeError
+from mtf_core.comm import CollectiveSpec, allreduce_collectives
+from mtf_core.errors import ArgumentError, ShapeError
 from mtf_core.graph import Operation, Tensor
 from mtf_core.lowering.lazy import LazyAllreduceSum
 from mtf_core.ops import elementwise as ew
-from mtf_core.ops._local import align
+from mtf_core.ops._local import align, maybe_transpose
 from mtf_core.shapes import Dimension, Shape, convert_to_shape, dimension_name
 
-_TF_REDUCE = {
+#: Reductions :class:`Reduce` knows, with the ``tf.math`` function of each.
+REDUCTIONS = {
     "SUM": "reduce_sum",
     "MAX": "reduce_max",
     "MIN": "reduce_min",
@@ -39,9 +40,9 @@ class Reduce(Operation):
         reduction: str = "SUM",
         name: str | None = None,
     ) -> None:
-        if reduction not in _TF_REDUCE:
-            raise ValueError(
-                f"unknown reduction {reduction!r}; expected one of {sorted(_TF_REDUCE)}"
+        if reduction not in REDUCTIONS:
+            raise ArgumentError(
+                f"unknown reduction {reduction!r}; expected one of {sorted(REDUCTIONS)}"
             )
         for d in output_shape:
             if d not in x.shape.dims:
@@ -83,13 +84,10 @@ class Reduce(Operation):
         red_axes = [in_names.index(d.name) for d in self.reduced_dims]
         kept = [n for n in in_names if n in out.shape.dimension_names]
         perm = [kept.index(n) for n in out.shape.dimension_names]
-        fn = getattr(tf.math, _TF_REDUCE[self.reduction])
+        fn = getattr(tf.math, REDUCTIONS[self.reduction])
 
         def local(s: Any) -> Any:
-            r = fn(s, axis=red_axes) if red_axes else s
-            if perm != list(range(len(perm))):
-                r = tf.transpose(r, perm)
-            return r
+            return maybe_transpose(tf, fn(s, axis=red_axes) if red_axes else s, perm)
 
         res = impl.slicewise(local, lowering.tensors[x])
         axes = impl.ctx.reduced_axes([d.name for d in self.reduced_dims])
@@ -101,19 +99,15 @@ class Reduce(Operation):
         lowering.set_tensor_lowering(out, res)
 
     def communication(self, ctx: Any) -> list[CollectiveSpec]:
-        axes = ctx.reduced_axes([d.name for d in self.reduced_dims])
-        if not axes:
-            return []
         out = self.outputs[0]
-        return [
-            CollectiveSpec(
-                "allreduce",
-                ctx.axis_names(axes),
-                ctx.slice_bytes(out.shape, out.dtype),
-                pending=self.reduction == "SUM",
-                reduction=self.reduction,
-            )
-        ]
+        return allreduce_collectives(
+            ctx,
+            out.shape,
+            out.dtype,
+            ctx.reduced_axes([d.name for d in self.reduced_dims]),
+            pending=self.reduction == "SUM",
+            reduction=self.reduction,
+        )
 
     def attrs(self) -> dict[str, Any]:
         return {"reduction": self.reduction}

@@ -1,17 +1,11 @@
-"""Slicing ops: ``concat``, ``split``, ``stack``, ``unstack``, ``slice``, ``pad``
-and ``shift``.
+"""Slicing ops: ``concat``, ``split``, ``stack``, ``unstack``, ``slice`` and
+``pad`` (``shift`` lives in :mod:`mtf_core.ops.shift` and is re-exported here).
 
 ``concat``/``split``/``slice``/``pad`` need their dimension whole, and so does
 ``unstack``: they mark it unsplittable (the planner never splits it), and if a
 user's layout splits it anyway they gather it first (allconcat), work locally
 and split the output again (free).  ``stack`` works under any layout: each
 device stacks its slices and keeps its block of the new dimension.
-
-``shift`` along a split dimension (``n`` devices, blocks of ``k``) writes
-``offset = q*k + r``: output block ``c`` is the last ``r`` elements of input
-block ``c-q-1`` followed by the first ``k-r`` of block ``c-q``, so each device
-receives two edge pieces (``shift_by_n_processors``) and sends exactly those
-bytes.
 """
 
 from __future__ import annotations
@@ -22,54 +16,19 @@ from typing import Any
 from mtf_core.comm import CollectiveSpec
 from mtf_core.errors import ShapeError
 from mtf_core.graph import Operation, Tensor, check_same_dtype, check_same_mesh
+from mtf_core.ops._local import take
+from mtf_core.ops.arguments import check_int, dim_of
 from mtf_core.ops.reshape import (
     gather_collectives,
     lower_gathered,
     lower_resplit,
 )
-from mtf_core.shapes import Dimension, Shape, convert_to_dimension
 
-
-def _dim_name(dim: Any) -> str:
-    if isinstance(dim, str) and ":" not in dim:
-        return dim
-    d = convert_to_dimension(dim)
-    if d is None:
-        raise ShapeError("dimension is None; expected a name or a Dimension")
-    return d.name
-
-
-def _find_dim(x: Tensor, dim: Any, what: str) -> Dimension:
-    """The dimension of ``x`` that ``dim`` (a name or a Dimension) names."""
-    name = _dim_name(dim)
-    given = (
-        None if isinstance(dim, str) and ":" not in dim else convert_to_dimension(dim)
-    )
-    if name not in x.shape.dimension_names:
-        raise ShapeError(
-            f"{what}: {x.name} [{x.shape}] has no dimension {name!r}; expected one "
-            f"of {x.shape.dimension_names}"
-        )
-    found = x.shape.get_dim_by_name(name)
-    if given is not None and given.size != found.size:
-        raise ShapeError(
-            f"{what}: dimension {given} does not match {found} of {x.name} [{x.shape}]"
-        )
-    return found
-
-
-def _check_int(v: Any, what: str, minimum: int = 0) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise ShapeError(f"{what} is {v!r}; expected an integer >= {minimum}")
-    return v
-
-
-def _take(tf: Any, s: Any, axis: int, start: int, length: int) -> Any:
-    """``s[..., start:start+length, ...]`` along ``axis``."""
-    begin = [0] * s.shape.rank
-    size = [-1] * s.shape.rank
-    begin[axis], size[axis] = start, length
-    return tf.slice(s, begin, size)
+# Re-exported: ``shift`` was defined here first.
+from mtf_core.ops.shift import Shift as Shift
+from mtf_core.ops.shift import shift as shift
+from mtf_core.ops.shift import shift_pieces as shift_pieces
+from mtf_core.shapes import Dimension, Shape, dimension_name
 
 
 def _zeros_where_missing(
@@ -86,8 +45,12 @@ def _zeros_where_missing(
     ]
 
 
-class _WholeDimOp(Operation):
-    """An op computed locally once its dimension ``self.dim_name`` is whole."""
+class WholeDimOp(Operation):
+    """An op computed locally once its dimension ``self.dim_name`` is whole.
+
+    Under a layout that splits that dimension anyway, each input is gathered
+    (allconcat) first, input by input, and each output split again (free).
+    """
 
     dim_name: str
 
@@ -120,7 +83,7 @@ class _WholeDimOp(Operation):
 # --------------------------------------------------------------------------
 
 
-class Concat(_WholeDimOp):
+class Concat(WholeDimOp):
     """``concat(xs, dim_name)``: joins tensors along one dimension."""
 
     op_type = "Concat"
@@ -133,7 +96,7 @@ class Concat(_WholeDimOp):
             raise ShapeError("concat needs at least one tensor")
         check_same_mesh(xs)
         dtype = check_same_dtype(xs, "concat")
-        sizes = [_find_dim(x, concat_dim_name, "concat").size for x in xs]
+        sizes = [dim_of(x, concat_dim_name, "concat").size for x in xs]
         axis = xs[0].shape.index(concat_dim_name)
         rest = xs[0].shape - [concat_dim_name]
         for x in xs[1:]:
@@ -178,12 +141,12 @@ def concat(
     dimensions must agree); the output dimension has the summed size."""
     xs = list(xs)
     if len(xs) == 1:
-        _find_dim(xs[0], concat_dim_name, "concat")
+        dim_of(xs[0], concat_dim_name, "concat")
         return xs[0]
-    return Concat(xs, _dim_name(concat_dim_name), name).outputs[0]
+    return Concat(xs, dimension_name(concat_dim_name), name).outputs[0]
 
 
-class Split(_WholeDimOp):
+class Split(WholeDimOp):
     """``split(x, dim, sizes)``: pieces of ``x`` along ``dim`` (same name)."""
 
     op_type = "Split"
@@ -223,16 +186,16 @@ def split(
 ) -> list[Tensor]:
     """Splits ``x`` along ``split_dim`` into ``num_or_size_splits`` equal pieces
     (an int) or pieces of the given sizes (a list); each keeps the dim's name."""
-    d = _find_dim(x, split_dim, "split")
+    d = dim_of(x, split_dim, "split")
     if isinstance(num_or_size_splits, int):
-        n = _check_int(num_or_size_splits, "split: num_or_size_splits", 1)
+        n = check_int(num_or_size_splits, "split: num_or_size_splits", 1)
         if d.size % n:
             raise ShapeError(
                 f"split: dimension {d} of {x.name} does not divide into {n} equal pieces"
             )
         sizes = [d.size // n] * n
     else:
-        sizes = [_check_int(s, "split: a size", 1) for s in num_or_size_splits]
+        sizes = [check_int(s, "split: a size", 1) for s in num_or_size_splits]
         if sum(sizes) != d.size:
             raise ShapeError(
                 f"split: sizes {sizes} sum to {sum(sizes)}, but dimension {d} of "
@@ -315,10 +278,10 @@ def stack(
     xs = list(xs)
     if not xs:
         raise ShapeError("stack needs at least one tensor")
-    return Stack(xs, _dim_name(dim_name), axis, name).outputs[0]
+    return Stack(xs, dimension_name(dim_name), axis, name).outputs[0]
 
 
-class Unstack(_WholeDimOp):
+class Unstack(WholeDimOp):
     """``unstack(x, dim)``: ``dim.size`` tensors without ``dim``."""
 
     op_type = "Unstack"
@@ -351,7 +314,7 @@ class Unstack(_WholeDimOp):
 
 def unstack(x: Tensor, dim: Any, name: str | None = None) -> list[Tensor]:
     """The ``dim.size`` tensors of ``x`` along ``dim``, each without ``dim``."""
-    return Unstack(x, _find_dim(x, dim, "unstack"), name).outputs
+    return Unstack(x, dim_of(x, dim, "unstack"), name).outputs
 
 
 # --------------------------------------------------------------------------
@@ -359,7 +322,7 @@ def unstack(x: Tensor, dim: Any, name: str | None = None) -> list[Tensor]:
 # --------------------------------------------------------------------------
 
 
-class Slice(_WholeDimOp):
+class Slice(WholeDimOp):
     """``slice(x, begin, size, dim_name)``: positions ``begin:begin+size``."""
 
     op_type = "Slice"
@@ -387,7 +350,7 @@ class Slice(_WholeDimOp):
         axis = self.inputs[0].shape.index(self.dim_name)
         (x,) = self._gathered_inputs(lowering)
         b, n = self.begin, self.size
-        res = impl.slicewise(lambda s: _take(tf, s, axis, b, n), x)
+        res = impl.slicewise(lambda s: take(tf, s, axis, b, n), x)
         self._set_outputs(lowering, [res])
 
     def attrs(self) -> dict[str, Any]:
@@ -399,9 +362,9 @@ def slice(  # noqa: A001  (Mesh TensorFlow's name)
 ) -> Tensor:
     """Positions ``begin .. begin+size-1`` of ``x`` along ``slice_dim_name``
     (the output dimension keeps the name, with size ``size``)."""
-    d = _find_dim(x, slice_dim_name, "slice")
-    _check_int(begin, "slice: begin")
-    _check_int(size, "slice: size", 1)
+    d = dim_of(x, slice_dim_name, "slice")
+    check_int(begin, "slice: begin")
+    check_int(size, "slice: size", 1)
     if begin + size > d.size:
         raise ShapeError(
             f"slice: begin {begin} + size {size} runs past dimension {d} of {x.name}"
@@ -411,7 +374,7 @@ def slice(  # noqa: A001  (Mesh TensorFlow's name)
     return Slice(x, begin, size, d.name, name).outputs[0]
 
 
-class Pad(_WholeDimOp):
+class Pad(WholeDimOp):
     """``pad(x, [before, after], dim_name)``: zeros on both ends of a dim."""
 
     op_type = "Pad"
@@ -456,151 +419,12 @@ def pad(
     x: Tensor, paddings: Sequence[int], dim_name: str, name: str | None = None
 ) -> Tensor:
     """Pads ``x`` with ``paddings = [before, after]`` zeros along ``dim_name``."""
-    d = _find_dim(x, dim_name, "pad")
+    d = dim_of(x, dim_name, "pad")
     paddings = list(paddings)
     if len(paddings) != 2:
         raise ShapeError(f"pad: paddings {paddings!r}; expected [before, after]")
-    before = _check_int(paddings[0], "pad: paddings[0]")
-    after = _check_int(paddings[1], "pad: paddings[1]")
+    before = check_int(paddings[0], "pad: paddings[0]")
+    after = check_int(paddings[1], "pad: paddings[1]")
     if before == after == 0:
         return x
     return Pad(x, (before, after), d.name, name).outputs[0]
-
-
-# --------------------------------------------------------------------------
-# shift
-# --------------------------------------------------------------------------
-
-
-def shift_pieces(
-    offset: int, k: int, n: int, wrap: bool
-) -> list[tuple[int, int, int, str]]:
-    """How a shift by ``offset`` along a dim split into ``n`` blocks of ``k``
-    moves data: ``(src_start, length, block_shift, how)`` for the two pieces of
-    each output block, in output order, ``how`` in local | shift | zero."""
-    q, r = divmod(offset, k)
-    out = []
-    for start, length, s in ((k - r, r, q + 1), (0, k - r, q)):
-        if length == 0:
-            continue
-        if wrap:
-            s %= n
-        if s == 0:
-            how = "local"
-        elif not wrap and abs(s) >= n:
-            how = "zero"
-        else:
-            how = "shift"
-        out.append((start, length, s, how))
-    return out
-
-
-class Shift(Operation):
-    """``shift(x, offset, dim, wrap)``: ``y[i] = x[i - offset]`` along ``dim``
-    (zeros, or wrapped values, where ``i - offset`` is out of range)."""
-
-    op_type = "Shift"
-
-    def __init__(
-        self,
-        x: Tensor,
-        offset: int,
-        dim: Dimension,
-        wrap: bool,
-        name: str | None = None,
-    ) -> None:
-        super().__init__([x], name=name or "shift")
-        self.offset = offset
-        self.dim = dim
-        self.wrap = wrap
-        self._add_output(x.shape, x.dtype)
-
-    def flops(self) -> float:
-        return 0.0
-
-    def gradient(self, grad_ys: Sequence[Tensor | None]) -> list[Tensor | None]:
-        dy = grad_ys[0]
-        return [None if dy is None else shift(dy, -self.offset, self.dim, self.wrap)]
-
-    def _pieces(self, ctx: Any) -> tuple[int | None, list[tuple[int, int, int, str]]]:
-        m = ctx.effective_mesh_axis(self.dim.name)
-        if m is None:
-            return None, []
-        n = ctx.mesh_shape[m].size
-        return m, shift_pieces(self.offset, self.dim.size // n, n, self.wrap)
-
-    def communication(self, ctx: Any) -> list[CollectiveSpec]:
-        m, pieces = self._pieces(ctx)
-        if m is None:
-            return []
-        x = self.inputs[0]
-        k = self.dim.size // ctx.mesh_shape[m].size
-        per_position = ctx.slice_bytes(x.shape, x.dtype) // k
-        # The zero-length and local pieces move nothing; shifted ones send
-        # exactly their edge piece.
-        return [
-            CollectiveSpec("shift", (ctx.axis_name(m),), per_position * length)
-            for _start, length, _s, how in pieces
-            if how == "shift"
-        ]
-
-    def lower(self, lowering: Any) -> None:
-        tf = lowering.tf
-        impl = lowering.mesh_impl(self)
-        x = self.inputs[0]
-        axis = x.shape.index(self.dim.name)
-        laid = lowering.tensors[x]
-        m, pieces = self._pieces(impl.ctx)
-        if m is None:
-            res = impl.slicewise(
-                lambda s: _local_shift(tf, s, self.offset, axis, self.wrap), laid
-            )
-            lowering.set_tensor_lowering(self.outputs[0], res)
-            return
-        parts = []
-        for start, length, s, how in pieces:
-            piece = impl.slicewise(
-                lambda v, b=start, n=length: _take(tf, v, axis, b, n), laid
-            )
-            if how == "shift":
-                piece = impl.shift_by_n_processors(piece, m, s, self.wrap)
-            elif how == "zero":
-                piece = impl.slicewise(tf.zeros_like, piece)
-            parts.append(piece)
-        res = (
-            parts[0]
-            if len(parts) == 1
-            else impl.slicewise(lambda *p: tf.concat(list(p), axis), *parts)
-        )
-        lowering.set_tensor_lowering(self.outputs[0], res)
-
-    def attrs(self) -> dict[str, Any]:
-        return {"offset": self.offset, "dim": self.dim.name, "wrap": self.wrap}
-
-
-def _local_shift(tf: Any, s: Any, offset: int, axis: int, wrap: bool) -> Any:
-    if wrap:
-        return tf.roll(s, offset, axis)
-    size = s.shape[axis]
-    if abs(offset) >= size:
-        return tf.zeros_like(s)
-    if offset > 0:
-        kept = _take(tf, s, axis, 0, size - offset)
-        return tf.concat([tf.zeros_like(_take(tf, s, axis, 0, offset)), kept], axis)
-    kept = _take(tf, s, axis, -offset, size + offset)
-    return tf.concat([kept, tf.zeros_like(_take(tf, s, axis, 0, -offset))], axis)
-
-
-def shift(
-    x: Tensor, offset: int, dim: Any, wrap: bool, name: str | None = None
-) -> Tensor:
-    """Shifts ``x`` by ``offset`` positions along ``dim`` (right for positive):
-    ``y[i] = x[i - offset]``, with zeros (or, if ``wrap``, the values that fell
-    off the other end) where ``i - offset`` is out of range.  Works when ``dim``
-    is split: devices exchange only the edge pieces."""
-    d = _find_dim(x, dim, "shift")
-    if isinstance(offset, bool) or not isinstance(offset, int):
-        raise ShapeError(f"shift: offset {offset!r} is not an integer")
-    if offset == 0 or (wrap and offset % d.size == 0):
-        return x
-    return Shift(x, offset, d, bool(wrap), name).outputs[0]

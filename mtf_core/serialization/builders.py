@@ -12,13 +12,13 @@ from typing import Any
 import numpy as np
 
 from mtf_core import dtypes
-from mtf_core.autodiff import _CustomGradientOp
+from mtf_core.autodiff import CustomGradientOp
 from mtf_core.errors import GraphError, SerializationError
 from mtf_core.graph import Operation, Tensor
 from mtf_core.ops import elementwise as ew
 from mtf_core.ops.creation import Constant, ImportTensor
 from mtf_core.ops.einsum import Einsum
-from mtf_core.ops.reduce import _TF_REDUCE, Broadcast, Reduce
+from mtf_core.ops.reduce import REDUCTIONS, Broadcast, Reduce
 from mtf_core.ops.variables import Assign, Variable
 from mtf_core.serialization import schema
 from mtf_core.serialization.registry import OpSpec, register
@@ -184,7 +184,7 @@ def _identity(spec: OpSpec) -> Operation:
 @register(Reduce)
 def _reduce(spec: OpSpec) -> Operation:
     spec.expect_inputs(1)
-    reduction = spec.attrs.get_choice("reduction", _TF_REDUCE, "SUM")
+    reduction = spec.attrs.get_choice("reduction", REDUCTIONS, "SUM")
     return Reduce(spec.inputs[0], spec.output_shape(), reduction, name=spec.name)
 
 
@@ -205,7 +205,7 @@ def _gradient_not_serialized(ins: Any, outs: Any, gys: Any) -> list[Tensor | Non
     )
 
 
-@register(_CustomGradientOp)
+@register(CustomGradientOp)
 def _custom_gradient(spec: OpSpec) -> Operation:
     # inputs = the function's inputs, then its outputs (one per op output);
     # the op forwards the latter.  Its gradient function is not kept.
@@ -217,7 +217,9 @@ def _custom_gradient(spec: OpSpec) -> Operation:
             f"least {n_out} inputs (the forwarded outputs come last), got "
             f"{len(spec.inputs)}"
         )
-    # The class takes no name; the reader renames it to spec.name.
-    return _CustomGradientOp(
-        list(spec.inputs[n_in:]), list(spec.inputs[:n_in]), _gradient_not_serialized
+    return CustomGradientOp(
+        list(spec.inputs[n_in:]),
+        list(spec.inputs[:n_in]),
+        _gradient_not_serialized,
+        name=spec.name,
     )

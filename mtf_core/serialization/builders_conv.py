@@ -66,8 +66,9 @@ def _conv2d_backprop_input(spec: OpSpec) -> Operation:
     x_shape = spec.output_shape()
     _check_shapes(spec, x_shape, filters.shape, dy, 0)
     strides, padding = _geometry(spec)
-    # The class takes no name; the reader renames it to spec.name.
-    return conv.Conv2dBackpropInput(dy, filters, x_shape, strides, padding)
+    return conv.Conv2dBackpropInput(
+        dy, filters, x_shape, strides, padding, name=spec.name
+    )
 
 
 @register(conv.Conv2dBackpropFilter)
@@ -77,4 +78,4 @@ def _conv2d_backprop_filter(spec: OpSpec) -> Operation:
     f_shape = spec.output_shape()
     _check_shapes(spec, x.shape, f_shape, dy, 1)
     strides, padding = _geometry(spec)
-    return conv.Conv2dBackpropFilter(x, dy, f_shape, strides, padding)
+    return conv.Conv2dBackpropFilter(x, dy, f_shape, strides, padding, name=spec.name)

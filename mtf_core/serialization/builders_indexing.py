@@ -6,7 +6,9 @@ from __future__ import annotations
 from mtf_core.errors import SerializationError
 from mtf_core.graph import Operation, Tensor
 from mtf_core.ops import indexing as ix
-from mtf_core.ops.random import _DISTRIBUTIONS, RandomOp
+from mtf_core.ops.cumsum import Cumsum
+from mtf_core.ops.random import DISTRIBUTIONS, RandomOp
+from mtf_core.ops.top_k import TopK
 from mtf_core.serialization import schema
 from mtf_core.serialization.registry import OpSpec, register
 from mtf_core.shapes import Dimension
@@ -55,30 +57,30 @@ def _gather(spec: OpSpec) -> Operation:
     return ix.Gather(weights, indices, dim, name=spec.name)
 
 
-@register(ix.TopK)
+@register(TopK)
 def _top_k(spec: OpSpec) -> Operation:
     spec.expect_inputs(1)
     x = spec.inputs[0]
     reduced = _dim_in(spec, x, "reduced_dim", spec.attrs.get_dim("reduced_dim"))
     k_dim = None if spec.attrs.raw("k_dim") is None else spec.attrs.get_dim("k_dim")
-    return ix.TopK(x, reduced, k_dim, name=spec.name)
+    return TopK(x, reduced, k_dim, name=spec.name)
 
 
-@register(ix.Cumsum)
+@register(Cumsum)
 def _cumsum(spec: OpSpec) -> Operation:
     spec.expect_inputs(1)
     x = spec.inputs[0]
     dim = _dim_in(spec, x, "dim", spec.attrs.get_str("dim"))
     exclusive = spec.attrs.get_bool("exclusive", False)
     reverse = spec.attrs.get_bool("reverse", False)
-    return ix.Cumsum(x, dim, exclusive, reverse, name=spec.name)
+    return Cumsum(x, dim, exclusive, reverse, name=spec.name)
 
 
 @register(RandomOp)
 def _random(spec: OpSpec) -> Operation:
     # The seed is kept, so the rebuilt op draws the same numbers.
     spec.expect_inputs(0)
-    distribution = spec.attrs.get_choice("distribution", _DISTRIBUTIONS)
+    distribution = spec.attrs.get_choice("distribution", DISTRIBUTIONS)
     path = f"{spec.attrs.path}.params"
     params = schema.expect_list(spec.attrs.raw("params"), path)
     if len(params) != 2:

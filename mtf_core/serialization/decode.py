@@ -291,11 +291,12 @@ class _Reader:
                 f"instead of one {reg.op_class.__name__}"
             )
         if op.name != name:
-            # Classes that take no name got an automatic one; the declared name
-            # is free (names are unique and built in order), so take it.
-            self.graph._names.discard(op.name)
-            self.graph._names.add(name)
-            op.name = name
+            # Declared names are unique and every builder passes spec.name, so
+            # only a builder that ignores it gets here.
+            raise SerializationError(
+                f"{path}: the builder registered for {op_type} named the op "
+                f"{op.name!r} instead of {name!r}"
+            )
         if op.mesh is not spec.mesh:
             raise SerializationError(
                 f"{path}.mesh: declared {mesh_name!r} but the op's inputs live on "

@@ -1,0 +1,101 @@
+"""A LayoutContext that remembers its answers.
+
+Pricing a layout asks the same few questions (which mesh axis splits ``d``?
+how many bytes is a slice of this shape?) thousands of times, and the rules
+and the mesh of a context never change, so :class:`CachedLayoutContext`
+answers each question once, by asking :class:`mtf_core.comm.LayoutContext`
+(the code the lowering runs), and then from a dict.  Shapes are looked up by
+identity first: hashing a Shape hashes every Dimension, and most tensors of a
+graph share their Shape objects.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mtf_core import dtypes
+from mtf_core.comm import LayoutContext
+from mtf_core.layout import TensorLayout
+from mtf_core.shapes import Shape
+
+
+class CachedLayoutContext(LayoutContext):
+    """:class:`LayoutContext` with memoized per-dim and per-shape answers.
+
+    Errors (a layout the lowering rejects) are never cached: they are raised
+    again on every call, by the base class.
+    """
+
+    def __init__(self, mesh_shape: Shape, rules: Any, *args: Any) -> None:
+        super().__init__(mesh_shape, rules, *args)
+        self._axis_of: dict[str, int | None] = {}
+        self._live_axis_of: dict[str, int | None] = {}
+        self._layout_of: dict[int, tuple[Shape, TensorLayout]] = {}
+        self._bytes_of: dict[tuple[int, str], tuple[Shape, int]] = {}
+        self._elem_bytes: dict[str, int] = {}
+        self._axis_sizes = [d.size for d in self.mesh_shape.dims]
+
+    @classmethod
+    def wrap(cls, ctx: LayoutContext) -> CachedLayoutContext:
+        """``ctx`` itself if it caches already, else a caching copy of it."""
+        if isinstance(ctx, CachedLayoutContext):
+            return ctx
+        return cls(ctx.mesh_shape, ctx.rules)
+
+    def mesh_axis(self, dim: Any) -> int | None:
+        name = dim if isinstance(dim, str) else dim.name
+        try:
+            return self._axis_of[name]
+        except KeyError:
+            axis = self._axis_of[name] = super().mesh_axis(name)
+            return axis
+
+    def effective_mesh_axis(self, dim: Any) -> int | None:
+        name = dim if isinstance(dim, str) else dim.name
+        try:
+            return self._live_axis_of[name]
+        except KeyError:
+            axis = self._live_axis_of[name] = super().effective_mesh_axis(name)
+            return axis
+
+    def tensor_layout(self, shape: Any) -> TensorLayout:
+        if type(shape) is not Shape:
+            return super().tensor_layout(shape)
+        hit = self._layout_of.get(id(shape))
+        if hit is not None and hit[0] is shape:
+            return hit[1]
+        layout = super().tensor_layout(shape)
+        self._layout_of[id(shape)] = (shape, layout)
+        return layout
+
+    def slice_bytes(self, shape: Any, dtype: Any) -> int:
+        if type(shape) is not Shape or type(dtype) is not str:
+            return super().slice_bytes(shape, dtype)
+        key = (id(shape), dtype)
+        hit = self._bytes_of.get(key)
+        if hit is not None and hit[0] is shape:
+            return hit[1]
+        nbytes = self._slice_bytes(shape, dtype)
+        self._bytes_of[key] = (shape, nbytes)
+        return nbytes
+
+    def _slice_bytes(self, shape: Shape, dtype: str) -> int:
+        # The base class's arithmetic from the memoized axes, for layouts it
+        # accepts (no mesh axis twice, every split size divisible); anything
+        # else goes to the base class, which raises the lowering's error.
+        elem = self._elem_bytes.get(dtype)
+        if elem is None:
+            elem = self._elem_bytes[dtype] = dtypes.size_bytes(dtype)
+        nbytes = elem
+        used = 0
+        for d in shape.dims:
+            a = self.mesh_axis(d.name)
+            if a is None:
+                nbytes *= d.size
+                continue
+            n = self._axis_sizes[a]
+            if used >> a & 1 or d.size % n:
+                return super().slice_bytes(shape, dtype)
+            used |= 1 << a
+            nbytes *= d.size // n
+        return nbytes
