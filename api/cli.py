@@ -24,6 +24,22 @@ EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_NOTHING_FITS = 3
 
+#: Size options of ``export`` (``--d-model`` on the command line), passed on to
+#: :func:`api.examples.example_graph`.
+_MODEL_SIZES = (
+    "layers",
+    "d_model",
+    "heads",
+    "d_kv",
+    "d_ff",
+    "vocab",
+    "length",
+    "batch",
+    "hidden",
+    "features",
+    "classes",
+)
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mtf-planner", description=__doc__.split("\n")[0])
@@ -60,20 +76,8 @@ def _parser() -> argparse.ArgumentParser:
         "--model", required=True, help="transformer-lm, encoder-decoder, mlp, mnist"
     )
     e.add_argument("--optimizer", default="adam")
-    for size in (
-        "layers",
-        "d-model",
-        "heads",
-        "d-kv",
-        "d-ff",
-        "vocab",
-        "length",
-        "batch",
-        "hidden",
-        "features",
-        "classes",
-    ):
-        e.add_argument(f"--{size}", type=int)
+    for size in _MODEL_SIZES:
+        e.add_argument(f"--{size.replace('_', '-')}", type=int)
     e.add_argument("-o", "--output", default="-", help="file to write ('-': stdout)")
 
     sd = sub.add_parser("seed", help="store plans for the example models")
@@ -132,22 +136,7 @@ def cmd_seed(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from api.examples import example_graph
 
-    sizes = {
-        k: getattr(args, k)
-        for k in (
-            "layers",
-            "d_model",
-            "heads",
-            "d_kv",
-            "d_ff",
-            "vocab",
-            "length",
-            "batch",
-            "hidden",
-            "features",
-            "classes",
-        )
-    }
+    sizes = {k: getattr(args, k) for k in _MODEL_SIZES}
     doc = example_graph(args.model, optimizer=args.optimizer, **sizes)
     text = json.dumps(doc, allow_nan=False)
     if args.output == "-":

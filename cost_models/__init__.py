@@ -28,4 +28,12 @@ from cost_models.hardware import (
     get_hardware,
 )
 from cost_models.memory import MemoryModel, TensorInfo, describe_overflow, memory_model
-from cost_models.units import CostUnit, UnitCost, cost_units, unit_cost
+from cost_models.units import (
+    CostUnit,
+    UnitClass,
+    UnitCost,
+    UnitPricer,
+    cost_unit_classes,
+    cost_units,
+    unit_cost,
+)

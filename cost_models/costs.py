@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cost_models.deferred import DeferredAllreduces
+from cost_models.gc_pause import gc_paused
 from cost_models.hardware import HardwareProfile, get_hardware
 from cost_models.layout_cache import CachedLayoutContext
 from cost_models.memory import (
@@ -167,6 +168,18 @@ def evaluate(
     precomputed ``memory`` model to save time when evaluating many layouts.
     Raises LayoutError for layouts the lowering rejects.
     """
+    with gc_paused():
+        return _evaluate(graph, mesh_shape, layout_rules, hardware, outputs, memory)
+
+
+def _evaluate(
+    graph: Graph,
+    mesh_shape: Any,
+    layout_rules: Any,
+    hardware: str | HardwareProfile | Mapping[str, Any],
+    outputs: Sequence[Tensor],
+    memory: MemoryModel | None,
+) -> Cost:
     hw = get_hardware(hardware)
     ctx = layout_context(graph, mesh_shape, layout_rules)
     outputs = list(outputs)

@@ -86,6 +86,8 @@ class DeferredAllreduces:
         that runs now.  A pending collective in ``own`` becomes the pending
         value of ``op.outputs[0]`` instead.
         """
+        if not own and not any(t in self._pending for t in op.inputs):
+            return []  # nothing of its own, nothing pending to read or pass on
         if isinstance(op, Identity):
             p = self._pending.get(op.inputs[0])
             if p is not None:
@@ -118,7 +120,10 @@ class DeferredAllreduces:
                 done.extend(Issued(c, False) for c in specs)
             return done
         for t in op.inputs:
-            done.extend(Issued(c, True) for c in self.force(t))
+            p = self._live(t)
+            if p is not None:  # force(t), inlined: most inputs are not pending
+                p.issued = True
+                done.append(Issued(_sum_spec(p), True))
         for spec in own:
             if spec.pending:
                 self._pending[op.outputs[0]] = _Pending(

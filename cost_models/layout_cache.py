@@ -28,8 +28,17 @@ class CachedLayoutContext(LayoutContext):
 
     def __init__(self, mesh_shape: Shape, rules: Any, *args: Any) -> None:
         super().__init__(mesh_shape, rules, *args)
-        self._axis_of: dict[str, int | None] = {}
-        self._live_axis_of: dict[str, int | None] = {}
+        # A name no rule mentions is split by no axis; ask the base class
+        # about the others once.
+        base = super()
+        #: ``{dim name: mesh axis}`` for every name the rules split.
+        self.split_axes: dict[str, int] = {}
+        self._live_axes: dict[str, int] = {}
+        for name, _ in self.rules:
+            if (axis := base.mesh_axis(name)) is not None:
+                self.split_axes[name] = axis
+            if (axis := base.effective_mesh_axis(name)) is not None:
+                self._live_axes[name] = axis
         self._layout_of: dict[int, tuple[Shape, TensorLayout]] = {}
         self._bytes_of: dict[tuple[int, str], tuple[Shape, int]] = {}
         self._elem_bytes: dict[str, int] = {}
@@ -43,20 +52,10 @@ class CachedLayoutContext(LayoutContext):
         return cls(ctx.mesh_shape, ctx.rules)
 
     def mesh_axis(self, dim: Any) -> int | None:
-        name = dim if isinstance(dim, str) else dim.name
-        try:
-            return self._axis_of[name]
-        except KeyError:
-            axis = self._axis_of[name] = super().mesh_axis(name)
-            return axis
+        return self.split_axes.get(dim if isinstance(dim, str) else dim.name)
 
     def effective_mesh_axis(self, dim: Any) -> int | None:
-        name = dim if isinstance(dim, str) else dim.name
-        try:
-            return self._live_axis_of[name]
-        except KeyError:
-            axis = self._live_axis_of[name] = super().effective_mesh_axis(name)
-            return axis
+        return self._live_axes.get(dim if isinstance(dim, str) else dim.name)
 
     def tensor_layout(self, shape: Any) -> TensorLayout:
         if type(shape) is not Shape:
@@ -88,8 +87,9 @@ class CachedLayoutContext(LayoutContext):
             elem = self._elem_bytes[dtype] = dtypes.size_bytes(dtype)
         nbytes = elem
         used = 0
+        split = self.split_axes
         for d in shape.dims:
-            a = self.mesh_axis(d.name)
+            a = split.get(d.name)
             if a is None:
                 nbytes *= d.size
                 continue

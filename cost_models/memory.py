@@ -31,7 +31,10 @@ import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from cost_models.collectives import collective_buffer_bytes
+from cost_models.gc_pause import gc_paused
 from mtf_core import dtypes
 from mtf_core.comm import CollectiveSpec, LayoutContext
 from mtf_core.errors import GraphError
@@ -76,48 +79,64 @@ class MemoryUsage:
 
 @dataclass(frozen=True)
 class MemoryModel:
-    """Tensors, their lifetimes, and the steps whose live sets are maximal.
+    """Buffers, their lifetimes, and the steps whose live sets are maximal.
 
-    ``start[i]``/``end[i]``: the first and last step (op index) tensor ``i`` is
-    alive; ``steps``: the steps whose live set no other step's contains, in
-    order.  :attr:`live_sets` materializes those sets (indices into
-    ``tensors``); :attr:`live_set_deltas` gives them as differences from the
-    previous one, and the byte totals are computed by a sweep, so a deep
-    graph's thousands of large live sets are never summed one by one.
+    Buffer ``i`` is the output ``buffers[i]`` (an identity's output shares its
+    input's buffer), of kind ``kinds[i]`` and ``nbytes[i]`` unsplit bytes;
+    ``start[i]``/``end[i]``: the first and last step (op index) it is alive;
+    ``steps``: the steps whose live set no other step's contains, in order.
+    :attr:`tensors` describes the buffers as :class:`TensorInfo` values.
+
+    Live sets are never materialized to price a layout: each buffer joins one
+    live set and leaves at a later one (:attr:`spans`), so every per-set total
+    is one cumulative sum over those events.  :attr:`live_sets` and
+    :attr:`live_set_deltas` give the sets themselves when asked.
     """
 
-    tensors: tuple[TensorInfo, ...]
+    buffers: tuple[Tensor, ...]
+    kinds: tuple[str, ...]
+    nbytes: tuple[int, ...]
     start: tuple[int, ...]
     end: tuple[int, ...]
     steps: tuple[int, ...]
 
     @functools.cached_property
+    def tensors(self) -> tuple[TensorInfo, ...]:
+        """One :class:`TensorInfo` per buffer."""
+        return tuple(
+            TensorInfo(t.name, t.shape, t.dtype, kind, b)
+            for t, kind, b in zip(self.buffers, self.kinds, self.nbytes)
+        )
+
+    @functools.cached_property
+    def spans(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(joins, leaves)``: for each buffer, the index (into ``steps``) of
+        the first live set it is in and of the first one after it is gone;
+        ``len(steps)`` for never.  A buffer with ``joins == leaves`` is in no
+        kept live set."""
+        steps = np.asarray(self.steps, dtype=np.int64)
+        joins = np.searchsorted(steps, np.asarray(self.start, dtype=np.int64), "left")
+        leaves = np.searchsorted(steps, np.asarray(self.end, dtype=np.int64), "right")
+        return joins, leaves
+
+    @functools.cached_property
     def live_set_deltas(self) -> tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]:
         """``(entering, leaving)`` tensor indices of each live set relative to
-        the previous one (the first relative to the empty set)."""
-        order_start = sorted(range(len(self.tensors)), key=lambda i: self.start[i])
-        order_end = sorted(range(len(self.tensors)), key=lambda i: self.end[i])
-        out = []
-        si = ei = 0
-        for k in self.steps:
-            entering = []
-            while si < len(order_start) and self.start[order_start[si]] <= k:
-                entering.append(order_start[si])
-                si += 1
-            leaving = []
-            while ei < len(order_end) and self.end[order_end[ei]] < k:
-                leaving.append(order_end[ei])
-                ei += 1
-            # A tensor that both entered and left between two steps was never
-            # in a kept set: report it in neither list.
-            both = set(entering) & set(leaving)
-            out.append(
-                (
-                    tuple(i for i in entering if i not in both),
-                    tuple(i for i in leaving if i not in both),
-                )
-            )
-        return tuple(out)
+        the previous one (the first relative to the empty set); entering in
+        order of ``start``, leaving in order of ``end`` (ties: by index)."""
+        joins, leaves = self.spans
+        n = len(self.steps)
+        kept = joins != leaves  # a buffer that comes and goes between two kept sets
+
+        def grouped(order: np.ndarray, at: np.ndarray) -> list[list[int]]:
+            order = order[kept[order] & (at[order] < n)]
+            bounds = np.cumsum(np.bincount(at[order], minlength=n)).tolist()
+            flat = order.tolist()
+            return [flat[a:b] for a, b in zip([0, *bounds[:-1]], bounds)]
+
+        entering = grouped(np.argsort(self.start, kind="stable"), joins)
+        leaving = grouped(np.argsort(self.end, kind="stable"), leaves)
+        return tuple((tuple(e), tuple(lv)) for e, lv in zip(entering, leaving))
 
     @functools.cached_property
     def live_sets(self) -> tuple[frozenset[int], ...]:
@@ -131,51 +150,63 @@ class MemoryModel:
         return tuple(out)
 
     @functools.cached_property
-    def _classes(self) -> tuple[list[tuple[Shape, str]], list[int]]:
+    def _classes(self) -> tuple[list[tuple[Shape, str]], np.ndarray]:
         # Few distinct (shape, dtype) pairs: size each once per layout.
         index: dict[tuple[Shape, str], int] = {}
         of_tensor = [
-            index.setdefault((t.shape, t.dtype), len(index)) for t in self.tensors
+            index.setdefault((t.shape, t.dtype), len(index)) for t in self.buffers
         ]
-        return list(index), of_tensor
+        return list(index), np.asarray(of_tensor, dtype=np.int64)
+
+    @functools.cached_property
+    def _dtype(self) -> type:
+        # Exact integers: int64 unless the bytes could overflow it.
+        return np.int64 if sum(self.nbytes) < 2**62 else object
+
+    def _per_tensor(self, ctx: LayoutContext) -> np.ndarray:
+        classes, of_tensor = self._classes
+        per_class = [ctx.slice_bytes(shape, dtype) for shape, dtype in classes]
+        return np.asarray(per_class, dtype=self._dtype)[of_tensor]
 
     def tensor_bytes_per_device(self, ctx: LayoutContext) -> list[int]:
         """Slice bytes of every tensor under ``ctx`` (raises LayoutError for
         layouts a tensor cannot have)."""
-        classes, of_tensor = self._classes
-        per_class = [ctx.slice_bytes(shape, dtype) for shape, dtype in classes]
-        return [per_class[c] for c in of_tensor]
+        out: list[int] = self._per_tensor(ctx).tolist()
+        return out
 
     def live_set_bytes(
         self, ctx: LayoutContext, kinds: Iterable[str] | None = None
     ) -> list[int]:
         """Per-device bytes of each live set, in ``live_sets`` order (only
         tensors of ``kinds``, if given)."""
-        return self._sweep(self.tensor_bytes_per_device(ctx), kinds)
+        out: list[int] = self._sweep(self._per_tensor(ctx), kinds).tolist()
+        return out
 
-    def _sweep(self, sizes: list[int], kinds: Iterable[str] | None = None) -> list[int]:
+    def _sweep(
+        self, sizes: np.ndarray, kinds: Iterable[str] | None = None
+    ) -> np.ndarray:
         if kinds is not None:
             keep = set(kinds)
-            sizes = [b if t.kind in keep else 0 for b, t in zip(sizes, self.tensors)]
-        total = 0
-        out = []
-        for entering, leaving in self.live_set_deltas:
-            total += sum(sizes[i] for i in entering) - sum(sizes[i] for i in leaving)
-            out.append(total)
-        return out
+            mask = np.fromiter((k in keep for k in self.kinds), bool, len(self.kinds))
+            sizes = np.where(mask, sizes, 0).astype(self._dtype)
+        joins, leaves = self.spans
+        events = np.zeros(len(self.steps) + 1, dtype=self._dtype)
+        np.add.at(events, joins, sizes)
+        np.subtract.at(events, leaves, sizes)
+        return np.cumsum(events[:-1])
 
     def usage(self, ctx: LayoutContext) -> MemoryUsage:
         """Everything :func:`cost_models.evaluate` reports, in one pass."""
-        sizes = self.tensor_bytes_per_device(ctx)
-        by_set = self._sweep(sizes)
+        sizes = self._per_tensor(ctx)
         by_kind = {PARAM: 0, SLOT: 0, ACTIVATION: 0}
-        for b, t in zip(sizes, self.tensors):
-            by_kind[t.kind] += b
-        if not by_set:
+        for kind, b in zip(self.kinds, sizes.tolist()):
+            by_kind[kind] += b
+        if not self.steps:
             return MemoryUsage(0, -1, 0, by_kind)
-        peak = max(range(len(by_set)), key=lambda i: (by_set[i], -i))
-        acts = self._sweep(sizes, [ACTIVATION])[peak]
-        return MemoryUsage(by_set[peak], peak, acts, by_kind)
+        by_set = self._sweep(sizes)
+        peak = int(np.argmax(by_set))  # the first of the largest
+        acts = int(self._sweep(sizes, [ACTIVATION])[peak])
+        return MemoryUsage(int(by_set[peak]), peak, acts, by_kind)
 
     def peak_live_set(self, ctx: LayoutContext) -> int:
         """Index of the largest live set (the first one on ties)."""
@@ -202,7 +233,7 @@ class MemoryModel:
         """Tensor indices of live set number ``live_set``."""
         k = self.steps[live_set]
         return [
-            i for i in range(len(self.tensors)) if self.start[i] <= k <= self.end[i]
+            i for i in range(len(self.buffers)) if self.start[i] <= k <= self.end[i]
         ]
 
     def largest_in_peak(
@@ -233,36 +264,48 @@ def memory_model(graph: Graph, outputs: Sequence[Tensor] = ()) -> MemoryModel:
 
     ``outputs`` are exported at the end of the step, so they stay alive to the end.
     """
+    with gc_paused():
+        return _memory_model(graph, outputs)
+
+
+def _memory_model(graph: Graph, outputs: Sequence[Tensor]) -> MemoryModel:
     ops = graph.operations
     last = len(ops) - 1
-    tensors: list[TensorInfo] = []
-    root: dict[Tensor, int] = {}  # tensor -> index of its buffer
+    buffers: list[Tensor] = []
+    kinds: list[str] = []
+    nbytes: list[int] = []
     start: list[int] = []
     end: list[int] = []
+    root: dict[Tensor, int] = {}  # tensor -> index of its buffer
+    # Deep graphs repeat a few shapes and dtypes: size each once.
+    elements: dict[int, tuple[Shape, int]] = {}
+    itemsize: dict[str, int] = {}
     for k, op in enumerate(ops):
         for t in op.inputs:
             i = root[t]
-            end[i] = max(end[i], k)
+            if end[i] < k:
+                end[i] = k
         if isinstance(op, Identity):
             root[op.outputs[0]] = root[op.inputs[0]]
             continue
+        if isinstance(op, Variable):
+            kind, first, final = (PARAM if op.trainable else SLOT), 0, last
+        else:
+            kind, first, final = ACTIVATION, k, k
         for t in op.outputs:
-            if isinstance(op, Variable):
-                kind = PARAM if op.trainable else SLOT
-            else:
-                kind = ACTIVATION
-            root[t] = len(tensors)
-            tensors.append(
-                TensorInfo(
-                    t.name,
-                    t.shape,
-                    t.dtype,
-                    kind,
-                    t.shape.size * dtypes.size_bytes(t.dtype),
-                )
-            )
-            start.append(0 if kind != ACTIVATION else k)
-            end.append(last if kind != ACTIVATION else k)
+            shape = t.shape
+            hit = elements.get(id(shape))
+            if hit is None or hit[0] is not shape:
+                hit = elements[id(shape)] = (shape, shape.size)
+            elem = itemsize.get(t.dtype)
+            if elem is None:
+                elem = itemsize[t.dtype] = dtypes.size_bytes(t.dtype)
+            root[t] = len(buffers)
+            buffers.append(t)
+            kinds.append(kind)
+            nbytes.append(hit[1] * elem)
+            start.append(first)
+            end.append(final)
     for t in outputs:
         if not isinstance(t, Tensor) or t not in root:
             raise GraphError(
@@ -271,12 +314,17 @@ def memory_model(graph: Graph, outputs: Sequence[Tensor] = ()) -> MemoryModel:
             )
         end[root[t]] = last
     return MemoryModel(
-        tuple(tensors), tuple(start), tuple(end), _maximal_steps(tensors, start, end)
+        tuple(buffers),
+        tuple(kinds),
+        tuple(nbytes),
+        tuple(start),
+        tuple(end),
+        _maximal_steps(kinds, start, end),
     )
 
 
 def _maximal_steps(
-    tensors: Sequence[TensorInfo], start: list[int], end: list[int]
+    kinds: Sequence[str], start: list[int], end: list[int]
 ) -> tuple[int, ...]:
     """Steps whose live set no other step's live set contains.
 
@@ -286,12 +334,11 @@ def _maximal_steps(
     (previous) one.  So the maximal sets are at the steps where an activation
     both starts and ends (variables are in every set and decide nothing).
     """
-    acts = [i for i, t in enumerate(tensors) if t.kind == ACTIVATION]
-    if not acts:
-        return (0,) if tensors else ()
-    starts = {start[i] for i in acts}
-    ends = {end[i] for i in acts}
-    return tuple(sorted(starts & ends))
+    acts = np.fromiter((k == ACTIVATION for k in kinds), bool, len(kinds))
+    if not acts.any():
+        return (0,) if len(kinds) else ()
+    both = np.intersect1d(np.asarray(start)[acts], np.asarray(end)[acts])
+    return tuple(both.tolist())
 
 
 def describe_overflow(

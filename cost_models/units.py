@@ -26,13 +26,14 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from cost_models.collectives import axes_key, collective_time_s
 from cost_models.deferred import DeferredAllreduces, may_defer, static_deferral
+from cost_models.gc_pause import gc_paused
 from cost_models.hardware import CostModelError, HardwareProfile
 from cost_models.layout_cache import CachedLayoutContext
 from cost_models.op_costs import op_compute
+from cost_models.signatures import Signature, Signer
 from mtf_core.comm import CollectiveSpec, LayoutContext
 from mtf_core.errors import GraphError
 from mtf_core.graph import Graph, Operation, Tensor
@@ -164,7 +165,7 @@ class UnitPricer:
         self, op: Operation, names: tuple[str, ...], ctx: CachedLayoutContext
     ) -> list[CollectiveSpec]:
         # Errors (layouts the lowering rejects) are not remembered: raised again.
-        key = (op, tuple([ctx.mesh_axis(n) for n in names]))
+        key = (op, tuple(map(ctx.split_axes.get, names)))
         specs = self._comm.get(key)
         if specs is None:
             specs = self._comm[key] = list(op.communication(ctx))
@@ -180,7 +181,9 @@ class UnitPricer:
         for c in collectives:
             seconds = self._times.get(c)
             if seconds is None:
-                seconds = self._times[c] = collective_time_s(c, self.mesh_shape, self.hw)
+                seconds = self._times[c] = collective_time_s(
+                    c, self.mesh_shape, self.hw
+                )
             key = axes_key(c)
             out[key] = out.get(key, 0.0) + seconds
         return tuple(sorted(out.items()))
@@ -189,18 +192,80 @@ class UnitPricer:
 def cost_units(graph: Graph, outputs: Sequence[Tensor] = ()) -> list[CostUnit]:
     """The graph's cost units: one ``op`` unit per op (graph order), then one
     ``deferred`` unit per group of ops linked by possibly-pending values."""
+    ops, sigs, signer = _signed_ops(graph, outputs)
+    unit_sigs: dict[Signature, Signature] = {}
+    units = []
+    for op in ops:
+        sig = sigs[op]
+        unit_sig = unit_sigs.get(sig)
+        if unit_sig is None:
+            unit_sig = unit_sigs[sig] = signer.intern((OP, sig))
+        units.append(CostUnit((op,), op.all_dim_names, OP, signature=unit_sig))
+    return units + _deferred_units(ops, outputs, sigs, signer)
+
+
+@dataclass(frozen=True)
+class UnitClass:
+    """Cost units with one signature and one dim set: they cost the same under
+    every layout, so one ``unit`` (the first in graph order) stands for
+    ``count`` of them."""
+
+    unit: CostUnit
+    count: int
+
+
+def cost_unit_classes(graph: Graph, outputs: Sequence[Tensor] = ()) -> list[UnitClass]:
+    """:func:`cost_units` grouped into classes of equal signature and dims, in
+    order of their first unit; without making one ``CostUnit`` per op (a deep
+    graph has tens of thousands of ops and a few hundred classes)."""
+    ops, sigs, signer = _signed_ops(graph, outputs)
+    firsts: dict[tuple[frozenset[str], Signature], Operation] = {}
+    counts: dict[tuple[frozenset[str], Signature], int] = {}
+    for op in ops:
+        key = (op.all_dim_names, sigs[op])
+        if key in counts:
+            counts[key] += 1
+        else:
+            firsts[key] = op
+            counts[key] = 1
+    classes = []
+    unit_sigs: dict[Signature, Signature] = {}
+    for key, op in firsts.items():
+        sig = key[1]
+        unit_sig = unit_sigs.get(sig)
+        if unit_sig is None:
+            unit_sig = unit_sigs[sig] = signer.intern((OP, sig))
+        unit = CostUnit((op,), key[0], OP, signature=unit_sig)
+        classes.append(UnitClass(unit, counts[key]))
+    deferred: dict[tuple[frozenset[str], Hashable], list[CostUnit]] = {}
+    for unit in _deferred_units(ops, outputs, sigs, signer):
+        deferred.setdefault((unit.dim_names, unit.signature), []).append(unit)
+    classes.extend(UnitClass(us[0], len(us)) for us in deferred.values())
+    return classes
+
+
+def _signed_ops(
+    graph: Graph, outputs: Sequence[Tensor]
+) -> tuple[list[Operation], dict[Operation, Signature], Signer]:
     ops = list(graph.operations)
     for t in outputs:
         if not isinstance(t, Tensor) or t.graph is not graph:
             raise GraphError(
                 f"output {t!r} is not a tensor of this graph; expected mtf.Tensors"
             )
-    keys: dict[Tensor, tuple[str, str]] = {}
-    sigs = {op: _op_signature(op, keys) for op in ops}
-    units = [
-        CostUnit((op,), frozenset(op.all_dim_names), OP, signature=(OP, sigs[op]))
-        for op in ops
-    ]
+    signer = Signer()
+    with gc_paused():
+        return ops, {op: signer.op(op) for op in ops}, signer
+
+
+def _deferred_units(
+    ops: list[Operation],
+    outputs: Sequence[Tensor],
+    sigs: dict[Operation, Signature],
+    signer: Signer,
+) -> list[CostUnit]:
+    """One ``deferred`` unit per group of ops linked by possibly-pending
+    values (union-find over the carriers), in order of their first op."""
     static = static_deferral(ops)
     parent: dict[Operation, Operation] = {}
 
@@ -211,19 +276,21 @@ def cost_units(graph: Graph, outputs: Sequence[Tensor] = ()) -> list[CostUnit]:
             op = parent[op]
         return op
 
+    carriers = static.carriers
     for op in ops:
         for t in op.inputs:
-            if t in static.carriers:
+            if t in carriers:
                 a, b = find(t.operation), find(op)
                 if a is not b:
                     parent[b] = a
-    exported = [t for t in dict.fromkeys(outputs) if t in static.carriers]
+    exported = [t for t in dict.fromkeys(outputs) if t in carriers]
     for t in exported:
         find(t.operation)
     groups: dict[Operation, list[Operation]] = {}
     for op in ops:  # graph order within each group
         if op in parent:
             groups.setdefault(find(op), []).append(op)
+    units = []
     for members in groups.values():
         member_set = set(members)
         dims: set[str] = set()
@@ -237,53 +304,7 @@ def cost_units(graph: Graph, outputs: Sequence[Tensor] = ()) -> list[CostUnit]:
                 frozenset(dims),
                 DEFERRED,
                 ex,
-                signature=_group_signature(members, ex, sigs),
+                signature=signer.group(members, ex, sigs, DEFERRED),
             )
         )
     return units
-
-
-# Attributes that name things or seed them, never changing what an op costs.
-_COSTLESS_ATTRS = frozenset({"variable", "seed", "initializer"})
-
-
-def _tensor_key(t: Tensor, keys: dict[Tensor, tuple[str, str]]) -> tuple[str, str]:
-    k = keys.get(t)
-    if k is None:
-        k = keys[t] = (",".join([f"{d.name}:{d.size}" for d in t.shape.dims]), t.dtype)
-    return k
-
-
-def _op_signature(op: Operation, keys: dict[Tensor, tuple[str, str]]) -> Hashable:
-    # Ops without inputs (constants, variables, placeholders) cost the same
-    # whatever their values; skip their (possibly large) attributes.
-    attrs: Any = ()
-    if op.inputs:
-        attrs = repr(
-            sorted((k, v) for k, v in op.attrs().items() if k not in _COSTLESS_ATTRS)
-        )
-    return (
-        type(op).__name__,
-        op.op_type,
-        attrs,
-        tuple([_tensor_key(t, keys) for t in op.inputs]),
-        tuple([_tensor_key(t, keys) for t in op.outputs]),
-        op.flops(),
-    )
-
-
-def _group_signature(
-    members: list[Operation],
-    exported: tuple[Tensor, ...],
-    sigs: dict[Operation, Hashable],
-) -> Hashable:
-    index = {op: i for i, op in enumerate(members)}
-    wiring = tuple(
-        tuple(
-            (index[t.operation], t.index) if t.operation in index else None
-            for t in op.inputs
-        )
-        for op in members
-    )
-    ex = tuple((index[t.operation], t.index) for t in exported)
-    return (DEFERRED, tuple(sigs[op] for op in members), wiring, ex)

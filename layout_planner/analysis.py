@@ -13,10 +13,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from cost_models.gc_pause import gc_paused
 from cost_models.memory import MemoryModel, memory_model
-from cost_models.units import CostUnit, cost_units
+from cost_models.units import UnitClass, cost_unit_classes
 from layout_planner.dim_graph import DimensionGraph
 from mtf_core.graph import Graph, Tensor
+from mtf_core.shapes import Shape
 
 
 class GraphAnalysis:
@@ -32,41 +34,34 @@ class GraphAnalysis:
         t0 = time.perf_counter()
         self.graph = graph
         self.outputs = list(outputs)
-        self.dim_graph = DimensionGraph.from_graph(graph)
-        self.units: list[CostUnit] = cost_units(graph, self.outputs)
-        self.memory: MemoryModel = memory_model(graph, self.outputs)
-        self._live_rows()
+        with gc_paused():
+            self.dim_graph = DimensionGraph.from_graph(graph)
+            self.unit_classes: list[UnitClass] = cost_unit_classes(graph, self.outputs)
+            self.memory: MemoryModel = memory_model(graph, self.outputs)
+            self._live_rows()
         self.seconds = time.perf_counter() - t0
 
     def _live_rows(self) -> None:
-        tensors = self.memory.tensors
+        memory = self.memory
         index: dict[tuple[str, ...], int] = {}
-        column = np.fromiter(
-            (index.setdefault(tuple(sorted(t.dim_names)), len(index)) for t in tensors),
-            dtype=np.int64,
-            count=len(tensors),
-        )
-        nbytes = np.fromiter(
-            (t.bytes for t in tensors), dtype=np.int64, count=len(tensors)
-        )
-        deltas = self.memory.live_set_deltas
-        steps: list[int] = []
-        who: list[int] = []
-        sign: list[int] = []
-        for k, (entering, leaving) in enumerate(deltas):
-            steps.extend([k] * (len(entering) + len(leaving)))
-            who.extend(entering)
-            who.extend(leaving)
-            sign.extend([1] * len(entering))
-            sign.extend([-1] * len(leaving))
-        rows = np.zeros((len(deltas), len(index)), dtype=np.int64)
-        if who:
-            t = np.asarray(who, dtype=np.int64)
-            np.add.at(
-                rows,
-                (np.asarray(steps, dtype=np.int64), column[t]),
-                nbytes[t] * np.asarray(sign, dtype=np.int64),
-            )
-        np.cumsum(rows, axis=0, out=rows)
+        of_shape: dict[int, tuple[Shape, int]] = {}  # Shape objects repeat
+        column = np.empty(len(memory.buffers), dtype=np.int64)
+        for i, t in enumerate(memory.buffers):
+            hit = of_shape.get(id(t.shape))
+            if hit is None or hit[0] is not t.shape:
+                names = tuple(sorted(t.shape.dimension_names))
+                hit = of_shape[id(t.shape)] = (
+                    t.shape,
+                    index.setdefault(names, len(index)),
+                )
+            column[i] = hit[1]
+        nbytes = np.asarray(memory.nbytes, dtype=np.int64)
+        # Each buffer adds its bytes to its class from the live set it joins
+        # and takes them away from the one it leaves (see MemoryModel.spans).
+        joins, leaves = memory.spans
+        rows = np.zeros((len(memory.steps) + 1, len(index)), dtype=np.int64)
+        np.add.at(rows, (joins, column), nbytes)
+        np.subtract.at(rows, (leaves, column), nbytes)
+        rows = np.cumsum(rows[:-1], axis=0)
         self.tensor_classes = list(index)
         self.live_rows = np.unique(rows, axis=0) if len(rows) else rows

@@ -77,36 +77,45 @@ class DimensionGraph:
         ops = list(graph.operations if operations is None else operations)
         sizes: dict[str, set[int]] = {}
         unsplittable: dict[str, list[str]] = {}
-        tensor_count: dict[str, int] = {}
         tensor_edges: dict[tuple[str, str], str] = {}
         op_edges: dict[tuple[str, str], str] = {}
         names_of: dict[Shape, frozenset[str]] = {}
         seen_op_names: set[frozenset[str]] = set()
+        # Deep models repeat a few shapes, mostly as the same Shape objects:
+        # look those up by identity (hashing a Shape hashes every Dimension).
+        by_id: dict[int, tuple[Shape, frozenset[str]]] = {}
+        outputs_of: dict[int, int] = {}  # id(shape) -> outputs of that shape
 
         def names(shape: Shape, where: str) -> frozenset[str]:
-            # Most tensors repeat a shape seen before (every layer of a deep
-            # model); their sizes and edges are known already.
+            hit = by_id.get(id(shape))
+            if hit is not None and hit[0] is shape:
+                return hit[1]
             got = names_of.get(shape)
             if got is None:
+                # A shape not seen before: its sizes and edges are new.
                 got = names_of[shape] = frozenset(d.name for d in shape.dims)
                 for d in shape.dims:
                     sizes.setdefault(d.name, set()).add(d.size)
                 _add_pairs(tensor_edges, [d.name for d in shape.dims], where)
+            by_id[id(shape)] = (shape, got)
             return got
 
         for op in ops:
-            op_names: frozenset[str] = frozenset()
             for t in op.outputs:
-                for d in t.shape.dims:
-                    tensor_count[d.name] = tensor_count.get(d.name, 0) + 1
-                op_names |= names(t.shape, t.name)
+                names(t.shape, t.name)
+                outputs_of[id(t.shape)] = outputs_of.get(id(t.shape), 0) + 1
             for t in op.inputs:
-                op_names |= names(t.shape, t.name)
+                names(t.shape, t.name)
             for name in op.unsplittable_dims():
                 unsplittable.setdefault(name, []).append(op.name)
+            op_names = op.all_dim_names
             if len(op_names) > 1 and op_names not in seen_op_names:
                 seen_op_names.add(op_names)
                 _add_pairs(op_edges, sorted(op_names), op.name)
+        tensor_count: dict[str, int] = {}
+        for key, count in outputs_of.items():
+            for d in by_id[key][0].dims:
+                tensor_count[d.name] = tensor_count.get(d.name, 0) + count
         g = nx.Graph()
         for name in sorted(sizes):
             g.add_node(

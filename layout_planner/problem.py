@@ -35,10 +35,11 @@ from typing import Any
 import numpy as np
 
 from cost_models.collectives import collective_buffer_bytes
+from cost_models.gc_pause import gc_paused
 from cost_models.hardware import HardwareProfile
 from cost_models.layout_cache import CachedLayoutContext
 from cost_models.memory import MemoryModel
-from cost_models.units import CostUnit, UnitPricer
+from cost_models.units import UnitClass, UnitPricer
 from layout_planner.analysis import GraphAnalysis
 from layout_planner.dim_graph import Assignment
 from layout_planner.errors import PlannerError
@@ -127,15 +128,16 @@ class LayoutProblem:
                 "GraphAnalysis(graph, outputs) of this one"
             )
         self.analysis = analysis
-        self._collect()
-        t1 = time.perf_counter()
-        self._price_units()
-        t2 = time.perf_counter()
-        self._memory_rows()
-        t3 = time.perf_counter()
+        with gc_paused():
+            self._collect()
+            t1 = time.perf_counter()
+            self._price_units()
+            t2 = time.perf_counter()
+            self._memory_rows()
+            t3 = time.perf_counter()
         self.stats = BuildStats(
             num_ops=len(graph.operations),
-            num_units=len(self.units),
+            num_units=sum(c.count for c in self.unit_classes),
             num_signatures=self._num_signatures,
             num_dims=len(self.dim_graph.names),
             num_free_dims=len(self.free_dims),
@@ -152,7 +154,7 @@ class LayoutProblem:
     # -- phase 1 ---------------------------------------------------------------------
     def _collect(self) -> None:
         self.dim_graph = self.analysis.dim_graph
-        self.units: list[CostUnit] = self.analysis.units
+        self.unit_classes: list[UnitClass] = self.analysis.unit_classes
         self.memory: MemoryModel = self.analysis.memory
         self.allowed = {
             n: self.dim_graph.allowed_axes(n, self.mesh_shape)
@@ -195,29 +197,33 @@ class LayoutProblem:
 
     # -- phase 2 ---------------------------------------------------------------------
     def _price_units(self) -> None:
-        groups: dict[tuple[str, ...], dict[Any, list[CostUnit]]] = {}
-        for unit in self.units:
+        # Per table (free dims): each signature's first unit and how many
+        # units have it, in order of first appearance (the order the float
+        # sums below add them in).
+        groups: dict[tuple[str, ...], dict[Any, list[Any]]] = {}
+        for cls in self.unit_classes:
+            unit = cls.unit
             key = unit.signature if unit.signature is not None else id(unit)
-            groups.setdefault(self.free(unit.dim_names), {}).setdefault(key, []).append(
-                unit
+            entry = groups.setdefault(self.free(unit.dim_names), {}).setdefault(
+                key, [unit, 0]
             )
+            entry[1] += cls.count
         self._num_signatures = sum(len(g) for g in groups.values())
         self._num_pricings = 0
         pricer = UnitPricer(self.mesh_shape, self.hw)
         for dims in sorted(groups):
             table = self._table(dims)
-            by_sig = list(groups[dims].values())
-            table.num_units = sum(len(us) for us in by_sig)
+            by_sig = [(unit, count) for unit, count in groups[dims].values()]
+            table.num_units = sum(count for _, count in by_sig)
             for k, asg in enumerate(table.assignments):
                 ctx = self.context(dict(zip(dims, asg)))
                 comm: dict[str, float] = {}
                 compute = 0.0
                 buffer = 0
                 try:
-                    for units in by_sig:
-                        uc = pricer.cost(units[0], ctx)
+                    for unit, count in by_sig:
+                        uc = pricer.cost(unit, ctx)
                         self._num_pricings += 1
-                        count = len(units)
                         compute += count * uc.compute_s
                         for axis, s in uc.comm_s_by_axis:
                             comm[axis] = comm.get(axis, 0.0) + count * s

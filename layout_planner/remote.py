@@ -127,6 +127,13 @@ class PlannerClient:
             f"{method} {path}; last: {last}"
         )
 
+    def request_json(
+        self, method: str, path: str, json: Any = None, **params: Any
+    ) -> dict[str, Any]:
+        """:meth:`request`, then the response's JSON object."""
+        body: dict[str, Any] = self.request(method, path, json=json, **params).json()
+        return body
+
     # -- endpoints ------------------------------------------------------------------------
     def plan(self, request: Mapping[str, Any], wait_s: float = 600.0) -> dict[str, Any]:
         """POST /v1/plans; follows a 202 (a job) until it finishes or
@@ -139,18 +146,13 @@ class PlannerClient:
         return body
 
     def submit_job(self, request: Mapping[str, Any]) -> dict[str, Any]:
-        body: dict[str, Any] = self.request(
-            "POST", "/v1/jobs", json=dict(request)
-        ).json()
-        return body
+        return self.request_json("POST", "/v1/jobs", json=dict(request))
 
     def get_job(self, job_id: str) -> dict[str, Any]:
-        body: dict[str, Any] = self.request("GET", f"/v1/jobs/{job_id}").json()
-        return body
+        return self.request_json("GET", f"/v1/jobs/{job_id}")
 
     def cancel_job(self, job_id: str) -> dict[str, Any]:
-        body: dict[str, Any] = self.request("DELETE", f"/v1/jobs/{job_id}").json()
-        return body
+        return self.request_json("DELETE", f"/v1/jobs/{job_id}")
 
     def wait_job(
         self, job_id: str, wait_s: float = 600.0, poll_s: float = 0.2
@@ -175,28 +177,19 @@ class PlannerClient:
             poll_s = min(poll_s * 1.5, 2.0)
 
     def get_plan(self, plan_id: str) -> dict[str, Any]:
-        body: dict[str, Any] = self.request("GET", f"/v1/plans/{plan_id}").json()
-        return body
+        return self.request_json("GET", f"/v1/plans/{plan_id}")
 
     def list_plans(self, limit: int = 50, offset: int = 0) -> dict[str, Any]:
-        body: dict[str, Any] = self.request(
-            "GET", "/v1/plans", limit=limit, offset=offset
-        ).json()
-        return body
+        return self.request_json("GET", "/v1/plans", limit=limit, offset=offset)
 
     def evaluate(self, request: Mapping[str, Any]) -> dict[str, Any]:
-        body: dict[str, Any] = self.request(
-            "POST", "/v1/evaluate", json=dict(request)
-        ).json()
-        return body
+        return self.request_json("POST", "/v1/evaluate", json=dict(request))
 
     def hardware(self) -> dict[str, Any]:
-        body: dict[str, Any] = self.request("GET", "/v1/hardware").json()
-        return body
+        return self.request_json("GET", "/v1/hardware")
 
     def health(self) -> dict[str, Any]:
-        body: dict[str, Any] = self.request("GET", "/healthz").json()
-        return body
+        return self.request_json("GET", "/healthz")
 
 
 def _error(r: httpx.Response) -> RemotePlannerError:

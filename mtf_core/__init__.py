@@ -195,3 +195,6 @@ from mtf_core.ops.conv import conv2d  # noqa: E402
 _LAZY["SimdMeshImpl"] = ("mtf_core.lowering.spmd", "SimdMeshImpl")
 _LAZY["simd_mesh_impl"] = ("mtf_core.lowering.spmd", None)
 _LAZY["ClusterSpec"] = ("mtf_core.lowering.cluster", "ClusterSpec")
+
+# Op arguments outside what an op accepts (a reduction, a probability, ...).
+from mtf_core.errors import ArgumentError  # noqa: E402

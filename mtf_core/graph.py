@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from mtf_core import dtypes
-from mtf_core.errors import GraphError
+from mtf_core.errors import DTypeError, GraphError, ShapeError
 from mtf_core.shapes import Shape, convert_to_shape
 
 if TYPE_CHECKING:
@@ -279,6 +279,7 @@ class Operation:
 
 
 def check_same_mesh(tensors: Iterable[Tensor]) -> Mesh:
+    """The mesh ``tensors`` share; raises GraphError naming two that differ."""
     tensors = list(tensors)
     mesh = tensors[0].mesh
     for t in tensors[1:]:
@@ -290,19 +291,27 @@ def check_same_mesh(tensors: Iterable[Tensor]) -> Mesh:
     return mesh
 
 
+def check_same_shape(tensors: Iterable[Tensor], what: str) -> Shape:
+    """The shape ``tensors`` share; raises ShapeError naming two that differ."""
+    tensors = list(tensors)
+    shape = tensors[0].shape
+    for t in tensors[1:]:
+        if t.shape != shape:
+            raise ShapeError(
+                f"{what}: {t.name} has shape [{t.shape}] but {tensors[0].name} has "
+                f"[{shape}]; the tensors must have one shape"
+            )
+    return shape
+
+
 def check_same_dtype(tensors: Iterable[Tensor], what: str) -> str:
+    """The dtype ``tensors`` share; raises DTypeError naming two that differ."""
     tensors = list(tensors)
     dt = tensors[0].dtype
     for t in tensors[1:]:
         if t.dtype != dt:
-            raise _dtype_mismatch(what, tensors[0], t)
+            raise DTypeError(
+                f"{what}: dtypes differ: {tensors[0].name} is {dt}, {t.name} is "
+                f"{t.dtype}; cast one of them first"
+            )
     return dt
-
-
-def _dtype_mismatch(what: str, a: Tensor, b: Tensor) -> Exception:
-    from mtf_core.errors import DTypeError
-
-    return DTypeError(
-        f"{what}: dtypes differ: {a.name} is {a.dtype}, {b.name} is {b.dtype}; "
-        "cast one of them first"
-    )

@@ -25,13 +25,20 @@ from mtf_core.errors import ConfigError, ShapeError
 from mtf_core.graph import Mesh, Tensor
 from mtf_core.ops import elementwise as ew
 from mtf_core.ops import reduce as red
+from mtf_core.ops.arguments import sized_dim
 from mtf_core.ops.creation import constant
 from mtf_core.ops.einsum import einsum
 from mtf_core.ops.indexing import gather
 from mtf_core.ops.random import dropout as random_dropout
 from mtf_core.ops.reshape import rename_dimension
 from mtf_core.ops.variables import get_variable
-from mtf_core.shapes import Dimension, Shape, convert_to_dimension, convert_to_shape
+from mtf_core.shapes import (
+    Dimension,
+    Shape,
+    convert_to_dimension,
+    convert_to_shape,
+    dimension_name,
+)
 
 # --------------------------------------------------------------------------
 # initializers: callable(shape, dtype) -> full numpy value
@@ -88,11 +95,7 @@ def _dim_refs(x: Any) -> list[Any]:
 
 def _dim_in(x: Tensor, dim: Any, what: str) -> Dimension:
     """The dimension of ``x`` named like ``dim`` (a name or a Dimension)."""
-    name = dim if isinstance(dim, str) and ":" not in dim else None
-    if name is None:
-        d = convert_to_dimension(dim)
-        assert d is not None
-        name = d.name
+    name = dimension_name(dim)
     if name not in x.shape.dimension_names:
         raise ShapeError(f"{what}: {x.name} [{x.shape}] has no dimension {name!r}")
     return x.shape.get_dim_by_name(name)
@@ -206,8 +209,8 @@ def embedding_weights(
     stddev: float = 1.0,
 ) -> Tensor:
     """The ``[vocab, output_dim]`` table of :func:`embedding`."""
-    v, d = convert_to_dimension(vocab_dim), convert_to_dimension(output_dim)
-    assert v is not None and d is not None
+    v = sized_dim(vocab_dim, f"embedding_weights {name!r}")
+    d = sized_dim(output_dim, f"embedding_weights {name!r}")
     return get_variable(
         mesh, name, Shape([v, d]), dtype, normal_initializer(stddev, name)
     )
@@ -226,8 +229,7 @@ def embedding(
     A gather: when ``vocab`` is split, each device looks up the ids in its part
     of the table and one allreduce over the vocab axis combines them.
     """
-    v = convert_to_dimension(vocab_dim)
-    assert v is not None
+    v = sized_dim(vocab_dim, f"embedding {name!r}")
     if weights is None:
         weights = embedding_weights(ids.mesh, v, output_dim, name, dtype)
     return gather(weights, ids, v)
@@ -262,9 +264,12 @@ def dense_relu_dense(
     ``output_dim`` defaults to x's last dim.  Under a ``d_ff`` split the first
     einsum needs no communication and the second ends in one allreduce.
     """
-    h_dim = convert_to_dimension(hidden_dim)
-    assert h_dim is not None
-    io = x.shape.dims[-1] if output_dim is None else convert_to_dimension(output_dim)
+    h_dim = sized_dim(hidden_dim, f"dense_relu_dense {name!r}")
+    io = (
+        x.shape.dims[-1]
+        if output_dim is None
+        else sized_dim(output_dim, f"dense_relu_dense {name!r}")
+    )
     h = dense(x, h_dim, use_bias=use_bias, activation=activation, name=f"{name}_wi")
     h = dropout(h, dropout_rate)
     return dense(h, io, reduced_dims=[h_dim], use_bias=use_bias, name=f"{name}_wo")
@@ -308,9 +313,8 @@ def multihead_attention(
     ``[d_model, heads, d_kv]`` (q, k, v) and ``[heads, d_kv, d_model]`` (o),
     so a ``heads`` split needs one allreduce, at the output projection.
     """
-    heads = convert_to_dimension(heads_dim)
-    d_kv = convert_to_dimension(kv_dim)
-    assert heads is not None and d_kv is not None
+    heads = sized_dim(heads_dim, f"attention {name!r}")
+    d_kv = sized_dim(kv_dim, f"attention {name!r}")
     io = x.shape.dims[-1]
     if memory is None:
         memory = x
@@ -432,8 +436,7 @@ def conv2d(
     """
     from mtf_core.ops.conv import conv2d as conv
 
-    out = convert_to_dimension(output_dim)
-    assert out is not None
+    out = sized_dim(output_dim, f"conv2d {name!r}")
     if x.shape.ndims < 4:
         raise ShapeError(
             f"conv2d {name!r}: {x.name} [{x.shape}] must be [batch..., h, w, channels]"

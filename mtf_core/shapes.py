@@ -200,11 +200,14 @@ class Shape:
             raise ShapeError(f"shape [{self}] has no dimension {name!r}") from None
 
     def resize_dimension(self, name: str, new_size: int) -> Shape:
+        """This shape with dimension ``name`` resized to ``new_size``."""
+        self.get_dim_by_name(name)  # a name the shape lacks is an error
         return Shape(
             [Dimension(name, new_size) if d.name == name else d for d in self.dims]
         )
 
     def rename_dimension(self, old_name: str, new_name: str) -> Shape:
+        """This shape with dimension ``old_name`` renamed ``new_name``."""
         self.get_dim_by_name(old_name)
         return Shape(
             [

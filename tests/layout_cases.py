@@ -65,6 +65,40 @@ def lower(
     return values, lowering
 
 
+def collective_specs(collectives: Sequence[Any]) -> list[tuple[Any, ...]]:
+    r"""``(kind, mesh_axes, bytes_per_device)`` of recorded collectives or of
+    :class:`mtf_core.comm.CollectiveSpec`\ s, to compare the two."""
+    return [(c.kind, c.mesh_axes, c.bytes_per_device) for c in collectives]
+
+
+def assert_communication_as_recorded(
+    devices: Sequence[str],
+    build: Callable[[], tuple[mtf.Graph, mtf.Mesh, Any]],
+    cases: Sequence[LayoutCase] = LAYOUTS,
+) -> dict[str, list[tuple[Any, ...]]]:
+    """For each layout: lowers ``build()`` (a graph, its mesh and the output
+    tensor or tensors) and asserts that every lowered op's
+    ``communication(ctx)`` lists exactly the collectives recorded against it,
+    in order; returns all recorded collectives per layout."""
+    from mtf_core.lowering.lowering import needed_operations
+
+    out = {}
+    for case in cases:
+        graph, mesh, ys = build()
+        ys = ys if isinstance(ys, list) else [ys]
+        ctx = case.impl(devices).ctx
+        _, lowering = lower(graph, mesh, case, devices, ys)
+        records = lowering.counters.collectives
+        for op in needed_operations(graph, ys):
+            mine = collective_specs([r for r in records if r.op_name == op.name])
+            assert mine == collective_specs(op.communication(ctx)), (
+                case.name,
+                op.name,
+            )
+        out[case.name] = collective_specs(records)
+    return out
+
+
 def assert_same_under_layouts(
     graph: mtf.Graph,
     mesh: mtf.Mesh,

@@ -105,6 +105,88 @@ def test_assign_of_the_wrong_shape_is_rejected() -> None:
         mtf.assign(mtf.zeros(mesh, "hidden:4,out:2"), w)
 
 
+def test_assign_with_an_unknown_mode_is_rejected_before_building_an_op() -> None:
+    from mtf_core.ops.variables import Assign, as_variable
+
+    graph, mesh = _mesh()
+    w = mtf.get_variable(mesh, "w", "hidden:4")
+    n_ops = len(graph.operations)
+    with _raises(
+        mtf.ArgumentError,
+        "mode 'assign_mul' is unknown",
+        "['assign', 'assign_add', 'assign_sub']",
+    ):
+        Assign(as_variable(w), mtf.zeros(mesh, "hidden:4"), "assign_mul")
+    assert len(graph.operations) == n_ops + 1  # the zeros, no Assign
+
+
+@pytest.mark.parametrize(
+    ("build", "fragments"),
+    [
+        (
+            lambda x: _reduce_op(x, "PROD"),
+            ("unknown reduction 'PROD'", "'LOGICAL_AND', 'LOGICAL_OR', 'MAX'"),
+        ),
+        (
+            lambda x: _binary_op(x, "atan2"),
+            ("unknown binary op 'atan2'", "'add', 'divide'"),
+        ),
+        (
+            lambda x: _unary_op(x, "erf"),
+            ("unknown unary op 'erf'", "'abs', 'ceil'"),
+        ),
+        (
+            lambda x: mtf.dropout(x, keep_prob=0.5, rate=0.5),
+            ("exactly one of keep_prob and rate", "keep_prob=0.5, rate=0.5"),
+        ),
+        (
+            lambda x: mtf.random_normal(x.mesh, "a:2", stddev=-1.0),
+            ("stddev -1.0 must be >= 0",),
+        ),
+    ],
+    ids=["reduction", "binary", "unary", "dropout", "stddev"],
+)
+def test_op_arguments_outside_what_the_op_accepts_raise_argument_errors(
+    build: object, fragments: tuple[str, ...]
+) -> None:
+    _, mesh = _mesh()
+    x = mtf.zeros(mesh, "batch:8,hidden:4")
+    with _raises(mtf.ArgumentError, *fragments) as info:
+        build(x)  # type: ignore[operator]
+    assert isinstance(info.value, ValueError)
+
+
+def _reduce_op(x: mtf.Tensor, reduction: str) -> object:
+    from mtf_core.ops.reduce import Reduce
+
+    return Reduce(x, mtf.convert_to_shape("batch:8"), reduction)
+
+
+def _binary_op(x: mtf.Tensor, fn: str) -> object:
+    from mtf_core.ops.elementwise import BinaryOp
+
+    return BinaryOp(fn, x, x)
+
+
+def _unary_op(x: mtf.Tensor, fn: str) -> object:
+    from mtf_core.ops.unary import UnaryOp
+
+    return UnaryOp(fn, x)
+
+
+def test_tensors_of_different_shapes_cannot_be_stacked_or_summed() -> None:
+    _, mesh = _mesh()
+    a = mtf.zeros(mesh, "batch:8,hidden:4", name="a")
+    b = mtf.zeros(mesh, "hidden:4,batch:8", name="b")
+    for fn, what in ((mtf.add_n, "add_n"), (lambda xs: mtf.stack(xs, "n"), "stack")):
+        with _raises(
+            mtf.ShapeError,
+            f"{what}: b:0 has shape [hidden:4,batch:8] but a:0 has [batch:8,hidden:4]",
+            "must have one shape",
+        ):
+            fn([a, b])
+
+
 def test_variable_initializer_must_be_callable() -> None:
     _, mesh = _mesh()
     with _raises(mtf.GraphError, "initializer 0.5 is not callable"):
@@ -254,5 +336,7 @@ def test_every_error_class_is_an_mtf_error_and_a_builtin() -> None:
         (mtf.GraphError, ValueError),
         (mtf.LoweringError, ValueError),
         (mtf.SerializationError, ValueError),
+        (mtf.ArgumentError, ValueError),
+        (mtf.ConfigError, ValueError),
     ]:
         assert issubclass(cls, mtf.MtfError) and issubclass(cls, builtin)

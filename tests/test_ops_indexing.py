@@ -13,6 +13,7 @@ from layout_cases import (
     MODEL_SPLIT,
     SPLIT_2D,
     LayoutCase,
+    assert_communication_as_recorded,
     assert_same_under_layouts,
     check_op,
     lower,
@@ -21,33 +22,11 @@ from layout_cases import (
 )
 
 import mtf_core as mtf
-from mtf_core.lowering.lowering import needed_operations
 
 pytestmark = pytest.mark.tf
 
 HIDDEN = mtf.Dimension("hidden", 8)
 IDS = np.array([0, 7, 3, 5, 2, 2, 6, 1], np.int32)
-
-
-def _specs(records: list) -> list[tuple]:
-    return [(r.kind, r.mesh_axes, r.bytes_per_device) for r in records]
-
-
-def _communication_by_layout(devices, build, cases=LAYOUTS) -> dict[str, list]:
-    """Lowers ``build()`` under each layout; asserts that every lowered op's
-    ``communication(ctx)`` lists exactly the collectives recorded against it,
-    in order; returns all recorded collectives per layout."""
-    out = {}
-    for case in cases:
-        graph, mesh, ys = build()
-        ctx = case.impl(devices).ctx
-        _, lowering = lower(graph, mesh, case, devices, ys)
-        records = lowering.counters.collectives
-        for op in needed_operations(graph, ys):
-            mine = _specs([r for r in records if r.op_name == op.name])
-            assert mine == _specs(op.communication(ctx)), (case.name, op.name)
-        out[case.name] = _specs(records)
-    return out
 
 
 # --------------------------------------------------------------------------
@@ -78,7 +57,9 @@ def test_one_hot_and_range_communicate_nothing(devices: list[str]) -> None:
         hot = mtf.one_hot(ids, HIDDEN, dtype=mtf.int32)
         return graph, mesh, [hot, mtf.range(mesh, HIDDEN, mtf.float32)]
 
-    assert all(v == [] for v in _communication_by_layout(devices, build).values())
+    assert all(
+        v == [] for v in assert_communication_as_recorded(devices, build).values()
+    )
 
 
 def test_range_counts_along_its_dim_under_every_layout(devices: list[str]) -> None:
@@ -140,7 +121,7 @@ def test_gather_with_split_vocab_allreduces_once_over_its_axis(
         i = mtf.import_tf_tensor(mesh, ids, "batch:8")
         return graph, mesh, [mtf.gather(w, i, HIDDEN)]
 
-    seen = _communication_by_layout(devices, build)
+    seen = assert_communication_as_recorded(devices, build)
     assert seen["one_device"] == seen["batch_split"] == []
     # a partial [batch:8, d:4] float32 result per device is summed over model
     assert seen["model_split"] == [("allreduce", ("model",), 128)]
@@ -200,7 +181,7 @@ def test_top_k_on_a_split_dim_allconcats_only_the_candidates(
 
     # hidden:8 on model:4 holds 2 per device: for k=2 each device sends its
     # [8, 2] values (float32) and indices (int32); for k=3 it must gather x.
-    seen = _communication_by_layout(devices, build(2), [MODEL_SPLIT, SPLIT_2D])
+    seen = assert_communication_as_recorded(devices, build(2), [MODEL_SPLIT, SPLIT_2D])
     assert seen["model_split"] == [
         ("allconcat", ("model",), 64),
         ("allconcat", ("model",), 64),
@@ -209,7 +190,7 @@ def test_top_k_on_a_split_dim_allconcats_only_the_candidates(
         ("allconcat", ("model",), 32),
         ("allconcat", ("model",), 32),
     ]
-    seen = _communication_by_layout(devices, build(3), [MODEL_SPLIT])
+    seen = assert_communication_as_recorded(devices, build(3), [MODEL_SPLIT])
     assert seen["model_split"] == [("allconcat", ("model",), 64)]
 
 
@@ -259,7 +240,7 @@ def test_cumsum_on_a_split_dim_allconcats_only_block_totals(
         x = mtf.import_tf_tensor(mesh, np.ones((8, 8), np.float32), "batch:8,hidden:8")
         return graph, mesh, [mtf.cumsum(x, HIDDEN)]
 
-    seen = _communication_by_layout(devices, build)
+    seen = assert_communication_as_recorded(devices, build)
     assert seen["one_device"] == seen["batch_split"] == []
     # one [batch:8, 1] float32 total per device
     assert seen["model_split"] == [("allconcat", ("model",), 32)]
@@ -287,7 +268,7 @@ def test_indexing_ops_and_their_gradients_predict_what_they_communicate(
         return graph, mesh, [y, *mtf.gradients([weighted_sum(y, upstream)], [w])]
 
     custom = LayoutCase("d_and_k_split", "a:2;b:4", "d:b;k:a;hidden:a")
-    seen = _communication_by_layout(devices, build, [*LAYOUTS, custom])
+    seen = assert_communication_as_recorded(devices, build, [*LAYOUTS, custom])
     assert seen["one_device"] == []
     assert {kind for kind, _, _ in seen["split_2d"]} == {"allreduce", "allconcat"}
 

@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 import tensorflow as tf
-from layout_cases import LayoutCase, check_op, lower
+from layout_cases import LayoutCase, check_op, collective_specs, lower
 
 import mtf_core as mtf
 from mtf_core.comm import CollectiveSpec, LayoutContext
@@ -37,10 +37,6 @@ def test_reshape_and_its_gradient_do_not_depend_on_layout(
     )
 
 
-def _specs(records: list) -> list[tuple]:
-    return [(r.kind, r.mesh_axes, r.bytes_per_device) for r in records]
-
-
 def _reshape_under(
     devices: list[str], src: str, dst: str, mesh_shape: str, rules: str
 ) -> tuple[np.ndarray, list[tuple], list[tuple]]:
@@ -54,11 +50,11 @@ def _reshape_under(
     y = mtf.reshape(x, dst)
     case = LayoutCase("custom", mesh_shape, rules)
     (got,), lowering = lower(graph, mesh, case, devices, [y])
-    predicted = _specs(y.operation.communication(case.impl(devices).ctx))
+    predicted = collective_specs(y.operation.communication(case.impl(devices).ctx))
     np.testing.assert_array_equal(
         got, value.reshape(mtf.convert_to_shape(dst).to_integer_list())
     )
-    return got, _specs(lowering.counters.collectives), predicted
+    return got, collective_specs(lowering.counters.collectives), predicted
 
 
 def test_reshape_merging_a_split_inner_dim_alltoalls_once(devices: list[str]) -> None:
@@ -114,8 +110,10 @@ def test_rename_dimension_to_a_name_on_another_axis_regathers_and_resplits(
     (got,), lowering = lower(graph, mesh, case, devices, [y])
     np.testing.assert_array_equal(got, value)
     # gather hidden over model ([8, 2] float32 per device), then slice other
-    assert _specs(lowering.counters.collectives) == [("allconcat", ("model",), 64)]
-    assert _specs(y.operation.communication(case.impl(devices).ctx)) == [
+    assert collective_specs(lowering.counters.collectives) == [
+        ("allconcat", ("model",), 64)
+    ]
+    assert collective_specs(y.operation.communication(case.impl(devices).ctx)) == [
         ("allconcat", ("model",), 64)
     ]
 

@@ -10,6 +10,7 @@ from layout_cases import (
     LAYOUTS,
     MODEL_SPLIT,
     LayoutCase,
+    assert_communication_as_recorded,
     check_op,
     lower,
     upstream_for,
@@ -17,7 +18,6 @@ from layout_cases import (
 )
 
 import mtf_core as mtf
-from mtf_core.lowering.lowering import needed_operations
 from mtf_core.ops.slicing import shift_pieces
 
 pytestmark = pytest.mark.tf
@@ -111,30 +111,6 @@ def test_slicing_ops_and_their_gradients_do_not_depend_on_layout(
     check_op(devices, shapes, mtf_fn, tf_fn)
 
 
-def _specs(records: list) -> list[tuple]:
-    return [(r.kind, r.mesh_axes, r.bytes_per_device) for r in records]
-
-
-def _assert_communication_as_recorded(
-    devices: list[str], build, cases=LAYOUTS
-) -> dict[str, list[tuple]]:
-    """For each layout: lowers ``build()`` and asserts that every lowered op's
-    ``communication(ctx)`` lists exactly the collectives recorded against it,
-    in order; returns all recorded collectives per layout."""
-    out = {}
-    for case in cases:
-        graph, mesh, ys = build()
-        ys = ys if isinstance(ys, list) else [ys]
-        ctx = case.impl(devices).ctx
-        _, lowering = lower(graph, mesh, case, devices, ys)
-        records = lowering.counters.collectives
-        for op in needed_operations(graph, ys):
-            mine = _specs([r for r in records if r.op_name == op.name])
-            assert mine == _specs(op.communication(ctx)), (case.name, op.name)
-        out[case.name] = _specs(records)
-    return out
-
-
 def _graph(*shapes: str):
     graph = mtf.Graph()
     mesh = mtf.Mesh(graph, "mesh")
@@ -155,7 +131,7 @@ def test_concat_of_a_split_dim_gathers_each_input_once(devices: list[str]) -> No
         graph, mesh, (a, b) = _graph("batch:8,hidden:4", "batch:8,hidden:8")
         return graph, mesh, mtf.concat([a, b], "hidden")
 
-    seen = _assert_communication_as_recorded(devices, build)
+    seen = assert_communication_as_recorded(devices, build)
     assert seen["one_device"] == seen["batch_split"] == []
     # model:4 splits hidden: each input is allconcatenated from its slice
     # ([8, 1] and [8, 2] float32), and the output is sliced locally
@@ -203,7 +179,7 @@ def test_shift_along_a_split_dim_sends_only_edge_pieces(
         graph, mesh, (x,) = _graph("batch:8,hidden:8")
         return graph, mesh, mtf.shift(x, offset, "hidden", wrap)
 
-    seen = _assert_communication_as_recorded(devices, build, [MODEL_SPLIT])
+    seen = assert_communication_as_recorded(devices, build, [MODEL_SPLIT])
     assert seen["model_split"] == expected
 
 
@@ -227,7 +203,7 @@ def test_every_slicing_op_predicts_what_it_communicates(devices: list[str]) -> N
         return graph, mesh, [out, *mtf.gradients([weighted_sum(out, upstream)], [a, b])]
 
     custom = LayoutCase("stacked_dim_split", "two:2;data:2", "two:two;hidden:data")
-    seen = _assert_communication_as_recorded(devices, build, [*LAYOUTS, custom])
+    seen = assert_communication_as_recorded(devices, build, [*LAYOUTS, custom])
     assert seen["one_device"] == []
     kinds = {k for k, _, _ in seen["split_2d"]}
     assert kinds == {"allconcat", "shift"}

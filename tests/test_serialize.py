@@ -299,6 +299,25 @@ def test_graph_to_dict_refuses_an_op_without_a_builder() -> None:
         mtf.graph_to_dict(g)
 
 
+def test_a_builder_that_ignores_the_declared_name_is_refused() -> None:
+    class Nameless(mtf.Operation):
+        op_type = "NamelessForTest"
+
+        def __init__(self, mesh: mtf.Mesh, name: str | None = None) -> None:
+            super().__init__([], mesh, name)
+            self._add_output("a:2", "float32")
+
+    register(Nameless)(lambda spec: Nameless(spec.mesh))  # drops spec.name
+    g = mtf.Graph()
+    Nameless(mtf.Mesh(g, "m"), name="declared")
+    with pytest.raises(
+        SerializationError,
+        match=r"operations\[0\]: .*named the op 'namelessfortest' instead of "
+        r"'declared'",
+    ):
+        mtf.graph_from_dict(mtf.graph_to_dict(g))
+
+
 def test_graph_to_dict_refuses_non_json_attrs_and_foreign_outputs() -> None:
     class Weird(mtf.Operation):
         op_type = "WeirdForTest"

@@ -119,3 +119,5 @@ def test_missing_dimension_lookups_name_the_shape() -> None:
         s.get_dim_by_name("z")
     with pytest.raises(mtf.ShapeError, match="cannot convert 5 to a Shape"):
         mtf.convert_to_shape(5)
+    with pytest.raises(mtf.ShapeError, match=r"\[a:2,b:3\] has no dimension named 'z'"):
+        s.resize_dimension("z", 4)

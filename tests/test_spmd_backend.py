@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from typing import Any
 
 import numpy as np
@@ -265,6 +266,26 @@ def _main() -> None:
     print(json.dumps(results), flush=True)
 
 
+def _timeout_main() -> None:
+    """A peer that never comes: with a collective timeout the wait ends in an
+    error instead of hanging (the process is poisoned afterwards)."""
+    import tensorflow as tf
+
+    import mtf_core as mtf
+
+    devices = mtf.logical_devices(2)
+    impl = mtf.SimdMeshImpl("x:2", "a:x", devices, collective_timeout_s=2)
+    laid = impl.import_tf_tensor(tf.ones([4]), "a:4")
+    impl.local_pnums = [0]  # as if device 1 were another process that died
+    t0 = time.perf_counter()
+    try:
+        impl.allreduce(laid, [0])
+        outcome = "returned"
+    except tf.errors.DeadlineExceededError:
+        outcome = "DeadlineExceededError"
+    print(json.dumps({"outcome": outcome, "seconds": time.perf_counter() - t0}))
+
+
 # -- the tests ---------------------------------------------------------------
 @pytest.fixture(scope="module")
 def results() -> dict[str, Any]:
@@ -368,5 +389,20 @@ def test_spmd_step_resumes_a_placement_checkpoint_under_another_layout(
     np.testing.assert_allclose(got["spmd_next"], got["placement_next"], rtol=1e-5)
 
 
+def test_a_peer_that_never_comes_raises_after_the_collective_timeout() -> None:
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    run = subprocess.run(
+        [sys.executable, __file__, "--timeout"],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        env=env,
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["outcome"] == "DeadlineExceededError"
+    assert got["seconds"] >= 2
+
+
 if __name__ == "__main__":
-    _main()
+    _timeout_main() if "--timeout" in sys.argv else _main()

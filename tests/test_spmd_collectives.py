@@ -208,17 +208,33 @@ def test_spmd_step_needs_one_mesh_on_the_spmd_backend(devices: list[str]) -> Non
 
 
 @pytest.mark.tf
-def test_variables_must_reach_the_replica_program(devices: list[str]) -> None:
+def test_variables_of_another_backend_are_rejected(devices: list[str]) -> None:
     graph = mtf.Graph()
     mesh = mtf.Mesh(graph, "m")
     w = mtf.get_variable(mesh, "w", "batch:4")
+    placed = mtf.VariableStore(
+        graph, {mesh: mtf.PlacementMeshImpl("m:2", "batch:m", devices[:2])}
+    )
     impl = SimdMeshImpl("m:2", "batch:m", devices[:2])
-    store = mtf.VariableStore(graph, {mesh: impl})
-    with (
-        impl.replica(tf.constant(0), None),
-        pytest.raises(LoweringError, match="w_slice"),
-    ):
-        impl.read_variables(store.slices(w))
+    with pytest.raises(LoweringError, match="not SPMD variable slices"):
+        impl.read_variables(placed.slices(w))
+
+
+@pytest.mark.tf
+def test_variable_slices_live_on_their_devices_under_one_name(
+    devices: list[str],
+) -> None:
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "m")
+    w = mtf.get_variable(mesh, "w", "batch:4", initializer=tf.keras.initializers.Ones())
+    impl = SimdMeshImpl("m:2", "batch:m", devices[:2])
+    slices = mtf.VariableStore(graph, {mesh: impl}).slices(w)
+    assert slices[0].shared_name == slices[1].shared_name
+    assert slices[0].shared_name.endswith("/w")
+    assert [s.device for s in slices] == impl.devices
+    slices[1].assign_add(np.ones(2, np.float32))
+    np.testing.assert_array_equal(slices[0].numpy(), [1.0, 1.0])
+    np.testing.assert_array_equal(slices[1].numpy(), [2.0, 2.0])
 
 
 @pytest.mark.tf

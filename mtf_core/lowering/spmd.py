@@ -38,7 +38,6 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import tensorflow as tf
@@ -48,70 +47,14 @@ from mtf_core.lowering import cluster
 from mtf_core.lowering import spmd_collectives as coll
 from mtf_core.lowering import spmd_variables as sv
 from mtf_core.lowering.mesh_impl import MeshImpl
+from mtf_core.lowering.spmd_values import (
+    LocalSlices,
+    Replica,
+    ReplicaTensor,
+    local_slices_of,
+    wrap_replica,
+)
 from mtf_core.shapes import convert_to_shape
-
-
-class ReplicaTensor:
-    """This device's slice of an mtf tensor, inside a per-replica program."""
-
-    __slots__ = ("tensor",)
-
-    def __init__(self, tensor: Any) -> None:
-        self.tensor = tensor
-
-    def to_laid_out_tensor(self) -> ReplicaTensor:
-        return self
-
-    @property
-    def slice_bytes(self) -> int:
-        return int(self.tensor.shape.num_elements()) * self.tensor.dtype.size
-
-    def __repr__(self) -> str:
-        return f"ReplicaTensor({self.tensor.shape}, {self.tensor.dtype.name})"
-
-
-class LocalSlices:
-    """This process's slices of an mtf tensor, by pnum (None: another process's)."""
-
-    __slots__ = ("slices",)
-
-    def __init__(self, slices: Sequence[Any]) -> None:
-        self.slices = list(slices)
-
-    def to_laid_out_tensor(self) -> LocalSlices:
-        return self
-
-    @property
-    def first(self) -> Any:
-        return next(s for s in self.slices if s is not None)
-
-    @property
-    def slice_bytes(self) -> int:
-        s = self.first
-        return int(s.shape.num_elements()) * s.dtype.size
-
-    def __repr__(self) -> str:
-        n = sum(s is not None for s in self.slices)
-        return f"LocalSlices({n} of {len(self.slices)} x {self.first.shape})"
-
-
-@dataclass
-class Replica:
-    """What the program being traced knows about the device running it."""
-
-    pnum: Any  # scalar int32 tensor
-    handles: dict[str, Any] = field(default_factory=dict)  # opened, by name
-
-    def open(self, name: str, opener: Callable[[], Any]) -> Any:
-        """One handle per named resource per program: automatic control
-        dependencies order the ops that share it (a read before an assign)."""
-        if name not in self.handles:
-            self.handles[name] = opener()
-        return self.handles[name]
-
-    @property
-    def token(self) -> Any:
-        return self.open(sv.TOKEN_NAME, sv.open_ordering_token)
 
 
 class SimdMeshImpl(MeshImpl):
@@ -181,19 +124,21 @@ class SimdMeshImpl(MeshImpl):
         return len(self.local_pnums) == self.size
 
     @contextlib.contextmanager
-    def replica(self, pnum: Any) -> Iterator[Replica]:
-        """Lowers for one device (pnum: scalar int32 tensor): the context of
-        the per-replica trace."""
-        saved, self._replica = self._replica, Replica(pnum)
+    def replica(self, pnum: Any, token: Any = None) -> Iterator[Replica]:
+        """Lowers for one device: the context of the per-replica trace.
+
+        ``pnum`` is a scalar int32 tensor; ``token`` the resource that orders
+        the device's collectives (see :meth:`ordering_token`).
+        """
+        saved, self._replica = self._replica, Replica(pnum, token)
         try:
             yield self._replica
         finally:
             self._replica = saved
 
-    def prepare_devices(self) -> None:
-        """Creates this process's per-device ordering tokens (before tracing)."""
-        for p in self.local_pnums:
-            sv.ensure_ordering_token(self.devices[p])
+    def ordering_token(self, pnum: int) -> Any:
+        """Device ``pnum``'s ordering token: pass it to its replica program."""
+        return sv.ordering_token(self.devices[pnum])
 
     def axis_groups(self, mesh_axes: Sequence[int]) -> coll.AxisGroups:
         key = tuple(sorted(mesh_axes))
@@ -241,7 +186,7 @@ class SimdMeshImpl(MeshImpl):
             for x in laid:
                 if not isinstance(x, ReplicaTensor):
                     raise LoweringError(f"{x!r} is not a slice of this replica program")
-            return _wrap(fn(*[x.tensor for x in laid]))
+            return wrap_replica(fn(*[x.tensor for x in laid]))
         for x in laid:
             if not isinstance(x, LocalSlices):
                 raise LoweringError(f"{x!r} is not a laid-out tensor of this mesh")
@@ -252,7 +197,7 @@ class SimdMeshImpl(MeshImpl):
             for p in self.local_pnums:
                 with tf.device(self.devices[p]), self.replica(tf.constant(p)):
                     per_device[p] = fn(*[x.slices[p] for x in laid])
-        return _unwrap_local(per_device, self.size)
+        return local_slices_of(per_device, self.size)
 
     def run_program(
         self, fn: Callable[..., Any], inputs: Sequence[LocalSlices]
@@ -266,21 +211,21 @@ class SimdMeshImpl(MeshImpl):
         """
         specs = [tf.TensorSpec(x.first.shape, x.first.dtype) for x in inputs]
 
-        def body(pnum: Any, *tensors: Any) -> Any:
-            with self.replica(pnum):
+        def body(pnum: Any, token: Any, *tensors: Any) -> Any:
+            with self.replica(pnum, token):
                 return fn(*tensors)
 
-        self.prepare_devices()
         inner = tf.function(body, autograph=False).get_concrete_function(
-            tf.TensorSpec([], tf.int32), *specs
+            tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.resource), *specs
         )
+        tokens = {p: self.ordering_token(p) for p in self.local_pnums}
 
         def launch() -> list[Any]:
             outs = []
             for p in self.local_pnums:
                 with tf.device(self.devices[p]):
                     args = [x.slices[p] for x in inputs]
-                    outs.append(inner(tf.constant(p), *args))
+                    outs.append(inner(tf.constant(p), tokens[p], *args))
             return outs
 
         # A concrete function: tracing a new launcher per call is expected here.
@@ -552,25 +497,6 @@ class SimdMeshImpl(MeshImpl):
         }[mode]
         handle = self._replica.open(v0.shared_name, v0.open)
         return [op(resource=handle, value=laid.tensor)]
-
-
-def _wrap(value: Any) -> Any:
-    if isinstance(value, (tuple, list)):
-        return type(value)(ReplicaTensor(v) for v in value)
-    return ReplicaTensor(value)
-
-
-def _unwrap_local(per_device: dict[int, Any], size: int) -> Any:
-    first = next(iter(per_device.values()))
-    if isinstance(first, (tuple, list)):
-        return type(first)(
-            _unwrap_local({p: v[i] for p, v in per_device.items()}, size)
-            for i in range(len(first))
-        )
-    slices: list[Any] = [None] * size
-    for p, v in per_device.items():
-        slices[p] = v
-    return LocalSlices(slices)
 
 
 def _default_devices(n: int) -> list[str]:

@@ -2,12 +2,13 @@
 
 Two ``tf.function`` levels, with no ``tf.distribute``:
 
-* the **replica program** takes this device's pnum, a seed and the full
-  placeholder values; it lowers the whole mtf graph once (every laid-out tensor
-  is one tensor), opens the running device's variable slices and ordering token
-  by name (:mod:`spmd_variables`) and returns the exported outputs;
+* the **replica program** takes this device's pnum, its collective ordering
+  token, a seed and the full placeholder values; it lowers the whole mtf graph
+  once (every laid-out tensor is one tensor), opens the running device's
+  variable slices by name (:mod:`spmd_variables`) and returns the exported
+  outputs;
 * the **launcher** calls that one concrete function once per local device,
-  under ``tf.device``, passing each device its own pnum.
+  under ``tf.device``, passing each device its own pnum and token.
 
 Tracing cost is one lowering whatever the number of devices; the launcher adds
 one small call node per device.  In a multi-process mesh every process compiles the
@@ -83,8 +84,8 @@ class SpmdCompiledFunction:
             else VariableStore(graph, self.mesh_to_impl)
         )
         self.counters: Counters | None = None
-        # Variables made while tracing would make tf.function trace twice.
-        self.impl.prepare_devices()
+        # Made now: variables made while tracing make tf.function trace twice.
+        self._tokens = {p: self.impl.ordering_token(p) for p in self.impl.local_pnums}
         self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="mtf_step")
         self._input_specs = [
             tf.TensorSpec(t.shape.to_integer_list(), tf.as_dtype(t.dtype))
@@ -100,8 +101,8 @@ class SpmdCompiledFunction:
         self.replica_trace_seconds = 0.0
 
     # -- the replica program ------------------------------------------------
-    def _replica_program(self, pnum: Any, seed: Any, *values: Any) -> Any:
-        with self.impl.replica(pnum):
+    def _replica_program(self, pnum: Any, token: Any, seed: Any, *values: Any) -> Any:
+        with self.impl.replica(pnum, token):
             lowering = Lowering(
                 self.graph,
                 self.mesh_to_impl,
@@ -120,7 +121,11 @@ class SpmdCompiledFunction:
 
     def _trace_replica(self) -> Any:
         if self._replica_fn is None:
-            specs = [tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int64)]
+            specs = [
+                tf.TensorSpec([], tf.int32),
+                tf.TensorSpec([], tf.resource),
+                tf.TensorSpec([], tf.int64),
+            ]
             t0 = time.perf_counter()
             self._replica_fn = tf.function(
                 self._replica_program, autograph=False
@@ -137,7 +142,8 @@ class SpmdCompiledFunction:
         first = None
         for p in impl.local_pnums:
             with tf.device(impl.devices[p]):
-                outs = program(tf.constant(p, tf.int32), seed, *values)
+                pnum = tf.constant(p, tf.int32)
+                outs = program(pnum, self._tokens[p], seed, *values)
             if first is None:
                 first = outs
         # Every device holds the outputs; return this process's first copy.

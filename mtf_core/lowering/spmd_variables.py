@@ -1,13 +1,17 @@
 """Per-device state of the SPMD backend, found by name from the traced program.
 
-A variable slice (and each device's collective ordering token) lives in its
-device's resource manager under a name that is the same on every device.  The
-one traced replica program opens it with ``VarHandleOp(shared_name=...)``,
-which resolves to the slice of whichever device runs the program, so nothing
-per device has to be passed in: the launcher hands each device only its pnum,
-and its size stays O(devices), not O(devices x variables).
+A variable slice lives in its device's resource manager under a name that is
+the same on every device.  The one traced replica program opens it with
+``VarHandleOp(shared_name=...)``, which resolves to the slice of whichever
+device runs the program, so variables need not be passed in: the launcher
+hands each device its pnum and its collective ordering token, and its size
+stays O(devices), not O(devices x variables).  (``tf.Variable`` cannot do this:
+in eager mode its resources are anonymous.)
 
-(``tf.Variable`` cannot do this: in eager mode its resources are anonymous.)
+The token is also what lets the per-device calls run at the same time:
+automatic control dependencies run stateful calls that share no resource in
+program order, so calls without a resource of their own would run one after
+another, and the first would wait in its first collective for ever.
 """
 
 from __future__ import annotations
@@ -120,17 +124,13 @@ def first(variables: Sequence[Any]) -> SliceVariable:
     )
 
 
-def ensure_ordering_token(device: str) -> None:
-    """Creates ``device``'s collective ordering token (once per process)."""
+def ordering_token(device: str) -> Any:
+    """The resource handle of ``device``'s collective ordering token (made
+    once per process, outside any trace)."""
     with _lock:
-        if device in _tokens:
-            return
-        with tf.init_scope(), tf.device(device):
-            handle = _var_handle(TOKEN_NAME, tf.float32, [])
-            tf.raw_ops.AssignVariableOp(resource=handle, value=tf.constant(0.0))
-        _tokens[device] = handle
-
-
-def open_ordering_token() -> Any:
-    """The running device's ordering token, inside a replica program."""
-    return _var_handle(TOKEN_NAME, tf.float32, [])
+        if device not in _tokens:
+            with tf.init_scope(), tf.device(device):
+                handle = _var_handle(TOKEN_NAME, tf.float32, [])
+                tf.raw_ops.AssignVariableOp(resource=handle, value=tf.constant(0.0))
+            _tokens[device] = handle
+        return _tokens[device]

@@ -51,6 +51,14 @@ def align(tf: Any, x: Any, from_shape: Shape, to_shape: Shape) -> Any:
     return x
 
 
+def tf_function(tf: Any, path: str) -> Any:
+    """The TensorFlow function at ``path`` (e.g. ``"math.exp"``) under ``tf``."""
+    obj = tf
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
 def take(tf: Any, s: Any, axis: int, start: int, length: int) -> Any:
     """``s[..., start:start+length, ...]`` along ``axis``."""
     begin = [0] * s.shape.rank

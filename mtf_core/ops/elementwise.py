@@ -1,5 +1,6 @@
-"""Elementwise ops: unary math and activations, binary ops with named-dim
-broadcasting, ``where``, ``add_n``, ``cast`` and ``stop_gradient``.
+"""Elementwise ops: binary ops with named-dim broadcasting, ``where``,
+``add_n``, ``cast`` and ``stop_gradient``; the unary math and activations live
+in :mod:`mtf_core.ops.unary` and are re-exported here.
 
 Broadcasting is by name: the output has the union of the inputs' dims (first
 input's order, then new dims of the others), or an explicit ``output_shape``.
@@ -13,201 +14,46 @@ from typing import Any
 
 from mtf_core import dtypes
 from mtf_core.errors import ArgumentError, DTypeError, ShapeError
-from mtf_core.graph import Operation, Tensor, check_same_dtype, check_same_mesh
+from mtf_core.graph import (
+    Operation,
+    Tensor,
+    check_same_dtype,
+    check_same_mesh,
+    check_same_shape,
+)
 from mtf_core.lowering.lazy import LazyAllreduceSum
-from mtf_core.ops._local import align
+from mtf_core.ops._local import align, tf_function
 from mtf_core.ops.creation import constant, zeros_like
+
+# Re-exported: the unary ops were defined here first.
+from mtf_core.ops.unary import UNARY as UNARY
+from mtf_core.ops.unary import GradFn as GradFn
+from mtf_core.ops.unary import UnaryOp as UnaryOp
+from mtf_core.ops.unary import abs as abs
+from mtf_core.ops.unary import ceil as ceil
+from mtf_core.ops.unary import cos as cos
+from mtf_core.ops.unary import elu as elu
+from mtf_core.ops.unary import exp as exp
+from mtf_core.ops.unary import floor as floor
+from mtf_core.ops.unary import gelu as gelu
+from mtf_core.ops.unary import is_finite as is_finite
+from mtf_core.ops.unary import log as log
+from mtf_core.ops.unary import logical_not as logical_not
+from mtf_core.ops.unary import negative as negative
+from mtf_core.ops.unary import reciprocal as reciprocal
+from mtf_core.ops.unary import relu as relu
+from mtf_core.ops.unary import round as round
+from mtf_core.ops.unary import rsqrt as rsqrt
+from mtf_core.ops.unary import sigmoid as sigmoid
+from mtf_core.ops.unary import sign as sign
+from mtf_core.ops.unary import silu as silu
+from mtf_core.ops.unary import sin as sin
+from mtf_core.ops.unary import softplus as softplus
+from mtf_core.ops.unary import sqrt as sqrt
+from mtf_core.ops.unary import square as square
+from mtf_core.ops.unary import swish as swish
+from mtf_core.ops.unary import tanh as tanh
 from mtf_core.shapes import Shape, convert_to_shape
-
-# --------------------------------------------------------------------------
-# unary
-# --------------------------------------------------------------------------
-
-# name -> (tf function path, gradient(x, y, dy) -> dx or None)
-GradFn = Callable[[Tensor, Tensor, Tensor], Tensor]
-
-
-def _g_exp(x: Tensor, y: Tensor, dy: Tensor) -> Tensor:
-    return dy * y
-
-
-def _g_log(x: Tensor, y: Tensor, dy: Tensor) -> Tensor:
-    return dy / x
-
-
-def _g_sqrt(x: Tensor, y: Tensor, dy: Tensor) -> Tensor:
-    return dy * 0.5 / y
-
-
-def _g_rsqrt(x: Tensor, y: Tensor, dy: Tensor) -> Tensor:
-    return dy * -0.5 * y / x
-
-
-def _g_square(x: Tensor, y: Tensor, dy: Tensor) -> Tensor:
-    return dy * x * 2.0
-
-
-def _g_sigmoid(x: Tensor, y: Tensor, dy: Tensor) -> Tensor:
-    return dy * y * (1.0 - y)
-
-
-def _g_tanh(x: Tensor, y: Tensor, dy: Tensor) -> Tensor:
-    return dy * (1.0 - square(y))
-
-
-def _g_relu(x: Tensor, y: Tensor, dy: Tensor) -> Tensor:
-    return dy * cast(greater(x, 0.0), dy.dtype)
-
-
-def _g_negative(x: Tensor, y: Tensor, dy: Tensor) -> Tensor:
-    return negative(dy)
-
-
-def _g_abs(x: Tensor, y: Tensor, dy: Tensor) -> Tensor:
-    return dy * sign(x)
-
-
-def _g_reciprocal(x: Tensor, y: Tensor, dy: Tensor) -> Tensor:
-    return negative(dy * square(y))
-
-
-def _g_sin(x: Tensor, y: Tensor, dy: Tensor) -> Tensor:
-    return dy * cos(x)
-
-
-def _g_cos(x: Tensor, y: Tensor, dy: Tensor) -> Tensor:
-    return negative(dy * sin(x))
-
-
-def _g_softplus(x: Tensor, y: Tensor, dy: Tensor) -> Tensor:
-    return dy * sigmoid(x)
-
-
-def _g_silu(x: Tensor, y: Tensor, dy: Tensor) -> Tensor:
-    s = sigmoid(x)
-    return dy * (s + x * s * (1.0 - s))
-
-
-def _g_gelu(x: Tensor, y: Tensor, dy: Tensor) -> Tensor:
-    # tanh approximation: 0.5x(1+tanh(c(x+0.044715x^3)))
-    c = 0.7978845608028654
-    inner = (x + x * x * x * 0.044715) * c
-    t = tanh(inner)
-    dinner = (1.0 + x * x * (3 * 0.044715)) * c
-    return dy * (0.5 * (1.0 + t) + x * 0.5 * (1.0 - t * t) * dinner)
-
-
-def _g_elu(x: Tensor, y: Tensor, dy: Tensor) -> Tensor:
-    pos = cast(greater(x, 0.0), dy.dtype)
-    return dy * (pos + (1.0 - pos) * (y + 1.0))
-
-
-UNARY: dict[str, tuple[str, GradFn | None]] = {
-    "exp": ("math.exp", _g_exp),
-    "log": ("math.log", _g_log),
-    "sqrt": ("math.sqrt", _g_sqrt),
-    "rsqrt": ("math.rsqrt", _g_rsqrt),
-    "square": ("math.square", _g_square),
-    "sigmoid": ("math.sigmoid", _g_sigmoid),
-    "tanh": ("math.tanh", _g_tanh),
-    "relu": ("nn.relu", _g_relu),
-    "negative": ("math.negative", _g_negative),
-    "abs": ("math.abs", _g_abs),
-    "reciprocal": ("math.reciprocal", _g_reciprocal),
-    "sin": ("math.sin", _g_sin),
-    "cos": ("math.cos", _g_cos),
-    "softplus": ("math.softplus", _g_softplus),
-    "silu": ("nn.silu", _g_silu),
-    "gelu": ("nn.gelu", _g_gelu),
-    "elu": ("nn.elu", _g_elu),
-    "sign": ("math.sign", None),
-    "floor": ("math.floor", None),
-    "ceil": ("math.ceil", None),
-    "round": ("math.round", None),
-    "logical_not": ("math.logical_not", None),
-    "is_finite": ("math.is_finite", None),
-}
-
-
-def _tf_fn(tf: Any, path: str) -> Any:
-    obj = tf
-    for part in path.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
-class UnaryOp(Operation):
-    """``y = f(x)`` slice by slice."""
-
-    op_type = "Unary"
-
-    def __init__(self, fn_name: str, x: Tensor, name: str | None = None) -> None:
-        if fn_name not in UNARY:
-            raise ArgumentError(
-                f"unknown unary op {fn_name!r}; expected one of {sorted(UNARY)}"
-            )
-        super().__init__([x], name=name or fn_name)
-        self.fn_name = fn_name
-        out_dtype = "bool" if fn_name in ("is_finite",) else x.dtype
-        self._add_output(x.shape, out_dtype)
-
-    @property
-    def has_gradient(self) -> bool:
-        return UNARY[self.fn_name][1] is not None
-
-    def gradient(self, grad_ys: Sequence[Tensor | None]) -> list[Tensor | None]:
-        g = UNARY[self.fn_name][1]
-        if g is None or grad_ys[0] is None:
-            return [None]
-        return [g(self.inputs[0], self.outputs[0], grad_ys[0])]
-
-    def lower(self, lowering: Any) -> None:
-        fn = _tf_fn(lowering.tf, UNARY[self.fn_name][0])
-        if self.fn_name == "gelu":
-            f = fn
-            fn = lambda s: f(s, approximate=True)  # noqa: E731
-        x = lowering.tensors[self.inputs[0]]
-        lowering.set_tensor_lowering(
-            self.outputs[0], lowering.mesh_impl(self).slicewise(fn, x)
-        )
-
-    def attrs(self) -> dict[str, Any]:
-        return {"fn": self.fn_name}
-
-
-def _unary(fn_name: str) -> Callable[..., Tensor]:
-    def op(x: Tensor, name: str | None = None) -> Tensor:
-        return UnaryOp(fn_name, x, name=name).outputs[0]
-
-    op.__name__ = fn_name
-    op.__doc__ = f"Elementwise {fn_name}."
-    return op
-
-
-exp = _unary("exp")
-log = _unary("log")
-sqrt = _unary("sqrt")
-rsqrt = _unary("rsqrt")
-square = _unary("square")
-sigmoid = _unary("sigmoid")
-tanh = _unary("tanh")
-relu = _unary("relu")
-negative = _unary("negative")
-abs = _unary("abs")  # noqa: A001
-reciprocal = _unary("reciprocal")
-sin = _unary("sin")
-cos = _unary("cos")
-softplus = _unary("softplus")
-silu = _unary("silu")
-swish = silu
-gelu = _unary("gelu")
-elu = _unary("elu")
-sign = _unary("sign")
-floor = _unary("floor")
-ceil = _unary("ceil")
-round = _unary("round")  # noqa: A001
-logical_not = _unary("logical_not")
-is_finite = _unary("is_finite")
 
 
 def leaky_relu(x: Tensor, alpha: float = 0.2) -> Tensor:
@@ -340,7 +186,7 @@ class BinaryOp(Operation):
 
     def lower(self, lowering: Any) -> None:
         tf = lowering.tf
-        fn = _tf_fn(tf, BINARY[self.fn_name])
+        fn = tf_function(tf, BINARY[self.fn_name])
         x, y = self.inputs
         out = self.outputs[0]
         impl = lowering.mesh_impl(self)
@@ -508,12 +354,7 @@ class AddN(Operation):
         xs = list(xs)
         check_same_mesh(xs)
         dtype = check_same_dtype(xs, "add_n")
-        shape = xs[0].shape
-        for t in xs:
-            if t.shape != shape:
-                raise ShapeError(
-                    f"add_n: {t.name} has shape [{t.shape}], expected [{shape}]"
-                )
+        shape = check_same_shape(xs, "add_n")
         super().__init__(xs, name=name or "add_n")
         self._add_output(shape, dtype)
 

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mtf_core import dtypes
-from mtf_core.comm import CollectiveSpec, allreduce_collectives
+from mtf_core.comm import CollectiveSpec, LayoutContext, allreduce_collectives
 from mtf_core.errors import DTypeError, ShapeError
 from mtf_core.graph import Mesh, Operation, Tensor, check_same_mesh
 from mtf_core.lowering.lazy import LazyAllreduceSum
@@ -32,6 +32,14 @@ from mtf_core.ops.top_k import TopK as TopK
 from mtf_core.ops.top_k import argmax as argmax
 from mtf_core.ops.top_k import top_k as top_k
 from mtf_core.shapes import Dimension
+
+
+def _check_indices(indices: Tensor, what: str) -> None:
+    if indices.dtype not in dtypes.INTEGER:
+        raise DTypeError(
+            f"{what}: indices {indices.name} have dtype {indices.dtype}; expected "
+            "an integer dtype such as int32"
+        )
 
 
 def _wide_ids(tf: Any, i: Any) -> Any:
@@ -58,11 +66,7 @@ class OneHot(Operation):
         dtype: Any,
         name: str | None = None,
     ) -> None:
-        if indices.dtype not in dtypes.INTEGER:
-            raise DTypeError(
-                f"one_hot: indices {indices.name} have dtype {indices.dtype}; "
-                "expected an integer dtype such as int32"
-            )
+        _check_indices(indices, "one_hot")
         if output_dim.name in indices.shape.dimension_names:
             raise ShapeError(
                 f"one_hot: output dimension {output_dim} is already a dimension of "
@@ -202,11 +206,7 @@ class Gather(Operation):
         self, weights: Tensor, indices: Tensor, dim: Dimension, name: str | None = None
     ) -> None:
         check_same_mesh([weights, indices])
-        if indices.dtype not in dtypes.INTEGER:
-            raise DTypeError(
-                f"gather: indices {indices.name} have dtype {indices.dtype}; expected "
-                "an integer dtype such as int32"
-            )
+        _check_indices(indices, "gather")
         if dim.name in indices.shape.dimension_names:
             raise ShapeError(
                 f"gather: indices {indices.name} [{indices.shape}] must not have the "
@@ -237,7 +237,7 @@ class Gather(Operation):
         hot = one_hot(indices, self.dim, dtype=weights.dtype)
         return [einsum([hot, dy], output_shape=weights.shape), None]
 
-    def _check(self, ctx: Any) -> int | None:
+    def _check(self, ctx: LayoutContext) -> int | None:
         ctx.check_op(self)
         return ctx.effective_mesh_axis(self.dim.name)
 

@@ -43,11 +43,6 @@ from mtf_core.shapes import Dimension, Shape, convert_to_dimension, convert_to_s
 # --------------------------------------------------------------------------
 
 
-def _live(ctx: LayoutContext, m: int | None) -> int | None:
-    """``m`` if it is a mesh axis of size > 1, else None."""
-    return m if m is not None and ctx.mesh_shape[m].size > 1 else None
-
-
 def layout_without(ctx: LayoutContext, shape: Shape, dim_names: Any) -> TensorLayout:
     """The rules' layout of ``shape`` with the dims in ``dim_names`` whole."""
     names = set(dim_names)
@@ -55,14 +50,6 @@ def layout_without(ctx: LayoutContext, shape: Shape, dim_names: Any) -> TensorLa
     return TensorLayout(
         tuple(None if d.name in names else m for d, m in zip(shape, layout))
     )
-
-
-def local_shape(ctx: LayoutContext, shape: Shape, layout: TensorLayout) -> list[int]:
-    """Per-device slice shape of ``shape`` under ``layout``."""
-    return [
-        d.size if m is None else d.size // ctx.mesh_shape[m].size
-        for d, m in zip(shape, layout)
-    ]
 
 
 def gather_collectives(
@@ -145,7 +132,7 @@ def plan_reshape(ctx: LayoutContext, in_shape: Shape, out_shape: Shape) -> Resha
             if (
                 prefixes[i] == prefix
                 and d.size % n == 0
-                and _live(ctx, layout[i]) is None
+                and ctx.live_axis(layout[i]) is None
                 and work[i] is None
             ):
                 return i
@@ -219,7 +206,7 @@ class Reshape(Operation):
         laid = impl.apply_layout_change(
             lowering.tensors[x], x.shape, plan.in_layout, plan.in_work
         )
-        new_local = local_shape(impl.ctx, out.shape, plan.out_work)
+        new_local = impl.ctx.local_shape(out.shape, plan.out_work)
         laid = impl.slicewise(lambda s: tf.reshape(s, new_local), laid)
         laid = impl.apply_layout_change(laid, out.shape, plan.out_work, plan.out_layout)
         lowering.set_tensor_lowering(out, laid)

@@ -15,7 +15,13 @@ from typing import Any
 
 from mtf_core.comm import CollectiveSpec
 from mtf_core.errors import ShapeError
-from mtf_core.graph import Operation, Tensor, check_same_dtype, check_same_mesh
+from mtf_core.graph import (
+    Operation,
+    Tensor,
+    check_same_dtype,
+    check_same_mesh,
+    check_same_shape,
+)
 from mtf_core.ops._local import take
 from mtf_core.ops.arguments import check_int, dim_of
 from mtf_core.ops.reshape import (
@@ -220,13 +226,7 @@ class Stack(Operation):
         xs = list(xs)
         check_same_mesh(xs)
         dtype = check_same_dtype(xs, "stack")
-        shape = xs[0].shape
-        for x in xs[1:]:
-            if x.shape != shape:
-                raise ShapeError(
-                    f"stack: {x.name} has shape [{x.shape}] but {xs[0].name} has "
-                    f"[{shape}]; stacked tensors must have one shape"
-                )
+        shape = check_same_shape(xs, "stack")
         if dim_name in shape.dimension_names:
             raise ShapeError(
                 f"stack: the tensors already have a dimension {dim_name!r} [{shape}]"

@@ -12,8 +12,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from mtf_core import dtypes
-from mtf_core.errors import GraphError, ShapeError
+from mtf_core.errors import ArgumentError, GraphError, ShapeError
 from mtf_core.graph import Mesh, Operation, Tensor
+from mtf_core.ops.elementwise import cast
 from mtf_core.shapes import convert_to_shape
 
 
@@ -93,8 +94,6 @@ def get_variable(
         activation_dtype is not None
         and dtypes.as_dtype_name(activation_dtype) != v.dtype
     ):
-        from mtf_core.ops.elementwise import cast
-
         return cast(v, activation_dtype)
     return v
 
@@ -105,6 +104,10 @@ def as_variable(var: Any) -> Variable:
     if not isinstance(var, Variable):
         raise GraphError(f"{var!r} is not an mtf variable (or its value tensor)")
     return var
+
+
+#: Assign modes, with the MeshImpl.assign_variables mode each lowers to.
+ASSIGN_MODES = {"assign": "assign", "assign_add": "add", "assign_sub": "sub"}
 
 
 class Assign(Operation):
@@ -120,14 +123,17 @@ class Assign(Operation):
         mode: str = "assign",
         name: str | None = None,
     ) -> None:
+        if mode not in ASSIGN_MODES:
+            raise ArgumentError(
+                f"assign: mode {mode!r} is unknown; expected one of "
+                f"{sorted(ASSIGN_MODES)}"
+            )
         if value.shape != var.shape:
             raise ShapeError(
                 f"assign: value {value.name} has shape [{value.shape}] but variable "
                 f"{var.name} has shape [{var.shape}]"
             )
         if value.dtype != var.dtype:
-            from mtf_core.ops.elementwise import cast
-
             value = cast(value, var.dtype)
         super().__init__([var.outputs[0], value], name=name or f"{mode}_{var.name}")
         self.variable = var
@@ -146,9 +152,8 @@ class Assign(Operation):
     def lower(self, lowering: Any) -> None:
         impl = lowering.mesh_impl(self)
         laid = lowering.tensors[self.inputs[1]]
-        mode = {"assign": "assign", "assign_add": "add", "assign_sub": "sub"}[self.mode]
         lowering.lowered_operations[self] = impl.assign_variables(
-            lowering.variables.slices(self.variable), laid, mode
+            lowering.variables.slices(self.variable), laid, ASSIGN_MODES[self.mode]
         )
 
     def attrs(self) -> dict[str, Any]:

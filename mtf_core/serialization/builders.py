@@ -19,7 +19,7 @@ from mtf_core.ops import elementwise as ew
 from mtf_core.ops.creation import Constant, ImportTensor
 from mtf_core.ops.einsum import Einsum
 from mtf_core.ops.reduce import REDUCTIONS, Broadcast, Reduce
-from mtf_core.ops.variables import Assign, Variable
+from mtf_core.ops.variables import ASSIGN_MODES, Assign, Variable
 from mtf_core.serialization import schema
 from mtf_core.serialization.registry import OpSpec, register
 
@@ -119,9 +119,7 @@ def _assign(spec: OpSpec) -> Operation:
             f"{spec.path}.inputs[1]: {value.name} is {value.dtype} but variable "
             f"{var.name!r} is {var.dtype}; add a Cast op"
         )
-    mode = spec.attrs.get_choice(
-        "mode", ("assign", "assign_add", "assign_sub"), "assign"
-    )
+    mode = spec.attrs.get_choice("mode", ASSIGN_MODES, "assign")
     return Assign(var, value, mode, name=spec.name)
 
 

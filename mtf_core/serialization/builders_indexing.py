@@ -4,30 +4,17 @@ cumsum) and random numbers."""
 from __future__ import annotations
 
 from mtf_core.errors import SerializationError
-from mtf_core.graph import Operation, Tensor
+from mtf_core.graph import Operation
 from mtf_core.ops import indexing as ix
 from mtf_core.ops.cumsum import Cumsum
 from mtf_core.ops.random import DISTRIBUTIONS, RandomOp
 from mtf_core.ops.top_k import TopK
 from mtf_core.serialization import schema
 from mtf_core.serialization.registry import OpSpec, register
-from mtf_core.shapes import Dimension
 
 
 def _dtype(spec: OpSpec) -> str:
     return schema.parse_dtype(spec.attrs.raw("dtype"), f"{spec.attrs.path}.dtype")
-
-
-def _dim_in(spec: OpSpec, x: Tensor, key: str, dim: Dimension | str) -> Dimension:
-    """``dim`` (a Dimension, or a name) checked against ``x``'s shape."""
-    name = dim if isinstance(dim, str) else dim.name
-    if name not in x.shape.dimension_names or (
-        isinstance(dim, Dimension) and dim not in x.shape.dims
-    ):
-        raise SerializationError(
-            f"{spec.attrs.path}.{key}: {dim} is not a dimension of {x.name} [{x.shape}]"
-        )
-    return x.shape.get_dim_by_name(name)
 
 
 @register(ix.OneHot)
@@ -53,7 +40,7 @@ def _range(spec: OpSpec) -> Operation:
 def _gather(spec: OpSpec) -> Operation:
     spec.expect_inputs(2)
     weights, indices = spec.inputs
-    dim = _dim_in(spec, weights, "dim", spec.attrs.get_dim("dim"))
+    dim = spec.input_dim("dim", spec.attrs.get_dim("dim"))
     return ix.Gather(weights, indices, dim, name=spec.name)
 
 
@@ -61,7 +48,7 @@ def _gather(spec: OpSpec) -> Operation:
 def _top_k(spec: OpSpec) -> Operation:
     spec.expect_inputs(1)
     x = spec.inputs[0]
-    reduced = _dim_in(spec, x, "reduced_dim", spec.attrs.get_dim("reduced_dim"))
+    reduced = spec.input_dim("reduced_dim", spec.attrs.get_dim("reduced_dim"))
     k_dim = None if spec.attrs.raw("k_dim") is None else spec.attrs.get_dim("k_dim")
     return TopK(x, reduced, k_dim, name=spec.name)
 
@@ -70,7 +57,7 @@ def _top_k(spec: OpSpec) -> Operation:
 def _cumsum(spec: OpSpec) -> Operation:
     spec.expect_inputs(1)
     x = spec.inputs[0]
-    dim = _dim_in(spec, x, "dim", spec.attrs.get_str("dim"))
+    dim = spec.input_dim("dim")
     exclusive = spec.attrs.get_bool("exclusive", False)
     reverse = spec.attrs.get_bool("reverse", False)
     return Cumsum(x, dim, exclusive, reverse, name=spec.name)

@@ -11,20 +11,8 @@ from mtf_core.errors import SerializationError
 from mtf_core.graph import Operation
 from mtf_core.ops import slicing as sl
 from mtf_core.ops.reshape import Reshape
+from mtf_core.ops.shift import Shift
 from mtf_core.serialization.registry import OpSpec, register
-from mtf_core.shapes import Dimension
-
-
-def _dim_of(spec: OpSpec, key: str, input_index: int = 0) -> Dimension:
-    """The input's dimension named by attr ``key`` (a dimension name)."""
-    name = spec.attrs.get_str(key)
-    x = spec.inputs[input_index]
-    if name not in x.shape.dimension_names:
-        raise SerializationError(
-            f"{spec.attrs.path}.{key}: {x.name} [{x.shape}] has no dimension "
-            f"{name!r}; expected one of {x.shape.dimension_names}"
-        )
-    return x.shape.get_dim_by_name(name)
 
 
 @register(Reshape)
@@ -44,7 +32,7 @@ def _reshape(spec: OpSpec) -> Operation:
 def _concat(spec: OpSpec) -> Operation:
     spec.expect_min_inputs(1)
     for i in range(len(spec.inputs)):
-        _dim_of(spec, "concat_dim_name", i)
+        spec.input_dim("concat_dim_name", i=i)
     dim_name = spec.attrs.get_str("concat_dim_name")
     return sl.Concat(spec.inputs, dim_name, name=spec.name)
 
@@ -52,7 +40,7 @@ def _concat(spec: OpSpec) -> Operation:
 @register(sl.Split)
 def _split(spec: OpSpec) -> Operation:
     spec.expect_inputs(1)
-    d = _dim_of(spec, "split_dim")
+    d = spec.input_dim("split_dim")
     sizes = spec.attrs.get_int_list("sizes", minimum=1)
     if sum(sizes) != d.size:
         raise SerializationError(
@@ -73,13 +61,13 @@ def _stack(spec: OpSpec) -> Operation:
 @register(sl.Unstack)
 def _unstack(spec: OpSpec) -> Operation:
     spec.expect_inputs(1)
-    return sl.Unstack(spec.inputs[0], _dim_of(spec, "dim"), name=spec.name)
+    return sl.Unstack(spec.inputs[0], spec.input_dim("dim"), name=spec.name)
 
 
 @register(sl.Slice)
 def _slice(spec: OpSpec) -> Operation:
     spec.expect_inputs(1)
-    d = _dim_of(spec, "slice_dim_name")
+    d = spec.input_dim("slice_dim_name")
     begin = spec.attrs.get_int("begin")
     size = spec.attrs.get_int("size")
     if begin < 0 or size < 1 or begin + size > d.size:
@@ -93,7 +81,7 @@ def _slice(spec: OpSpec) -> Operation:
 @register(sl.Pad)
 def _pad(spec: OpSpec) -> Operation:
     spec.expect_inputs(1)
-    d = _dim_of(spec, "dim_name")
+    d = spec.input_dim("dim_name")
     paddings = spec.attrs.get_int_list("paddings", minimum=0)
     if len(paddings) != 2:
         raise SerializationError(
@@ -102,10 +90,10 @@ def _pad(spec: OpSpec) -> Operation:
     return sl.Pad(spec.inputs[0], (paddings[0], paddings[1]), d.name, name=spec.name)
 
 
-@register(sl.Shift)
+@register(Shift)
 def _shift(spec: OpSpec) -> Operation:
     spec.expect_inputs(1)
-    d = _dim_of(spec, "dim")
+    d = spec.input_dim("dim")
     offset = spec.attrs.get_int("offset")
     wrap = spec.attrs.get_bool("wrap", False)
-    return sl.Shift(spec.inputs[0], offset, d, wrap, name=spec.name)
+    return Shift(spec.inputs[0], offset, d, wrap, name=spec.name)

@@ -164,6 +164,32 @@ class OpSpec:
                 f"{len(self.inputs)}"
             )
 
+    def input_dim(
+        self, key: str, dim: Dimension | str | None = None, i: int = 0
+    ) -> Dimension:
+        """The dimension of input ``i`` that attr ``key`` names.
+
+        ``dim`` is the attr's value when the builder has read it already (a
+        Dimension must then match in size); by default the attr is read as a
+        dimension name.
+        """
+        if dim is None:
+            dim = self.attrs.get_str(key)
+        x = self.inputs[i]
+        path = f"{self.attrs.path}.{key}"
+        name = dim if isinstance(dim, str) else dim.name
+        if name not in x.shape.dimension_names:
+            raise SerializationError(
+                f"{path}: {x.name} [{x.shape}] has no dimension {name!r}; expected "
+                f"one of {x.shape.dimension_names}"
+            )
+        found = x.shape.get_dim_by_name(name)
+        if isinstance(dim, Dimension) and dim != found:
+            raise SerializationError(
+                f"{path}: {dim} does not match {found} of {x.name} [{x.shape}]"
+            )
+        return found
+
     def ordered_like_output(self, computed: Shape, i: int = 0) -> Shape:
         """``computed``'s dims (sizes included) in the declared output's order,
         when both have the same dim names; otherwise the declared shape (and the
