@@ -15,7 +15,7 @@ import math
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from cost_models.costs import Cost, evaluate
@@ -38,6 +38,7 @@ from layout_planner.program import (
     ProgramResult,
     SolveParams,
     SolveStatus,
+    workers_for,
 )
 from mtf_core.graph import Graph, Tensor
 from mtf_core.shapes import Shape, convert_to_shape
@@ -77,7 +78,9 @@ def auto_layout(
       memory_limit: per-device bytes; overrides the hardware's capacity.
       top_k: how many distinct layouts to rank (the plan is rank 1).
       time_limit_s: wall-clock budget for the solver (per mesh shape tried).
-      num_workers: CP-SAT workers (default: this machine's cores, at most 8).
+      num_workers: CP-SAT workers (default: one for a small program, where a
+        single search proves the optimum in milliseconds, else this machine's
+        cores, at most 8; see ``layout_planner.program.workers_for``).
         The answer does not depend on it when the solve is proven optimal.
       seed: CP-SAT's random seed.
       verify: price the plan again with ``cost_models.evaluate`` and raise
@@ -137,8 +140,8 @@ def solve_params(
     ):
         raise PlannerError(f"time_limit_s is {time_limit_s!r}; expected seconds > 0")
     if num_workers is None:
-        num_workers = min(os.cpu_count() or 1, 8)
-    if (
+        num_workers = 0  # workers_for chooses, from the program's size
+    elif (
         isinstance(num_workers, bool)
         or not isinstance(num_workers, int)
         or num_workers < 1
@@ -213,7 +216,10 @@ def plan_problem(
     search's trials) no baselines or explanations are computed."""
     t0 = time.perf_counter()
     capacity = problem.hw.memory_bytes
-    result, where = solver_process.solve(problem.program(objective, capacity), params)
+    program = problem.program(objective, capacity)
+    if params.num_workers == 0:
+        params = replace(params, num_workers=workers_for(program, os.cpu_count() or 1))
+    result, where = solver_process.solve(program, params)
     reason: str | None = None
     status = result.status
     wall = result.wall_time_s
@@ -308,8 +314,6 @@ def plan_problem(
 
 
 def _with_plan_time(plan: LayoutPlan, seconds: float) -> LayoutPlan:
-    from dataclasses import replace
-
     return replace(plan, solver=replace(plan.solver, plan_time_s=seconds))
 
 

@@ -128,7 +128,7 @@ class SpmdCompiledFunction:
             ]
             t0 = time.perf_counter()
             self._replica_fn = tf.function(
-                self._replica_program, autograph=False
+                self._replica_program, autograph=False, experimental_attributes={"_noinline": True}
             ).get_concrete_function(*specs, *self._input_specs)
             self.replica_trace_seconds = time.perf_counter() - t0
             self.replica_graph_nodes = len(self._replica_fn.graph.as_graph_def().node)
