@@ -169,8 +169,8 @@ def main() -> None:
 
 Machine: {machine}.
 
-The {args.layers}-layer stack of bench/lowering.py (batch 8,
-length 8, d_model 32, d_ff 128, gradients and SGD updates) on a
+The {args.layers}-layer stack of bench/lowering.py (batch 8, length 8, d_model
+32, d_ff 128, gradients and SGD updates) on a
 `rows:2;cols:N/2` mesh of N logical CPUs with `batch:rows;d_ff:cols`; one fresh
 process per cell.  Losses of the two backends agree for every N.
 
@@ -178,16 +178,19 @@ process per cell.  Losses of the two backends agree for every N.
 
 "lower" is `compile_function(...).trace()`.  The placement backend emits every
 op once per device, so its lowering and graph grow linearly with N.  The SPMD
-backend lowers the graph once into a per-replica program ("program": flat in N,
-same node count for every N) and then traces a launcher with one call per
-device, each given its pnum and its collective ordering token ("launch": a few
-nodes per device; variable slices are opened by name inside the program, so
-the launcher does not grow with the number of variables).
+backend lowers the graph once into a per-replica program ("program": flat in
+N; its node count is the same for every N, which tests/test_spmd_backend.py
+checks) and then traces a launcher with one call per device, each given its
+pnum and its collective ordering token ("launch": a few nodes per device, which
+the TF nodes column adds; variable slices are opened by name inside the
+program, so the launcher does not grow with the number of variables).
 
 What still grows with N, for both backends: making the per-device variables,
-and the first step, where TensorFlow inlines and optimizes the program once per
-device before running it.  Step times here are overheads, not speed: all N
-logical devices share this machine's cores, and for these small tensors TF's
+and the first step, where TensorFlow optimizes and instantiates the graph (SPMD:
+the program once per device; it is marked not to be inlined, so TensorFlow does
+not optimize N inlined copies as one graph).  Step times here are overheads,
+not speed: all N logical devices share this machine's cores, and for these
+small tensors TF's
 CPU collective kernels (ring algorithms, per-call parameter resolution) cost
 more than the placement backend's plain `add_n`/`concat` on one host.  The
 SPMD backend exists for what placement cannot do: trace once at any N, and

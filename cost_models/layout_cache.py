@@ -30,14 +30,14 @@ class CachedLayoutContext(LayoutContext):
         super().__init__(mesh_shape, rules, *args)
         # A name no rule mentions is split by no axis; ask the base class
         # about the others once.
-        base = super()
         #: ``{dim name: mesh axis}`` for every name the rules split.
         self.split_axes: dict[str, int] = {}
-        self._live_axes: dict[str, int] = {}
         for name, _ in self.rules:
-            if (axis := base.mesh_axis(name)) is not None:
+            if (axis := LayoutContext.mesh_axis(self, name)) is not None:
                 self.split_axes[name] = axis
-            if (axis := base.effective_mesh_axis(name)) is not None:
+        self._live_axes: dict[str, int] = {}
+        for name in self.split_axes:
+            if (axis := LayoutContext.effective_mesh_axis(self, name)) is not None:
                 self._live_axes[name] = axis
         self._layout_of: dict[int, tuple[Shape, TensorLayout]] = {}
         self._bytes_of: dict[tuple[int, str], tuple[Shape, int]] = {}

@@ -166,7 +166,8 @@ class MemoryModel:
     def _per_tensor(self, ctx: LayoutContext) -> np.ndarray:
         classes, of_tensor = self._classes
         per_class = [ctx.slice_bytes(shape, dtype) for shape, dtype in classes]
-        return np.asarray(per_class, dtype=self._dtype)[of_tensor]
+        sizes: np.ndarray = np.asarray(per_class, dtype=self._dtype)[of_tensor]
+        return sizes
 
     def tensor_bytes_per_device(self, ctx: LayoutContext) -> list[int]:
         """Slice bytes of every tensor under ``ctx`` (raises LayoutError for
@@ -190,10 +191,11 @@ class MemoryModel:
             mask = np.fromiter((k in keep for k in self.kinds), bool, len(self.kinds))
             sizes = np.where(mask, sizes, 0).astype(self._dtype)
         joins, leaves = self.spans
-        events = np.zeros(len(self.steps) + 1, dtype=self._dtype)
+        events: np.ndarray = np.zeros(len(self.steps) + 1, dtype=self._dtype)
         np.add.at(events, joins, sizes)
         np.subtract.at(events, leaves, sizes)
-        return np.cumsum(events[:-1])
+        totals: np.ndarray = np.cumsum(events[:-1])
+        return totals
 
     def usage(self, ctx: LayoutContext) -> MemoryUsage:
         """Everything :func:`cost_models.evaluate` reports, in one pass."""

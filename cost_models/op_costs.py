@@ -21,7 +21,7 @@ import math
 from collections.abc import Iterable
 
 from cost_models.hardware import HardwareProfile
-from mtf_core import dtypes
+from cost_models.layout_cache import CachedLayoutContext
 from mtf_core.comm import LayoutContext
 from mtf_core.graph import Operation, Tensor
 from mtf_core.ops.elementwise import Identity
@@ -33,30 +33,24 @@ _ALIASING = (Variable, Identity)
 
 
 class LayoutSizes:
-    """Slice bytes and work division under one layout, cached per tensor.
+    """Slice bytes and work division under one layout.
 
-    Answers what ``ctx.slice_bytes`` and ``ctx.devices_splitting`` answer, but
-    from a dim-name -> mesh-axis map, without re-checking the layout: use it
-    only once every tensor's layout has been checked (``evaluate`` does), or
-    through the plain functions below, which check.
+    Answers what ``ctx.slice_bytes`` and ``ctx.devices_splitting`` answer:
+    slice bytes from a :class:`CachedLayoutContext` (by shape, and most
+    tensors share a few shapes), the work division from a dim-name -> mesh-axis
+    map, without re-checking the layout: use it only once every tensor's
+    layout has been checked (``evaluate`` does), or through the plain
+    functions below, which check.
     """
 
     def __init__(self, ctx: LayoutContext) -> None:
         names = ctx.mesh_shape.dimension_names
-        sizes = ctx.mesh_shape.to_integer_list()
         self._axis = {t: names.index(m) for t, m in ctx.rules if m in names}
-        self._sizes = sizes
-        self._bytes: dict[Tensor, int] = {}
+        self._sizes = ctx.mesh_shape.to_integer_list()
+        self._ctx = CachedLayoutContext.wrap(ctx)
 
     def slice_bytes(self, t: Tensor) -> int:
-        b = self._bytes.get(t)
-        if b is None:
-            b = dtypes.size_bytes(t.dtype)
-            for d in t.shape.dims:
-                a = self._axis.get(d.name)
-                b *= d.size if a is None else d.size // self._sizes[a]
-            self._bytes[t] = b
-        return b
+        return self._ctx.slice_bytes(t.shape, t.dtype)
 
     def devices_splitting(self, dim_names: Iterable[str]) -> int:
         axes = {a for n in dim_names if (a := self._axis.get(n)) is not None}

@@ -51,7 +51,7 @@ class Signer:
 
     def __init__(self) -> None:
         self._interned: dict[Signature, Signature] = {}
-        self._by_key: dict[tuple[Hashable, ...], Signature] = {}
+        self._by_key: dict[Hashable, Signature] = {}
         self._tensor_ids: dict[Tensor, int] = {}
         self._tensor_keys: list[tuple[str, str]] = []
         self._key_ids: dict[tuple[str, str], int] = {}

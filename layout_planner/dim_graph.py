@@ -86,26 +86,27 @@ class DimensionGraph:
         by_id: dict[int, tuple[Shape, frozenset[str]]] = {}
         outputs_of: dict[int, int] = {}  # id(shape) -> outputs of that shape
 
-        def names(shape: Shape, where: str) -> frozenset[str]:
-            hit = by_id.get(id(shape))
-            if hit is not None and hit[0] is shape:
-                return hit[1]
-            got = names_of.get(shape)
-            if got is None:
-                # A shape not seen before: its sizes and edges are new.
-                got = names_of[shape] = frozenset(d.name for d in shape.dims)
-                for d in shape.dims:
-                    sizes.setdefault(d.name, set()).add(d.size)
-                _add_pairs(tensor_edges, [d.name for d in shape.dims], where)
-            by_id[id(shape)] = (shape, got)
-            return got
+        def add(t: Tensor) -> int:
+            shape = t.shape
+            key = id(shape)
+            hit = by_id.get(key)
+            if hit is None or hit[0] is not shape:
+                got = names_of.get(shape)
+                if got is None:
+                    # A shape not seen before: its sizes and edges are new.
+                    got = names_of[shape] = frozenset(d.name for d in shape.dims)
+                    for d in shape.dims:
+                        sizes.setdefault(d.name, set()).add(d.size)
+                    _add_pairs(tensor_edges, [d.name for d in shape.dims], t.name)
+                by_id[key] = (shape, got)
+            return key
 
         for op in ops:
             for t in op.outputs:
-                names(t.shape, t.name)
-                outputs_of[id(t.shape)] = outputs_of.get(id(t.shape), 0) + 1
+                key = add(t)
+                outputs_of[key] = outputs_of.get(key, 0) + 1
             for t in op.inputs:
-                names(t.shape, t.name)
+                add(t)
             for name in op.unsplittable_dims():
                 unsplittable.setdefault(name, []).append(op.name)
             op_names = op.all_dim_names

@@ -175,3 +175,28 @@ def test_overflow_is_described_by_bytes_over_and_the_biggest_tensors():
     text = describe_overflow(memory_model(g), LayoutContext.make("m:1", ""), 200)
     assert "256 B per device of 200 B (56 B over)" in text
     assert text.index("w:0") < text.index("einsum:0")
+
+
+def test_bytes_beyond_int64_are_summed_exactly() -> None:
+    g = mtf.Graph()
+    m = mtf.Mesh(g, "m")
+    big = mtf.zeros(m, "a:4294967296,b:4294967296")  # 2**66 bytes of float32
+    s = mtf.reduce_sum(mtf.exp(big))
+    mm = memory_model(g, [s])
+    one = LayoutContext.make("x:1", "")
+    assert mm.peak_bytes_per_device(one) == 2 * 2**66  # big and exp(big)
+    split = LayoutContext.make("x:2", "a:x")
+    assert mm.live_set_bytes(split) == [2**66, 2**65 + 4]
+    assert mm.bytes_per_device_by_kind(split)["activation"] == 2**66 + 4
+
+
+def test_live_set_deltas_rebuild_the_live_sets_of_a_training_step() -> None:
+    case = BUILDERS["mlp_adam"]()
+    mm = memory_model(case.graph, case.outputs)
+    for k, (entering, leaving) in enumerate(mm.live_set_deltas):
+        members = set(mm.members(k))
+        before = set(mm.members(k - 1)) if k else set()
+        assert set(entering) == members - before
+        assert set(leaving) == before - members
+        assert list(entering) == sorted(entering, key=lambda i: (mm.start[i], i))
+        assert list(leaving) == sorted(leaving, key=lambda i: (mm.end[i], i))

@@ -11,6 +11,8 @@ from test_cost_graphs import BUILDERS, all_rules, mlp_training
 import mtf_core as mtf
 from cost_models import (
     CostUnit,
+    UnitPricer,
+    cost_unit_classes,
     cost_units,
     evaluate,
     get_hardware,
@@ -57,6 +59,8 @@ def test_unit_costs_sum_to_evaluate_for_every_valid_layout(
     assert sum(u.kind == OP for u in units) == len(case.graph.operations)
     checked = 0
     communicating = 0
+    # One pricer for every layout: what it remembers never changes an answer.
+    pricer = UnitPricer(mtf.convert_to_shape(mesh_shape), HW)
     for rules, cost in _valid_layouts(case, mesh_shape):
         ctx = LayoutContext.make(mesh_shape, rules)
         compute = 0.0
@@ -67,6 +71,7 @@ def test_unit_costs_sum_to_evaluate_for_every_valid_layout(
             uc = unit_cost(u, ctx, HW)
             # Only the layout of the unit's own dims is read.
             assert unit_cost(u, _restricted(ctx, u.dim_names), HW) == uc
+            assert pricer.cost(u, _restricted(ctx, u.dim_names)) == uc
             compute += uc.compute_s
             flops += uc.flops_per_device
             for axis, s in uc.comm_s_by_axis:
@@ -202,3 +207,50 @@ def test_an_op_declaring_that_it_defers_gets_a_deferred_unit() -> None:
     ctx = LayoutContext.make("x:2", "")
     assert [c.bytes_per_device for c in unit_cost(deferred, ctx, HW).collectives] == [4]
     assert [c.kind for c in evaluate(g, "x:2", "", HW).collectives] == ["allreduce"]
+
+
+@pytest.mark.parametrize("name", sorted(BUILDERS))
+def test_unit_classes_count_the_units_of_each_signature_and_dim_set(name: str) -> None:
+    case = BUILDERS[name]()
+    units = cost_units(case.graph, case.outputs)
+    classes = cost_unit_classes(case.graph, case.outputs)
+    expected: dict = {}
+    for u in units:
+        expected.setdefault((u.dim_names, u.signature), []).append(u)
+    assert [(c.unit, c.count) for c in classes] == [
+        (us[0], len(us)) for us in expected.values()
+    ]
+    assert sum(c.count for c in classes) == len(units)
+
+
+def test_a_deep_graph_has_as_many_unit_classes_as_a_shallow_one() -> None:
+    from mtf_core.models import TransformerConfig, build_lm
+
+    sizes = dict(d_model=8, d_ff=16, heads=2, d_kv=4, vocab=16, batch=2, length=4)
+    counts = []
+    for layers in (2, 5):
+        model = build_lm(TransformerConfig(num_layers=layers, **sizes))
+        classes = cost_unit_classes(model.graph, [model.loss])
+        counts.append(len(classes))
+        units = cost_units(model.graph, [model.loss])
+        assert sum(c.count for c in classes) == len(units)
+    assert counts[0] == counts[1]
+
+
+def test_a_pricer_refuses_a_layout_of_another_mesh() -> None:
+    case = mlp_training()
+    (unit, *_) = cost_units(case.graph, case.outputs)
+    pricer = UnitPricer(mtf.convert_to_shape("x:2"), HW)
+    with pytest.raises(MtfError, match="x:4"):
+        pricer.cost(unit, LayoutContext.make("x:4", ""))
+
+
+def test_signatures_survive_pickling_with_a_fresh_hash() -> None:
+    import pickle
+
+    case = mlp_training()
+    units = cost_units(case.graph, case.outputs)
+    sig = units[-1].signature
+    copy = pickle.loads(pickle.dumps(sig))
+    assert copy == sig and hash(copy) == hash(tuple(sig)) == hash(sig)
+    assert {sig: 1}[tuple(sig)] == 1  # equal to, and hashed like, a plain tuple

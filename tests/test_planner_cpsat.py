@@ -88,3 +88,28 @@ def test_unknown_solver_location_is_a_clear_error(
     monkeypatch.setenv("MTF_PLANNER_SOLVER", "gpu")
     with pytest.raises(mtf.MtfError, match="MTF_PLANNER_SOLVER='gpu'"):
         solver_process.solver_location()
+
+
+def test_small_programs_get_one_worker_unless_the_caller_says() -> None:
+    from dataclasses import replace
+
+    from layout_planner.program import SMALL_PROGRAM_VARIABLES, workers_for
+
+    model = transformer(batch=16)
+    mesh = mtf.convert_to_shape("x:2;y:4")
+    plan = mtf.auto_layout(model.graph, mesh, [model.loss], top_k=1, verify=False)
+    assert plan.solver.num_workers == 1
+    assert plan.solver.num_variables < SMALL_PROGRAM_VARIABLES
+    two = mtf.auto_layout(
+        model.graph, mesh, [model.loss], top_k=1, num_workers=2, verify=False
+    )
+    assert two.solver.num_workers == 2 and two.layout_rules == plan.layout_rules
+    problem = LayoutProblem(model.graph, mesh, get_hardware("cpu-host"), [model.loss])
+    program = problem.program(Objective.TIME, problem.hw.memory_bytes)
+    assert workers_for(program, cores=16) == 1
+    spec = program.dimsets[0]
+    big = replace(
+        program,
+        dimsets=(replace(spec, choices=spec.choices * SMALL_PROGRAM_VARIABLES),),
+    )
+    assert workers_for(big, cores=16) == 8 and workers_for(big, cores=2) == 2

@@ -46,7 +46,12 @@ _instance_keys = itertools.count(1)
 
 
 # -- device names -----------------------------------------------------------
-def parse_device(name: str, default_job: str = "localhost", default_task: int = 0):
+DeviceKey = tuple[str, int, int, str, int]
+
+
+def parse_device(
+    name: str, default_job: str = "localhost", default_task: int = 0
+) -> DeviceKey:
     """``(job, replica, task, type, index)`` of a device name; missing parts take
     the defaults (a bare ``/device:CPU:3`` is on the local task)."""
     try:
@@ -68,7 +73,7 @@ def parse_device(name: str, default_job: str = "localhost", default_task: int = 
     )
 
 
-def full_device_name(parsed: tuple[Any, ...]) -> str:
+def full_device_name(parsed: DeviceKey) -> str:
     job, replica, task, kind, index = parsed
     return f"/job:{job}/replica:{replica}/task:{task}/device:{kind}:{index}"
 

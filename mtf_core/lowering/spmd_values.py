@@ -25,7 +25,7 @@ class ReplicaTensor:
 
     @property
     def slice_bytes(self) -> int:
-        return int(self.tensor.shape.num_elements()) * self.tensor.dtype.size
+        return int(self.tensor.shape.num_elements() * self.tensor.dtype.size)
 
     def __repr__(self) -> str:
         return f"ReplicaTensor({self.tensor.shape}, {self.tensor.dtype.name})"
@@ -49,7 +49,7 @@ class LocalSlices:
     @property
     def slice_bytes(self) -> int:
         s = self.first
-        return int(s.shape.num_elements()) * s.dtype.size
+        return int(s.shape.num_elements() * s.dtype.size)
 
     def __repr__(self) -> str:
         n = sum(s is not None for s in self.slices)
