@@ -15,11 +15,37 @@ import tensorflow as tf
 
 from mtf_core.errors import LoweringError
 from mtf_core.graph import Graph, Mesh, Operation, Tensor
-from mtf_core.lowering.counters import Counters
 from mtf_core.lowering.lowering import Lowering
 from mtf_core.lowering.mesh_impl import MeshImpl
 from mtf_core.lowering.variables import VariableStore
 from mtf_core.ops.creation import ImportTensor
+
+
+def init_step_state(
+    step: Any,
+    graph: Graph,
+    mesh_to_impl: Mapping[Mesh, Any],
+    inputs: Sequence[Tensor],
+    outputs: Sequence[Tensor],
+    updates: Sequence[Operation],
+    variables: VariableStore | None,
+) -> None:
+    """Sets the attributes every compiled step has (both backends), checking that
+    the inputs are placeholders and making the variable store if none is given."""
+    step.graph = graph
+    step.mesh_to_impl = dict(mesh_to_impl)
+    step.inputs = list(inputs)
+    step.outputs = list(outputs)
+    step.updates = list(updates)
+    for t in step.inputs:
+        if not (isinstance(t.operation, ImportTensor) and t.operation.is_placeholder):
+            raise LoweringError(
+                f"input {t.name} is not a placeholder (mtf.placeholder)"
+            )
+    step.variables = (
+        variables if variables is not None else VariableStore(graph, step.mesh_to_impl)
+    )
+    step.counters = None
 
 
 class CompiledFunction:
@@ -41,24 +67,7 @@ class CompiledFunction:
         variables: VariableStore | None = None,
         jit_compile: bool = False,
     ) -> None:
-        self.graph = graph
-        self.mesh_to_impl = dict(mesh_to_impl)
-        self.inputs = list(inputs)
-        self.outputs = list(outputs)
-        self.updates = list(updates)
-        for t in self.inputs:
-            if not (
-                isinstance(t.operation, ImportTensor) and t.operation.is_placeholder
-            ):
-                raise LoweringError(
-                    f"input {t.name} is not a placeholder (mtf.placeholder)"
-                )
-        self.variables = (
-            variables
-            if variables is not None
-            else VariableStore(graph, self.mesh_to_impl)
-        )
-        self.counters: Counters | None = None
+        init_step_state(self, graph, mesh_to_impl, inputs, outputs, updates, variables)
         self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="mtf_step")
         signature = [
             tf.TensorSpec(t.shape.to_integer_list(), tf.as_dtype(t.dtype))

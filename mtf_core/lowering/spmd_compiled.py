@@ -28,11 +28,11 @@ import tensorflow as tf
 
 from mtf_core.errors import LoweringError
 from mtf_core.graph import Graph, Mesh, Operation, Tensor
+from mtf_core.lowering.compiled import init_step_state
 from mtf_core.lowering.counters import Counters
 from mtf_core.lowering.lowering import Lowering
 from mtf_core.lowering.spmd import SimdMeshImpl
 from mtf_core.lowering.variables import VariableStore
-from mtf_core.ops.creation import ImportTensor
 
 
 class SpmdCompiledFunction:
@@ -66,23 +66,7 @@ class SpmdCompiledFunction:
                 f"{[m.name for m in mesh_to_impl]}"
             )
         self.impl: SimdMeshImpl = impls[0]
-        self.graph = graph
-        self.mesh_to_impl = dict(mesh_to_impl)
-        self.inputs = list(inputs)
-        self.outputs = list(outputs)
-        self.updates = list(updates)
-        for t in self.inputs:
-            if not (
-                isinstance(t.operation, ImportTensor) and t.operation.is_placeholder
-            ):
-                raise LoweringError(
-                    f"input {t.name} is not a placeholder (mtf.placeholder)"
-                )
-        self.variables = (
-            variables
-            if variables is not None
-            else VariableStore(graph, self.mesh_to_impl)
-        )
+        init_step_state(self, graph, mesh_to_impl, inputs, outputs, updates, variables)
         self.counters: Counters | None = None
         # Made now: variables made while tracing make tf.function trace twice.
         self._tokens = {p: self.impl.ordering_token(p) for p in self.impl.local_pnums}
