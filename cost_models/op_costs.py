@@ -36,11 +36,9 @@ class LayoutSizes:
     """Slice bytes and work division under one layout.
 
     Answers what ``ctx.slice_bytes`` and ``ctx.devices_splitting`` answer:
-    slice bytes from a :class:`CachedLayoutContext` (by shape, and most
-    tensors share a few shapes), the work division from a dim-name -> mesh-axis
-    map, without re-checking the layout: use it only once every tensor's
-    layout has been checked (``evaluate`` does), or through the plain
-    functions below, which check.
+    slice bytes from a :class:`CachedLayoutContext` (by shape: most tensors
+    share a few shapes; layouts the lowering rejects raise as there), the
+    work division from a dim-name -> mesh-axis map.
     """
 
     def __init__(self, ctx: LayoutContext) -> None:

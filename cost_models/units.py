@@ -32,7 +32,7 @@ from cost_models.deferred import DeferredAllreduces, may_defer, static_deferral
 from cost_models.gc_pause import gc_paused
 from cost_models.hardware import CostModelError, HardwareProfile
 from cost_models.layout_cache import CachedLayoutContext
-from cost_models.op_costs import op_compute
+from cost_models.op_costs import LayoutSizes, op_compute
 from cost_models.signatures import Signature, Signer
 from mtf_core.comm import CollectiveSpec, LayoutContext
 from mtf_core.errors import GraphError
@@ -111,6 +111,8 @@ class UnitPricer:
         self._comm: dict[tuple[Operation, tuple[int | None, ...]], list[CollectiveSpec]]
         self._comm = {}
         self._times: dict[CollectiveSpec, float] = {}
+        # The units of one layout are priced one after the other.
+        self._sizes: tuple[LayoutContext | None, LayoutSizes | None] = (None, None)
 
     def cost(self, unit: CostUnit, ctx: LayoutContext) -> UnitCost:
         """What ``unit`` costs under ``ctx`` (a layout of this pricer's mesh)."""
@@ -131,7 +133,9 @@ class UnitPricer:
                     "defers; teach it, or the cost units would miss that allreduce"
                 )
             issued = [s for s in specs if not s.pending]
-            flops_pd, seconds = op_compute(op, ctx, self.hw, flops=flops)
+            if self._sizes[0] is not ctx:
+                self._sizes = (ctx, LayoutSizes(ctx))
+            flops_pd, seconds = op_compute(op, ctx, self.hw, self._sizes[1], flops)
             return UnitCost(seconds, self._by_axis(issued), tuple(issued), flops_pd)
         if unit.kind != DEFERRED:
             raise CostModelError(
@@ -192,16 +196,17 @@ class UnitPricer:
 def cost_units(graph: Graph, outputs: Sequence[Tensor] = ()) -> list[CostUnit]:
     """The graph's cost units: one ``op`` unit per op (graph order), then one
     ``deferred`` unit per group of ops linked by possibly-pending values."""
-    ops, sigs, signer = _signed_ops(graph, outputs)
-    unit_sigs: dict[Signature, Signature] = {}
-    units = []
-    for op in ops:
-        sig = sigs[op]
-        unit_sig = unit_sigs.get(sig)
-        if unit_sig is None:
-            unit_sig = unit_sigs[sig] = signer.intern((OP, sig))
-        units.append(CostUnit((op,), op.all_dim_names, OP, signature=unit_sig))
-    return units + _deferred_units(ops, outputs, sigs, signer)
+    with gc_paused():
+        ops, sigs, signer = _signed_ops(graph, outputs)
+        unit_sigs: dict[Signature, Signature] = {}
+        units = []
+        for op in ops:
+            sig = sigs[op]
+            unit_sig = unit_sigs.get(sig)
+            if unit_sig is None:
+                unit_sig = unit_sigs[sig] = signer.intern((OP, sig))
+            units.append(CostUnit((op,), op.all_dim_names, OP, signature=unit_sig))
+        return units + _deferred_units(ops, outputs, sigs, signer)
 
 
 @dataclass(frozen=True)
@@ -218,6 +223,11 @@ def cost_unit_classes(graph: Graph, outputs: Sequence[Tensor] = ()) -> list[Unit
     """:func:`cost_units` grouped into classes of equal signature and dims, in
     order of their first unit; without making one ``CostUnit`` per op (a deep
     graph has tens of thousands of ops and a few hundred classes)."""
+    with gc_paused():
+        return _unit_classes(graph, outputs)
+
+
+def _unit_classes(graph: Graph, outputs: Sequence[Tensor]) -> list[UnitClass]:
     ops, sigs, signer = _signed_ops(graph, outputs)
     firsts: dict[tuple[frozenset[str], Signature], Operation] = {}
     counts: dict[tuple[frozenset[str], Signature], int] = {}
@@ -254,8 +264,7 @@ def _signed_ops(
                 f"output {t!r} is not a tensor of this graph; expected mtf.Tensors"
             )
     signer = Signer()
-    with gc_paused():
-        return ops, {op: signer.op(op) for op in ops}, signer
+    return ops, {op: signer.op(op) for op in ops}, signer
 
 
 def _deferred_units(
