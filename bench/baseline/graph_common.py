@@ -11,6 +11,8 @@ nothing; SGD updates.  No layer norm or masks: the subset is what both have.
 
 from __future__ import annotations
 
+import argparse
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,3 +87,36 @@ def build_lm(
 
 def mtf_float(mtf: Any) -> Any:
     return getattr(mtf, "float32", None) or __import__("tensorflow").float32
+
+
+def parse_args() -> argparse.Namespace:
+    """The command line both runners take."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mode", choices=["lower", "auto"])
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--mesh", default="x:2;y:4")
+    ap.add_argument("--layout", default="batch:x;d_ff:y;heads:y;vocab:y")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--objective", default="memory")
+    return ap.parse_args()
+
+
+def build_timed(
+    mtf: Any, library: str, args: argparse.Namespace, make_input: Any
+) -> tuple[Any, ...]:
+    """Builds the graph for ``args``; returns (graph, loss, updates, tokens,
+    mesh_shape, result dict with the build time)."""
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "m")
+    t0 = time.perf_counter()
+    loss, updates, tokens = build_lm(
+        mtf, mesh, LMConfig(layers=args.layers), make_input
+    )
+    out = {
+        "library": library,
+        "mode": args.mode,
+        "layers": args.layers,
+        "mesh": args.mesh,
+        "build_s": time.perf_counter() - t0,
+    }
+    return mesh, loss, updates, tokens, mtf.convert_to_shape(args.mesh), out

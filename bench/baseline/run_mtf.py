@@ -8,7 +8,6 @@ Run with the baseline venv (``make bench-venv-mtf``):
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -23,7 +22,7 @@ import mesh_tensorflow as mtf  # noqa: E402
 import mesh_tensorflow.auto_mtf  # noqa: E402,F401
 import numpy as np  # noqa: E402
 import tensorflow.compat.v1 as tf  # noqa: E402
-from graph_common import LMConfig, build_lm  # noqa: E402
+from graph_common import LMConfig, build_timed, parse_args  # noqa: E402
 
 
 def make_input(mesh, shape, name):
@@ -32,27 +31,12 @@ def make_input(mesh, shape, name):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["lower", "auto"])
-    ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--mesh", default="x:2;y:4")
-    ap.add_argument("--layout", default="batch:x;d_ff:y;heads:y;vocab:y")
-    ap.add_argument("--steps", type=int, default=3)
-    args = ap.parse_args()
+    args = parse_args()
     cfg = LMConfig(layers=args.layers)
-    graph = mtf.Graph()
-    mesh = mtf.Mesh(graph, "m")
-    t0 = time.perf_counter()
-    loss, updates, tokens = build_lm(mtf, mesh, cfg, make_input)
-    build_s = time.perf_counter() - t0
-    mesh_shape = mtf.convert_to_shape(args.mesh)
-    out = {
-        "library": "mesh-tensorflow 0.1.21",
-        "mode": args.mode,
-        "layers": args.layers,
-        "mesh": args.mesh,
-        "build_s": build_s,
-    }
+    mesh, loss, updates, tokens, mesh_shape, out = build_timed(
+        mtf, "mesh-tensorflow 0.1.21", args, make_input
+    )
+    graph = mesh.graph
     if args.mode == "auto":
         t0 = time.perf_counter()
         rules = mtf.auto_mtf.layout(graph, mesh_shape, [loss])

@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -16,7 +15,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
-from graph_common import LMConfig, build_lm  # noqa: E402
+from graph_common import LMConfig, build_timed, parse_args  # noqa: E402
 
 import mtf_core as mtf  # noqa: E402
 
@@ -26,28 +25,12 @@ def make_input(mesh, shape, name):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["lower", "auto"])
-    ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--mesh", default="x:2;y:4")
-    ap.add_argument("--layout", default="batch:x;d_ff:y;heads:y;vocab:y")
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--objective", default="memory")
-    args = ap.parse_args()
+    args = parse_args()
     cfg = LMConfig(layers=args.layers)
-    graph = mtf.Graph()
-    mesh = mtf.Mesh(graph, "m")
-    t0 = time.perf_counter()
-    loss, updates, tokens = build_lm(mtf, mesh, cfg, make_input)
-    build_s = time.perf_counter() - t0
-    mesh_shape = mtf.convert_to_shape(args.mesh)
-    out = {
-        "library": "mtf-planner",
-        "mode": args.mode,
-        "layers": args.layers,
-        "mesh": args.mesh,
-        "build_s": build_s,
-    }
+    mesh, loss, updates, tokens, mesh_shape, out = build_timed(
+        mtf, "mtf-planner", args, make_input
+    )
+    graph = mesh.graph
     if args.mode == "auto":
         t0 = time.perf_counter()
         plan = mtf.auto_layout(
