@@ -51,6 +51,7 @@ from mtf_core.graph import Graph, Tensor
 
 __all__ = [
     "Cost",
+    "StepTotals",
     "CostUnit",
     "UnitCost",
     "cost_units",
@@ -61,8 +62,30 @@ __all__ = [
 ]
 
 
+class StepTotals:
+    """Totals derived from a step's compute, per-axis communication and memory;
+    shared by :class:`Cost` and the planner's own cost record."""
+
+    compute_s: float
+    comm_s_by_axis: tuple[tuple[str, float], ...]
+    peak_memory_bytes: int
+    memory_capacity_bytes: int
+
+    @property
+    def comm_s(self) -> float:
+        return sum(s for _, s in self.comm_s_by_axis)
+
+    @property
+    def time_s(self) -> float:
+        return self.compute_s + self.comm_s
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_memory_bytes <= self.memory_capacity_bytes
+
+
 @dataclass(frozen=True)
-class Cost:
+class Cost(StepTotals):
     """Step time, communication and memory of one layout (seconds, bytes).
 
     ``collectives`` are the collectives the lowering issues, in its order
@@ -86,18 +109,6 @@ class Cost:
     mesh_shape: str = ""
     layout_rules: str = ""
     hardware: str = ""
-
-    @property
-    def comm_s(self) -> float:
-        return sum(s for _, s in self.comm_s_by_axis)
-
-    @property
-    def time_s(self) -> float:
-        return self.compute_s + self.comm_s
-
-    @property
-    def fits(self) -> bool:
-        return self.peak_memory_bytes <= self.memory_capacity_bytes
 
     def comm_s_on(self, axis: str) -> float:
         """Seconds of collectives keyed exactly ``axis`` (0.0 if none)."""

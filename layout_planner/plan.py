@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from cost_models.costs import Cost
+from cost_models.costs import Cost, StepTotals
 from cost_models.hardware import HardwareProfile
 from layout_planner.errors import PlannerError
 from layout_planner.program import Objective, SolveStatus
@@ -22,7 +22,7 @@ FORMAT_VERSION = 1
 
 
 @dataclass(frozen=True)
-class PlanCost:
+class PlanCost(StepTotals):
     """A layout's step time, communication and peak memory, as the planner's
     integer program prices it (the sum of the cost units' exact costs; equal
     to ``cost_models.evaluate`` for every layout, which the tests check)."""
@@ -31,18 +31,6 @@ class PlanCost:
     comm_s_by_axis: tuple[tuple[str, float], ...]
     peak_memory_bytes: int
     memory_capacity_bytes: int
-
-    @property
-    def comm_s(self) -> float:
-        return sum(s for _, s in self.comm_s_by_axis)
-
-    @property
-    def time_s(self) -> float:
-        return self.compute_s + self.comm_s
-
-    @property
-    def fits(self) -> bool:
-        return self.peak_memory_bytes <= self.memory_capacity_bytes
 
     def to_dict(self) -> dict[str, Any]:
         return {
