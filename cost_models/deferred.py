@@ -174,38 +174,58 @@ class StaticDeferral:
     """Which tensors may be pending under some layout, and who produces them.
 
     ``carriers`` are those tensors; ``propagators`` the identity/add/add_n ops
-    that may keep one pending; ``producers`` the ops that may start one.
+    that may keep one pending; ``producers`` the ops that may start one;
+    ``reads[op]`` the carriers ``op`` reads while they may still be pending
+    (an input another op already forced is not among them).
     """
 
     carriers: frozenset[Tensor]
     producers: frozenset[Operation]
     propagators: frozenset[Operation]
+    reads: dict[Operation, tuple[Tensor, ...]]
 
 
 def static_deferral(ops: Iterable[Operation]) -> StaticDeferral:
-    """The may-be-pending closure of ``ops`` (in lowering order)."""
+    """The may-be-pending closure of ``ops`` (in lowering order).
+
+    A pending value is forced by its first reader that is not a propagator;
+    after that it is never pending again, whatever the layout.  So an ``add``
+    whose input was already read by such an op cannot keep a sum pending (in a
+    residual stream ``x + f(x)``, ``f`` reads ``x`` first), and later readers
+    of a forced value are not tied to its producer.  This keeps deferred units
+    per layer instead of one unit chained through the whole graph.
+    """
     carriers: set[Tensor] = set()
     producers: set[Operation] = set()
     propagators: set[Operation] = set()
+    reads: dict[Operation, tuple[Tensor, ...]] = {}
+    root: dict[Tensor, Tensor] = {}  # identity outputs share their input's sum
+    forced: set[Tensor] = set()  # roots some op has certainly forced
+
+    def live(t: Tensor) -> bool:
+        return t in carriers and root.get(t, t) not in forced
+
     for op in ops:
+        live_in = tuple(t for t in op.inputs if live(t))
+        if live_in:
+            reads[op] = live_in
+        keeps = False
         if may_defer(op):
             producers.add(op)
             carriers.add(op.outputs[0])
-        elif isinstance(op, Identity) and op.inputs[0] in carriers:
-            propagators.add(op)
-            carriers.add(op.outputs[0])
+        elif isinstance(op, Identity) and live(op.inputs[0]):
+            keeps = True
+            root[op.outputs[0]] = root.get(op.inputs[0], op.inputs[0])
         elif isinstance(op, BinaryOp) and op.fn_name == "add":
             x, y = op.inputs
-            if (
-                x in carriers
-                and y in carriers
-                and x.shape == y.shape == op.outputs[0].shape
-            ):
-                propagators.add(op)
-                carriers.add(op.outputs[0])
-        elif isinstance(op, AddN) and all(t in carriers for t in op.inputs):
+            keeps = live(x) and live(y) and x.shape == y.shape == op.outputs[0].shape
+        elif isinstance(op, AddN):
+            keeps = all(live(t) for t in op.inputs)
+        if keeps:
             propagators.add(op)
             carriers.add(op.outputs[0])
+        else:
+            forced.update(root.get(t, t) for t in live_in)
     return StaticDeferral(
-        frozenset(carriers), frozenset(producers), frozenset(propagators)
+        frozenset(carriers), frozenset(producers), frozenset(propagators), reads
     )

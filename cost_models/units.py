@@ -274,7 +274,8 @@ def _deferred_units(
     signer: Signer,
 ) -> list[CostUnit]:
     """One ``deferred`` unit per group of ops linked by possibly-pending
-    values (union-find over the carriers), in order of their first op."""
+    values (union-find over each op and the carriers it reads while they may
+    still be pending), in order of their first op."""
     static = static_deferral(ops)
     parent: dict[Operation, Operation] = {}
 
@@ -285,14 +286,12 @@ def _deferred_units(
             op = parent[op]
         return op
 
-    carriers = static.carriers
-    for op in ops:
-        for t in op.inputs:
-            if t in carriers:
-                a, b = find(t.operation), find(op)
-                if a is not b:
-                    parent[b] = a
-    exported = [t for t in dict.fromkeys(outputs) if t in carriers]
+    for op, live_inputs in static.reads.items():
+        for t in live_inputs:
+            a, b = find(t.operation), find(op)
+            if a is not b:
+                parent[b] = a
+    exported = [t for t in dict.fromkeys(outputs) if t in static.carriers]
     for t in exported:
         find(t.operation)
     groups: dict[Operation, list[Operation]] = {}

@@ -105,6 +105,31 @@ def lazy_sums() -> Case:
     return Case(g, m, [r1, r2, t, exported], layouts)
 
 
+def residual_stream() -> Case:
+    """``x = x + f(x)`` three times with gradients: each ``f`` reads ``x`` (and
+    forces it) before the add, so no sum stays pending across layers; the
+    backward pass sums gradient contributions with add_n."""
+    g, m = _new()
+    x = mtf.einsum([_const(m, "b:4,k:2", 1), _const(m, "k:2,d:4", 2)], "b:4,d:4")
+    for i in range(3):
+        w = mtf.get_variable(m, f"w{i}", "d:4,f:4")
+        v = mtf.get_variable(m, f"v{i}", "f:4,d:4")
+        h = mtf.relu(mtf.einsum([x, w], output_shape="b:4,f:4"))
+        x = x + mtf.einsum([h, v], output_shape="b:4,d:4")
+    loss = mtf.reduce_sum(x * x)
+    params = [op.outputs[0] for op in g.trainable_variables]
+    grads = mtf.gradients([loss], params)
+    layouts = [
+        ("x:2", "f:x"),
+        ("x:2", "k:x;f:x"),
+        ("x:2", "d:x"),
+        ("x:2;y:2", "b:x;f:y"),
+        ("x:2;y:2", "d:x;f:y"),
+        ("x:2;y:4", "f:y;b:x"),
+    ]
+    return Case(g, m, [loss, *grads], layouts)
+
+
 def reductions() -> Case:
     """reduce_sum (pending, then forced by exp), reduce_max (at once),
     reduce_mean, softmax and reduce_any over split dims."""
@@ -275,6 +300,7 @@ def mlp_training(optimizer: str = "sgd") -> Case:
 BUILDERS: dict[str, Callable[[], Case]] = {
     "einsum": einsum_family,
     "lazy_sums": lazy_sums,
+    "residual": residual_stream,
     "reductions": reductions,
     "elementwise": elementwise_and_broadcast,
     "reshape": reshapes,

@@ -237,6 +237,27 @@ def test_a_deep_graph_has_as_many_unit_classes_as_a_shallow_one() -> None:
     assert counts[0] == counts[1]
 
 
+def test_a_residual_stream_keeps_its_deferred_units_per_layer() -> None:
+    # ``x + f(x)``: f forces x before the add, so the add cannot keep a sum
+    # pending and the layers' deferred units stay apart, however deep the
+    # stack (one unit chained through every layer is priced far more slowly).
+    sizes = []
+    for layers in (2, 6):
+        g = mtf.Graph()
+        m = mtf.Mesh(g, "m")
+        x = mtf.einsum([mtf.zeros(m, "b:4,k:4"), mtf.zeros(m, "k:4,d:4")], "b:4,d:4")
+        for i in range(layers):
+            w = mtf.get_variable(m, f"w{i}", "d:4,f:4")
+            h = mtf.einsum([x, w], output_shape="b:4,f:4")
+            x = x + mtf.einsum([h, mtf.get_variable(m, f"v{i}", "f:4,d:4")], "b:4,d:4")
+        loss = mtf.reduce_sum(x)
+        mtf.gradients([loss], [op.outputs[0] for op in g.trainable_variables])
+        deferred = [u for u in cost_units(g, [loss]) if u.kind == DEFERRED]
+        assert not any(op.op_type == "Binary" for u in deferred for op in u.ops[:1])
+        sizes.append(max(len(u.ops) for u in deferred))
+    assert sizes[0] == sizes[1] <= 4
+
+
 def test_a_pricer_refuses_a_layout_of_another_mesh() -> None:
     case = mlp_training()
     (unit, *_) = cost_units(case.graph, case.outputs)
