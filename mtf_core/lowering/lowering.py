@@ -6,14 +6,13 @@ Works eagerly (each op runs as it is lowered, handy for debugging) and inside a
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any
-
-import tensorflow as tf
 
 from mtf_core.errors import LoweringError
 from mtf_core.graph import Graph, Mesh, Operation, Tensor
 from mtf_core.lowering.counters import Counters
+from mtf_core.lowering.fast_tf import FAST_TF
 from mtf_core.lowering.lazy import LazyAllreduceSum  # noqa: F401  (re-exported)
 from mtf_core.lowering.mesh_impl import MeshImpl
 from mtf_core.lowering.variables import VariableStore
@@ -79,7 +78,7 @@ class Lowering:
         autostack: bool = True,
     ) -> None:
         del autostack  # accepted for Mesh TensorFlow compatibility
-        self.tf = tf
+        self.tf = FAST_TF  # tf, making the common ops faster (fast_tf.py)
         self.graph = graph
         self.mesh_to_impl = dict(mesh_to_impl)
         self.feeds = dict(feeds or {})
@@ -104,6 +103,7 @@ class Lowering:
             if variables is not None
             else VariableStore(graph, self.mesh_to_impl)
         )
+        self.memo: dict[Any, Any] = {}  # see memoized()
         for op in ops:
             impl = self.mesh_impl(op)
             impl.current_op = op
@@ -111,6 +111,21 @@ class Lowering:
             self._count_flops(op, impl)
         for impl in self.mesh_to_impl.values():
             impl.current_op = None
+        self._finish()
+
+    def _finish(self) -> None:
+        for impl in self.mesh_to_impl.values():
+            impl.finish_lowering()
+
+    def memoized(self, key: Hashable, make: Callable[[], Any]) -> Any:
+        """``make()`` the first time ``key`` is asked for in this lowering, the
+        same value after that (e.g. one Const per device for a scalar that many
+        ops use)."""
+        try:
+            return self.memo[key]
+        except KeyError:
+            value = self.memo[key] = make()
+            return value
 
     # -- what ops use ----------------------------------------------------------
     def mesh_impl(self, x: Tensor | Operation | Mesh) -> MeshImpl:
@@ -134,7 +149,9 @@ class Lowering:
     # -- Mesh TensorFlow's API -------------------------------------------------
     def export_to_tf_tensor(self, t: Tensor) -> Any:
         """The full value of ``t`` as one tf.Tensor."""
-        return self.mesh_impl(t).export_to_tf_tensor(self.tensors[t], t.shape)
+        result = self.mesh_impl(t).export_to_tf_tensor(self.tensors[t], t.shape)
+        self._finish()  # forcing a pending sum may have made ops
+        return result
 
     def lowered_operation(self, op: Operation | Tensor) -> Any:
         """What lowering ``op`` produced (for assignments: the per-device updates)."""
@@ -143,7 +160,9 @@ class Lowering:
         if op in self.lowered_operations:
             return self.lowered_operations[op]
         if op.outputs:
-            return self.tensors[op.outputs[0]]
+            laid = self.tensors[op.outputs[0]]
+            self._finish()  # forcing a pending sum may have made ops
+            return laid
         raise LoweringError(f"operation {op.name} was not lowered")
 
     def variable_slices(self, var: Any) -> list[Any]:

@@ -171,6 +171,10 @@ class MeshImpl:
     ) -> list[Any]:
         raise NotImplementedError
 
+    def finish_lowering(self) -> None:
+        """Called when a lowering has created its ops (a backend that places
+        them lazily places them now)."""
+
     # -- built on the primitives ------------------------------------------------
     def allreduce_for(self, op: Any, x: Any, mesh_axes: Sequence[int]) -> Any:
         """Allreduce (sum) recorded against ``op`` rather than the current op."""

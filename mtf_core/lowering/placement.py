@@ -13,7 +13,9 @@ from typing import Any
 import tensorflow as tf
 
 from mtf_core.errors import LoweringError
+from mtf_core.lowering import fast_tf
 from mtf_core.lowering.mesh_impl import MeshImpl
+from mtf_core.lowering.placing import DeferredPlacement
 from mtf_core.shapes import convert_to_shape
 
 
@@ -63,8 +65,13 @@ class PlacementMeshImpl(MeshImpl):
                 f"devices were given ({devices}); give exactly one device per processor"
             )
         self.devices = devices
+        self._placement = DeferredPlacement()
+        self.on = self._placement.on
 
     LaidOutTensor = LaidOutTensor
+
+    def finish_lowering(self) -> None:
+        self._placement.flush()
 
     # -- slicewise ------------------------------------------------------------
     def slicewise(self, fn: Callable[..., Any], *inputs: Any) -> LaidOutTensor:
@@ -78,7 +85,7 @@ class PlacementMeshImpl(MeshImpl):
                 per_input.append([x] * self.size)
         out = []
         for p, dev in enumerate(self.devices):
-            with tf.device(dev):
+            with self.on(dev):
                 out.append(fn(*[s[p] for s in per_input]))
         return LaidOutTensor(out)
 
@@ -99,10 +106,10 @@ class PlacementMeshImpl(MeshImpl):
         self.record("allreduce", mesh_axes, x.slice_bytes, reduction=reduction)
         out: list[Any] = [None] * self.size
         for group in self.processor_groups(mesh_axes):
-            with tf.device(self.devices[group[0]]):
+            with self.on(self.devices[group[0]]):
                 parts = [x.slices[p] for p in group]
                 if reduction == "SUM":
-                    total = tf.add_n(parts)
+                    total = fast_tf.add_n(parts)
                 elif reduction == "MAX":
                     total = tf.reduce_max(tf.stack(parts), axis=0)
                 elif reduction == "MIN":
@@ -113,9 +120,10 @@ class PlacementMeshImpl(MeshImpl):
                     total = tf.reduce_all(tf.stack(parts), axis=0)
                 else:
                     raise LoweringError(f"unknown reduction {reduction!r}")
+            # Every device of the group reads the one sum; TensorFlow copies
+            # it to the devices that need it (no op of ours per device).
             for p in group:
-                with tf.device(self.devices[p]):
-                    out[p] = tf.identity(total)
+                out[p] = total
         return LaidOutTensor(out)
 
     def allconcat(
@@ -126,11 +134,10 @@ class PlacementMeshImpl(MeshImpl):
         self.record("allconcat", [mesh_axis], x.slice_bytes)
         out: list[Any] = [None] * self.size
         for group in self.processor_groups([mesh_axis]):
-            with tf.device(self.devices[group[0]]):
+            with self.on(self.devices[group[0]]):
                 full = tf.concat([x.slices[p] for p in group], axis=concat_axis)
             for p in group:
-                with tf.device(self.devices[p]):
-                    out[p] = tf.identity(full)
+                out[p] = full
         return LaidOutTensor(out)
 
     def alltoall(
@@ -144,10 +151,10 @@ class PlacementMeshImpl(MeshImpl):
         for group in self.processor_groups([mesh_axis]):
             pieces = []
             for p in group:
-                with tf.device(self.devices[p]):
+                with self.on(self.devices[p]):
                     pieces.append(tf.split(x.slices[p], n, axis=split_axis))
             for j, p in enumerate(group):
-                with tf.device(self.devices[p]):
+                with self.on(self.devices[p]):
                     out[p] = tf.concat(
                         [pieces[i][j] for i in range(n)], axis=concat_axis
                     )
@@ -164,7 +171,7 @@ class PlacementMeshImpl(MeshImpl):
             c = self.pnum_to_processor_coordinates(p)[mesh_axis]
             s = x.slices[p]
             size = s.shape[split_axis] // n
-            with tf.device(dev):
+            with self.on(dev):
                 begin = [0] * s.shape.rank
                 begin[split_axis] = c * size
                 sizes = [-1] * s.shape.rank
@@ -184,7 +191,7 @@ class PlacementMeshImpl(MeshImpl):
         for p, dev in enumerate(self.devices):
             coords = self.pnum_to_processor_coordinates(p)
             src = coords[mesh_axis] - offset
-            with tf.device(dev):
+            with self.on(dev):
                 if wrap:
                     coords[mesh_axis] = src % n
                     out.append(
@@ -220,8 +227,8 @@ class PlacementMeshImpl(MeshImpl):
     def read_variables(self, variables: Sequence[Any]) -> LaidOutTensor:
         out = []
         for v, dev in zip(variables, self.devices):
-            with tf.device(dev):
-                out.append(v.read_value())
+            with self.on(dev):
+                out.append(fast_tf.read_variable(v))
         return LaidOutTensor(out)
 
     def assign_variables(
@@ -229,13 +236,8 @@ class PlacementMeshImpl(MeshImpl):
     ) -> list[Any]:
         out = []
         for v, s, dev in zip(variables, laid.slices, self.devices):
-            with tf.device(dev):
-                if mode == "assign":
-                    out.append(v.assign(s))
-                elif mode == "add":
-                    out.append(v.assign_add(s))
-                else:
-                    out.append(v.assign_sub(s))
+            with self.on(dev):
+                out.append(fast_tf.assign_variable(v, s, mode))
         return out
 
     # -- import / export ---------------------------------------------------------
@@ -249,7 +251,7 @@ class PlacementMeshImpl(MeshImpl):
         layout = self.tensor_layout(shape)
         whole = layout.is_fully_replicated
         for p, dev in enumerate(self.devices):
-            with tf.device(dev):
+            with self.on(dev):
                 if whole:
                     out.append(tf.identity(full))
                 else:
@@ -290,14 +292,14 @@ class PlacementMeshImpl(MeshImpl):
     def laid_out_pnum(self) -> LaidOutTensor:
         out = []
         for p, dev in enumerate(self.devices):
-            with tf.device(dev):
+            with self.on(dev):
                 out.append(tf.constant(p, tf.int32))
         return LaidOutTensor(out)
 
     def laid_out_pcoordinate(self, mesh_axis: int) -> LaidOutTensor:
         out = []
         for p, dev in enumerate(self.devices):
-            with tf.device(dev):
+            with self.on(dev):
                 out.append(
                     tf.constant(
                         self.pnum_to_processor_coordinates(p)[mesh_axis], tf.int32

@@ -129,8 +129,11 @@ class Constant(Operation):
                 v = bool(v)  # TF will not make a bool from the integer 1
             if local:
                 laid = impl.slicewise(lambda: tf.fill(local, tf.constant(v, out.dtype)))
-            else:  # a scalar: one Const per device, not Const + shape + Fill
-                laid = impl.slicewise(lambda: tf.constant(v, out.dtype))
+            else:  # a scalar: one Const per device, shared by equal scalars
+                laid = lowering.memoized(
+                    ("scalar", id(impl), out.dtype, repr(v)),
+                    lambda: impl.slicewise(lambda: tf.constant(v, out.dtype)),
+                )
         else:
             laid = impl.import_tf_tensor(tf.constant(self.value, out.dtype), out.shape)
         lowering.set_tensor_lowering(out, laid)
