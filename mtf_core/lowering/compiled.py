@@ -69,20 +69,12 @@ class CompiledFunction:
     ) -> None:
         init_step_state(self, graph, mesh_to_impl, inputs, outputs, updates, variables)
         self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="mtf_step")
-        signature = [
+        self._signature = [
             tf.TensorSpec(t.shape.to_integer_list(), tf.as_dtype(t.dtype))
             for t in self.inputs
         ]
-        # autograph=False: _run has no tensor-dependent Python control flow, and
-        # autograph would both slow tracing ~2x and wrap mtf errors (e.g.
-        # IndivisibleDimensionError) in a StagingError.
-        self._fn = tf.function(
-            self._run,
-            input_signature=signature,
-            jit_compile=jit_compile,
-            autograph=False,
-        )
-        self.concrete = None
+        self._jit_compile = jit_compile
+        self.concrete: Any = None
 
     def _run(self, *values: Any) -> list[Any]:
         seed = self._step.assign_add(1)
@@ -99,16 +91,38 @@ class CompiledFunction:
         deps = []
         for op in self.updates:
             deps.extend(lowering.lowered_operations.get(op, []))
+        _assign_after_read(lowering, self.updates)
         with tf.control_dependencies(deps):
-            return [tf.identity(o) for o in outs]
+            # The step number last: it makes a function without outputs run
+            # its updates too.
+            return [tf.identity(o) for o in outs] + [tf.identity(seed)]
 
     def trace(self) -> float:
-        """Traces (lowers) the function now; returns seconds taken."""
+        """Traces (lowers) the function now, once; returns seconds taken."""
         import time
 
         t0 = time.perf_counter()
-        self.concrete = self._fn.get_concrete_function()
+        if self.concrete is None:
+            self.concrete = self._trace()
         return time.perf_counter() - t0
+
+    def _trace(self) -> Any:
+        if self._jit_compile:
+            # autograph=False: _run has no tensor-dependent control flow, and
+            # autograph would slow tracing and wrap mtf errors in StagingError.
+            fn = tf.function(
+                self._run,
+                input_signature=self._signature,
+                jit_compile=True,
+                autograph=False,
+            )
+            return fn.get_concrete_function()
+        # A v1-style function: no automatic control dependencies, whose pass
+        # over every op took a third of the tracing time.  The lowering orders
+        # what needs ordering itself: each slice variable is read once, its
+        # assignment waits for that read (placement.assign_variables), and the
+        # outputs wait for every assignment (_run).
+        return tf.compat.v1.wrap_function(self._run, self._signature)
 
     def __call__(self, *values: Any) -> list[np.ndarray]:
         if len(values) != len(self.inputs):
@@ -116,8 +130,34 @@ class CompiledFunction:
                 f"compiled function takes {len(self.inputs)} inputs "
                 f"({[t.name for t in self.inputs]}), got {len(values)}"
             )
-        outs = self._fn(*values)
-        return [o.numpy() for o in outs]
+        self.trace()
+        args = [
+            tf.convert_to_tensor(v, dtype=spec.dtype)
+            for v, spec in zip(values, self._signature)
+        ]
+        for a, spec, t in zip(args, self._signature, self.inputs):
+            if not spec.shape.is_compatible_with(a.shape):
+                raise LoweringError(
+                    f"input {t.name} has shape {a.shape.as_list()}; expected "
+                    f"{spec.shape.as_list()} ([{t.shape}])"
+                )
+        outs = self.concrete(*args)
+        return [o.numpy() for o in outs[:-1]]
+
+
+def _assign_after_read(lowering: Lowering, updates: Sequence[Operation]) -> None:
+    """Makes each assignment's op on a device wait for that device's read of
+    the variable in this step, so every reader sees the value before the
+    step's update whatever the assigned value depends on."""
+    for op in updates:
+        var = getattr(op, "variable", None)
+        assigns = lowering.lowered_operations.get(op)
+        if var is None or not assigns or var.outputs[0] not in lowering.tensors:
+            continue
+        reads = lowering.raw_tensor(var.outputs[0]).to_laid_out_tensor().slices
+        for read, assign in zip(reads, assigns):
+            if isinstance(assign, tf.Operation):
+                assign._add_control_inputs([read.op])
 
 
 def compile_function(
