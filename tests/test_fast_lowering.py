@@ -190,3 +190,27 @@ def test_a_step_without_outputs_still_applies_its_updates(
     np.testing.assert_array_equal(step.variables.export(v.operation), [2.0] * 4)
     with pytest.raises(mtf.LoweringError, match="takes 0 inputs"):
         step(np.zeros(4))
+
+
+def test_shape_constants_are_shared_by_the_ops_of_one_device(
+    devices: list[str],
+) -> None:
+    placement = DeferredPlacement()
+
+    @tf.function(autograph=False)
+    def run(x):
+        outs = []
+        for dev in (devices[0], devices[0], devices[1]):
+            with placement.on(dev):
+                outs.append(FAST_TF.reshape(x, [4, 3]))
+                outs.append(FAST_TF.math.reduce_sum(x, axis=[1]))
+        placement.flush()
+        return outs
+
+    concrete = run.get_concrete_function(tf.TensorSpec([3, 4], tf.float32))
+    consts = [op for op in concrete.graph.get_operations() if op.type == "Const"]
+    by_device = Counter(op.device.rsplit(":", 1)[-1] for op in consts)
+    assert by_device == {"0": 2, "1": 2}  # [4, 3] and [1] on each device
+    values = [v.numpy() for v in run(tf.constant(X.reshape(3, 4)))]
+    np.testing.assert_array_equal(values[0], X.reshape(4, 3))
+    np.testing.assert_array_equal(values[5], X.reshape(3, 4).sum(axis=1))

@@ -18,6 +18,7 @@ tf.concat``).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 import tensorflow as tf
@@ -79,15 +80,31 @@ def _out(graph: Any, op_type: str, inputs: list[Any], attrs: dict[str, Any]) -> 
     return graph._create_op_internal(op_type, inputs, attrs=attrs).outputs[0]
 
 
+#: ``(graph, {values: Const tensor})`` of the device whose ops are being made
+#: (set by :meth:`mtf_core.lowering.placing.DeferredPlacement.on`): shapes and
+#: axes repeat, so each device gets one Const per distinct list.
+CONST_SCOPE: ContextVar[tuple[Any, dict[tuple[int, ...], Any]] | None] = ContextVar(
+    "mtf_const_scope", default=None
+)
+
+
 def _int_list(graph: Any, values: Sequence[int]) -> Any:
     """An int32 Const of ``values`` (Python ints) in ``graph``."""
     key = tuple(values)
+    scope = CONST_SCOPE.get()
+    if scope is not None and scope[0] is graph:
+        hit = scope[1].get(key)
+        if hit is not None:
+            return hit
     value = _int_list_values.get(key)
     if value is None:
         value = _int_list_values[key] = attr_value_pb2.AttrValue(
             tensor=tensor_util.make_tensor_proto(list(key), tf.int32)
         )
-    return _out(graph, "Const", [], {"value": value, "dtype": _INT32})
+    const = _out(graph, "Const", [], {"value": value, "dtype": _INT32})
+    if scope is not None and scope[0] is graph:
+        scope[1][key] = const
+    return const
 
 
 def _is_int_list(v: Any) -> bool:

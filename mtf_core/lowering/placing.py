@@ -4,7 +4,8 @@ Entering ``tf.device`` costs more than creating a small op, and the placement
 backend would enter it once per op per device.  While a graph is being built
 (``tf.function`` tracing, or a v1 graph) :class:`DeferredPlacement` instead
 notes which run of newly created ops belongs to which device and sets their
-devices in one pass at the end.  Executing eagerly, ops run as they are
+devices in one pass at the end; the shape and axis constants the fast ops make
+(fast_tf.py) are shared by the ops of one device.  Executing eagerly, ops run as they are
 created, so it enters ``tf.device`` as usual.
 """
 
@@ -17,6 +18,7 @@ from typing import Any
 import tensorflow as tf
 
 from mtf_core.errors import LoweringError
+from mtf_core.lowering.fast_tf import CONST_SCOPE
 
 
 class DeferredPlacement:
@@ -25,6 +27,7 @@ class DeferredPlacement:
     def __init__(self) -> None:
         self._graph: Any = None
         self._runs: list[tuple[int, int, str]] = []
+        self._consts: dict[str, dict[tuple[int, ...], Any]] = {}
 
     @contextmanager
     def on(self, device: str) -> Iterator[None]:
@@ -36,8 +39,13 @@ class DeferredPlacement:
         if self._graph is not graph:
             self.flush()
             self._graph = graph
+            self._consts = {}
         start = graph.num_operations()
-        yield
+        token = CONST_SCOPE.set((graph, self._consts.setdefault(device, {})))
+        try:
+            yield
+        finally:
+            CONST_SCOPE.reset(token)
         end = graph.num_operations()
         if end > start:
             self._runs.append((start, end, device))
