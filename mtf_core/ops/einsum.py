@@ -20,6 +20,11 @@ from mtf_core.errors import ShapeError
 from mtf_core.graph import Operation, Tensor, check_same_dtype, check_same_mesh
 from mtf_core.lowering.lazy import LazyAllreduceSum
 from mtf_core.ops._local import einsum_equation
+from mtf_core.ops.onehot_einsum import (
+    OneHotEinsumPlan,
+    lower_onehot_einsum,
+    plan_onehot_einsum,
+)
 from mtf_core.shapes import Shape, convert_to_shape, dimension_name
 
 
@@ -38,6 +43,8 @@ class Einsum(Operation):
         dt = check_same_dtype(inputs, "einsum")
         super().__init__(inputs, name=name or "einsum")
         self._reduced: tuple[str, ...] | None = None
+        self._onehot_plan: OneHotEinsumPlan | None = None
+        self._onehot_planned = False
         output_shape = convert_to_shape(output_shape)
         known: dict[str, int] = {}
         for t in inputs:
@@ -74,6 +81,18 @@ class Einsum(Operation):
             self._reduced = tuple(seen)
         return list(self._reduced)
 
+    @property
+    def onehot_plan(self) -> OneHotEinsumPlan | None:
+        """How :meth:`lower` computes this einsum as a lookup, when one input
+        is a ``one_hot`` (None: a plain ``tf.einsum``).  ``flops`` still counts
+        the einsum, so the cost model and the lowering's counters agree."""
+        if not self._onehot_planned:  # cached: shapes never change
+            self._onehot_plan = plan_onehot_einsum(
+                self.inputs, self.outputs[0].shape.dimension_names
+            )
+            self._onehot_planned = True
+        return self._onehot_plan
+
     def flops(self) -> float:
         sizes = {d.name: d.size for t in self.inputs + self.outputs for d in t.shape}
         points = math.prod(sizes.values())
@@ -103,9 +122,15 @@ class Einsum(Operation):
         impl = lowering.mesh_impl(self)
         out = self.outputs[0]
         impl.ctx.check_op(self)
-        eq = einsum_equation([t.shape for t in self.inputs], out.shape)
-        ins = [lowering.tensors[t] for t in self.inputs]
-        res = impl.slicewise(lambda *s: tf.einsum(eq, *s), *ins)
+        plan = self.onehot_plan
+        if plan is not None:
+            # Same local values as tf.einsum on the slices, without the
+            # multiplications by zero (see mtf_core.ops.onehot_einsum).
+            res = lower_onehot_einsum(plan, self.inputs, lowering, impl)
+        else:
+            eq = einsum_equation([t.shape for t in self.inputs], out.shape)
+            ins = [lowering.tensors[t] for t in self.inputs]
+            res = impl.slicewise(lambda *s: tf.einsum(eq, *s), *ins)
         axes = impl.ctx.reduced_axes(self.reduced_dims)
         if axes:
             res = LazyAllreduceSum(impl, res, axes, self)
