@@ -70,6 +70,19 @@ CASES = {
         lambda x: mtf.log_softmax(x, reduced_dim="hidden"),
         lambda x: tf.nn.log_softmax(x, axis=1),
     ),
+    "softmax_with_extra_logit": (
+        lambda x: mtf.softmax(x, reduced_dim="hidden", extra_logit=0.5),
+        lambda x: (
+            tf.exp(x) / (tf.reduce_sum(tf.exp(x), axis=1, keepdims=True) + tf.exp(0.5))
+        ),
+    ),
+    "log_softmax_with_extra_logit": (
+        lambda x: mtf.log_softmax(x, reduced_dim="hidden", extra_logit=3.0),
+        lambda x: (
+            x
+            - tf.math.log(tf.reduce_sum(tf.exp(x), axis=1, keepdims=True) + tf.exp(3.0))
+        ),
+    ),
     "broadcast_adds_a_dim": (
         lambda x: mtf.broadcast(x, "batch:8,out:3,hidden:8,k:2"),
         lambda x: tf.broadcast_to(x[:, None], [8, 3, 8, 2]),
@@ -161,3 +174,14 @@ def test_softmax_over_a_split_dim_allreduces_a_max_then_a_sum(
     kinds = [(r.kind, r.reduction, r.mesh_axes) for r in lowering.counters.collectives]
     assert kinds == [("allreduce", "MAX", ("model",)), ("allreduce", "SUM", ("model",))]
     assert lowering.counters["allreduce/model/Reduce"] == 2 * 8 * 4
+
+
+def test_softmax_extra_logit_must_be_a_number_or_a_tensor() -> None:
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "m")
+    x = mtf.zeros(mesh, "a:4,b:3")
+    with pytest.raises(mtf.ArgumentError, match="extra_logit 'big'"):
+        mtf.softmax(x, "b", extra_logit="big")
+    extra = mtf.zeros(mesh, "a:4")  # a tensor of the output's dims is fine
+    y = mtf.softmax(x, "b", extra_logit=extra)
+    assert y.shape == x.shape

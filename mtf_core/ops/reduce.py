@@ -207,22 +207,45 @@ def reduce_mean(
 
 
 def reduce_logsumexp(
-    x: Tensor, reduced_dim: Any = None, output_shape: Any = None
+    x: Tensor,
+    reduced_dim: Any = None,
+    output_shape: Any = None,
+    extra_logit: Any = None,
 ) -> Tensor:
+    """``log(sum(exp(x)))`` over the reduced dims; ``extra_logit`` (a number,
+    or a tensor of the output's dims) joins the sum as one more logit, as in
+    Mesh TensorFlow (an implicit "none of these" entry)."""
     shape = _output_shape(x, output_shape, reduced_dim)
     m = ew.stop_gradient(reduce_max(x, output_shape=shape))
-    return ew.log(reduce_sum(ew.exp(x - m), output_shape=shape)) + m
+    if extra_logit is not None:
+        m = ew.maximum(m, _stopped(extra_logit))
+    total = reduce_sum(ew.exp(x - m), output_shape=shape)
+    if extra_logit is not None:
+        total = total + ew.exp(extra_logit - m)
+    return ew.log(total) + m
 
 
 def softmax(x: Tensor, reduced_dim: Any, extra_logit: Any = None) -> Tensor:
+    """Softmax over ``reduced_dim``; with ``extra_logit``, the normalizer also
+    counts ``exp(extra_logit)``, so the outputs sum to less than one."""
+    if extra_logit is not None:
+        return ew.exp(log_softmax(x, reduced_dim, extra_logit))
     shape = _output_shape(x, None, reduced_dim)
     m = ew.stop_gradient(reduce_max(x, output_shape=shape))
     e = ew.exp(x - m)
     return e / reduce_sum(e, output_shape=shape)
 
 
-def log_softmax(x: Tensor, reduced_dim: Any) -> Tensor:
-    return x - reduce_logsumexp(x, reduced_dim)
+def log_softmax(x: Tensor, reduced_dim: Any, extra_logit: Any = None) -> Tensor:
+    return x - reduce_logsumexp(x, reduced_dim, extra_logit=extra_logit)
+
+
+def _stopped(v: Any) -> Any:
+    if isinstance(v, Tensor):
+        return ew.stop_gradient(v)
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise ArgumentError(f"extra_logit {v!r}: expected a number or an mtf.Tensor")
+    return float(v)
 
 
 class Broadcast(Operation):
