@@ -105,12 +105,14 @@ def command_line() -> str:
 
 def replace_section(title: str, body: str, path: Path = BENCHMARKS_MD) -> None:
     """Writes ``## title`` with ``body`` into ``path``: replaces that section if
-    present (up to the next ``## `` heading), else appends it; creates the file
-    with a short intro if missing."""
+    present (up to the next ``## `` heading, or the ``<!-- BEGIN`` marker of a
+    section another script writes), else appends it; creates the file with a
+    short intro if missing."""
     text = path.read_text() if path.exists() else INTRO
     section = f"## {title}\n\n{body.strip()}\n"
     pattern = re.compile(
-        rf"^## {re.escape(title)}[ \t]*\n.*?(?=^## |\Z)", re.MULTILINE | re.DOTALL
+        rf"^## {re.escape(title)}[ \t]*\n.*?(?=^## |^<!-- BEGIN |\Z)",
+        re.MULTILINE | re.DOTALL,
     )
     if pattern.search(text):
         text = pattern.sub(lambda _: section + "\n", text, count=1).rstrip() + "\n"

@@ -182,15 +182,20 @@ def report(
         f"optimizer {args.optimizer}).\n\n{table(rows)}\n"
     )
     text += (
-        "\nReading the table: lowering time is almost all TensorFlow's own Python "
-        "op construction (about 11 TF ops per mtf op on 8 devices), so it grows "
-        "linearly with layers and moves with the machine's load.  Each layer is "
-        "about 175 mtf ops, of which the two layer norms with their gradients are "
-        "about 100; the shared comparison graph below has no layer norm (about 85 "
-        "ops per layer).  Steps are compute bound (the logits and embedding over "
-        "vocab 8192 are about 70 GFLOP per step at any depth, each layer about 21 "
-        "GFLOP); the 8 logical devices share the host's cores, so model-parallel "
-        "layouts pay for their activation allreduces without gaining hardware.\n"
+        "\nReading the table: lowering time is almost all TensorFlow creating ops "
+        "(about 8.5 TF ops per mtf op on 8 devices, made directly in the graph: "
+        'docs/architecture.md, "The lowering"), so it grows linearly with '
+        'layers.  "first step" is mostly TensorFlow\'s own graph optimization, '
+        "which grows faster than the graph.  Each layer is about 175 mtf ops, of "
+        "which the two layer norms with their gradients are about 100; the shared "
+        "comparison graph below has no layer norm (about 85 ops per layer).  "
+        "Steps are compute bound (the logits over vocab 8192 are about 52 GFLOP "
+        "per step at any depth, each layer about 21 GFLOP; the embedding lowers "
+        "as a lookup); the 8 logical devices share the host's cores, so "
+        "model-parallel layouts pay for their activation allreduces without "
+        "gaining hardware, and at 64 layers the model-parallel preset, which "
+        "keeps every activation whole on all 8 devices, does not fit the host's "
+        "memory.\n"
     )
     if side_by_side:
         text += (

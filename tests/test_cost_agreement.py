@@ -43,7 +43,15 @@ def assert_agrees(case: Case, mesh_shape: str, rules: str, devices: list[str]):
 
 @pytest.mark.parametrize(
     "family",
-    ["einsum", "lazy_sums", "reductions", "elementwise", "reshape"],
+    [
+        "einsum",
+        "lazy_sums",
+        "residual",
+        "custom_gradient",
+        "reductions",
+        "elementwise",
+        "reshape",
+    ],
 )
 def test_predicted_collectives_equal_lowered_ones_for_core_op_families(
     family: str, devices: list[str]

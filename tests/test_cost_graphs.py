@@ -130,6 +130,23 @@ def residual_stream() -> Case:
     return Case(g, m, [loss, *grads], layouts)
 
 
+def custom_gradient_family() -> Case:
+    """A pending sum passed through ``custom_gradient`` (which reads, so
+    forces, it) and added to another pending sum over the same axes."""
+    g, m = _new()
+    a, w1 = _const(m, "b:4,k:4", 1), _const(m, "k:4,h:4", 2)
+    c, w2 = _const(m, "b:4,k:4", 3), _const(m, "k:4,h:4", 4)
+    p2 = mtf.einsum([c, w2], output_shape="b:4,h:4")
+    (p1,) = mtf.custom_gradient(
+        lambda x, w: [mtf.einsum([x, w], output_shape="b:4,h:4")],
+        lambda xs, ys, dys: [None, None],
+        [a, w1],
+    )
+    out = mtf.exp(p1 + p2)
+    layouts = [("x:2", "k:x"), ("x:2;y:2", "k:x;b:y"), ("x:4", "h:x")]
+    return Case(g, m, [out], layouts)
+
+
 def reductions() -> Case:
     """reduce_sum (pending, then forced by exp), reduce_max (at once),
     reduce_mean, softmax and reduce_any over split dims."""
@@ -301,6 +318,7 @@ BUILDERS: dict[str, Callable[[], Case]] = {
     "einsum": einsum_family,
     "lazy_sums": lazy_sums,
     "residual": residual_stream,
+    "custom_gradient": custom_gradient_family,
     "reductions": reductions,
     "elementwise": elementwise_and_broadcast,
     "reshape": reshapes,

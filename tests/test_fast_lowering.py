@@ -214,3 +214,86 @@ def test_shape_constants_are_shared_by_the_ops_of_one_device(
     values = [v.numpy() for v in run(tf.constant(X.reshape(3, 4)))]
     np.testing.assert_array_equal(values[0], X.reshape(4, 3))
     np.testing.assert_array_equal(values[5], X.reshape(3, 4).sum(axis=1))
+
+
+def test_placement_merges_with_an_enclosing_device_scope(devices: list[str]) -> None:
+    placement = DeferredPlacement()
+
+    @tf.function(autograph=False)
+    def run(x):
+        with tf.device("/job:localhost/replica:0/task:0"):
+            with placement.on("/device:CPU:1"):
+                y = tf.math.exp(x)
+        with tf.device(devices[4]):
+            with placement.on(""):  # no device: the outer scope's stays
+                z = tf.math.log(x)
+            with placement.on(devices[2]):
+                with placement.on(devices[6]):  # the inner one wins
+                    w = tf.math.sqrt(x)
+                v = tf.math.square(x)
+        placement.flush()
+        return y, z, w, v
+
+    g = run.get_concrete_function(tf.TensorSpec([2], tf.float32)).graph
+    dev = {op.type: op.device for op in g.get_operations()}
+    assert dev["Exp"] == "/job:localhost/replica:0/task:0/device:CPU:1"
+    assert dev["Log"].endswith("CPU:4")
+    assert dev["Sqrt"].endswith("CPU:6")
+    assert dev["Square"].endswith("CPU:2")
+
+
+def test_ops_made_by_forcing_a_pending_sum_after_lowering_are_placed(
+    devices: list[str],
+) -> None:
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "m")
+    x = mtf.import_tf_tensor(mesh, np.ones((4, 8), np.float32), "a:4,k:8")
+    w = mtf.import_tf_tensor(mesh, np.ones((8, 2), np.float32), "k:8,h:2")
+    y = mtf.einsum([x, w], output_shape="a:4,h:2")  # pending over x
+    impl = mtf.PlacementMeshImpl("x:4", "k:x", devices[:4])
+    made = []
+
+    @tf.function(autograph=False)
+    def run():
+        lowering = mtf.Lowering(graph, {mesh: impl})
+        g = tf.compat.v1.get_default_graph()
+        n0 = g.num_operations()
+        laid = lowering.tensors[y]  # forces the allreduce now
+        made.extend(g.get_operations()[n0:])
+        return laid.slices
+
+    run.get_concrete_function()
+    assert [op.type for op in made] == ["AddN"]
+    assert made[0].device.endswith("CPU:0")
+
+
+def test_several_updates_of_one_variable_apply_in_order(devices: list[str]) -> None:
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "m")
+    v = mtf.get_variable(mesh, "v", "a:4", initializer=tf.zeros)
+    x = mtf.placeholder(mesh, "a:4", "float32", name="x")
+    updates = [mtf.assign(v, x), mtf.assign_add(v, x), mtf.assign_sub(v, x * 3.0)]
+    impl = mtf.PlacementMeshImpl("x:2", "a:x", devices[:2])
+    step = mtf.compile_function(graph, {mesh: impl}, inputs=[x], updates=updates)
+    for _ in range(5):
+        step(np.arange(4, dtype=np.float32))
+        np.testing.assert_array_equal(
+            step.variables.export(v.operation), -np.arange(4, dtype=np.float32)
+        )
+
+
+def test_an_assignment_of_a_dtype_without_a_fast_road_is_still_an_op(
+    devices: list[str],
+) -> None:
+    from mtf_core.lowering.fast_tf import assign_variable
+
+    flag = tf.Variable(False)
+
+    @tf.function(autograph=False)
+    def run():
+        op = assign_variable(flag, tf.constant(True))
+        assert isinstance(op, tf.Operation)
+        return tf.constant(0)
+
+    run()
+    assert bool(flag.numpy())

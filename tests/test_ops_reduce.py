@@ -185,3 +185,12 @@ def test_softmax_extra_logit_must_be_a_number_or_a_tensor() -> None:
     extra = mtf.zeros(mesh, "a:4")  # a tensor of the output's dims is fine
     y = mtf.softmax(x, "b", extra_logit=extra)
     assert y.shape == x.shape
+
+
+def test_softmax_extra_logit_takes_numpy_numbers_and_checks_tensor_dims() -> None:
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "m")
+    x = mtf.zeros(mesh, "a:4,b:3")
+    assert mtf.softmax(x, "b", extra_logit=np.float32(0.5)).shape == x.shape
+    with pytest.raises(mtf.ShapeError, match="extra_logit .*c:2"):
+        mtf.softmax(x, "b", extra_logit=mtf.zeros(mesh, "a:4,c:2"))

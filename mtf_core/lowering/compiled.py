@@ -147,17 +147,28 @@ class CompiledFunction:
 
 def _assign_after_read(lowering: Lowering, updates: Sequence[Operation]) -> None:
     """Makes each assignment's op on a device wait for that device's read of
-    the variable in this step, so every reader sees the value before the
-    step's update whatever the assigned value depends on."""
+    the variable in this step (so every reader sees the value from before
+    the step's update, whatever the assigned value depends on), and for the
+    variable's previous assignment in ``updates`` (so several updates of one
+    variable apply in the order given)."""
+    last: dict[Operation, list[Any]] = {}
     for op in updates:
         var = getattr(op, "variable", None)
-        assigns = lowering.lowered_operations.get(op)
-        if var is None or not assigns or var.outputs[0] not in lowering.tensors:
+        assigns = [
+            a if isinstance(a, tf.Operation) else getattr(a, "op", None)
+            for a in lowering.lowered_operations.get(op, [])
+        ]
+        assigns = [a for a in assigns if isinstance(a, tf.Operation)]
+        if var is None or not assigns:
             continue
-        reads = lowering.raw_tensor(var.outputs[0]).to_laid_out_tensor().slices
-        for read, assign in zip(reads, assigns):
-            if isinstance(assign, tf.Operation):
-                assign._add_control_inputs([read.op])
+        before = last.get(var)
+        if before is None and var.outputs[0] in lowering.tensors:
+            reads = lowering.raw_tensor(var.outputs[0]).to_laid_out_tensor().slices
+            before = [r.op for r in reads]
+        if before is not None:
+            for prev, assign in zip(before, assigns):
+                assign._add_control_inputs([prev])
+        last[var] = assigns
 
 
 def compile_function(

@@ -226,7 +226,10 @@ def assign_variable(variable: Any, value: Any, mode: str = "assign") -> Any:
         raise ValueError(f"assign mode {mode!r}: expected one of {sorted(_ASSIGN_OPS)}")
     if tf.executing_eagerly() or _graph((value,), _NUMBERS) is None:
         fn = {"assign": variable.assign, "add": variable.assign_add}
-        return fn.get(mode, variable.assign_sub)(value)
+        fn = fn.get(mode, variable.assign_sub)
+        if tf.executing_eagerly():
+            return fn(value)
+        return fn(value, read_value=False)  # the op, as the fast road returns
     g = tf_ops.get_default_graph()
     attrs = {"dtype": _type(variable.dtype)}
     if mode == "assign":

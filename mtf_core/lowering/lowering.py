@@ -23,13 +23,17 @@ class _TensorMap:
 
     def __init__(self) -> None:
         self.raw: dict[Tensor, Any] = {}
+        self.after_force: Callable[[], None] | None = None  # set once lowered
 
     def __getitem__(self, t: Tensor) -> Any:
         try:
             v = self.raw[t]
         except KeyError:
             raise LoweringError(f"tensor {t.name} has not been lowered") from None
-        return v.to_laid_out_tensor()
+        laid = v.to_laid_out_tensor()
+        if laid is not v and self.after_force is not None:
+            self.after_force()  # forcing a pending sum made ops: place them
+        return laid
 
     def __setitem__(self, t: Tensor, v: Any) -> None:
         self.raw[t] = v
@@ -112,6 +116,7 @@ class Lowering:
         for impl in self.mesh_to_impl.values():
             impl.current_op = None
         self._finish()
+        self.tensors.after_force = self._finish
 
     def _finish(self) -> None:
         for impl in self.mesh_to_impl.values():

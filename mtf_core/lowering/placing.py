@@ -22,16 +22,23 @@ from mtf_core.lowering.fast_tf import CONST_SCOPE
 
 
 class DeferredPlacement:
-    """``with placement.on(device): ...`` places every op created inside."""
+    """``with placement.on(device): ...`` places every op created inside.
+
+    The device merges with what an enclosing ``tf.device`` scope gave the op,
+    as ``tf.device`` would (``"/gpu:1"`` inside ``"/job:worker/task:1"`` is
+    ``/job:worker/task:1/device:GPU:1``); ``""`` places nothing.  An inner
+    ``on`` wins over an outer one.
+    """
 
     def __init__(self) -> None:
         self._graph: Any = None
-        self._runs: list[tuple[int, int, str]] = []
+        self._runs: list[list[Any]] = []  # [start, end, device], by start
         self._consts: dict[str, dict[tuple[int, ...], Any]] = {}
+        self._merged: dict[tuple[str, str], str] = {}
 
     @contextmanager
     def on(self, device: str) -> Iterator[None]:
-        if tf.executing_eagerly():
+        if tf.executing_eagerly() or not device:
             with tf.device(device):
                 yield
             return
@@ -39,29 +46,51 @@ class DeferredPlacement:
         if self._graph is not graph:
             self.flush()
             self._graph = graph
-            self._consts = {}
-        start = graph.num_operations()
-        token = CONST_SCOPE.set((graph, self._consts.setdefault(device, {})))
+        run = [graph.num_operations(), None, device]
+        self._runs.append(run)
+        # Shape constants are shared only where nothing else can attach to
+        # them: no control dependencies or control-flow context around.
+        shareable = (
+            not graph._control_dependencies_stack
+            and graph._get_control_flow_context() is None
+        )
+        consts = self._consts.setdefault(device, {}) if shareable else None
+        token = CONST_SCOPE.set(None if consts is None else (graph, consts))
         try:
             yield
         finally:
             CONST_SCOPE.reset(token)
-        end = graph.num_operations()
-        if end > start:
-            self._runs.append((start, end, device))
+            run[1] = graph.num_operations()
 
     def flush(self) -> None:
         """Sets the device of every op noted so far (ops are listed in the
-        order they were created)."""
+        order they were created) and forgets the shared constants."""
+        self._consts = {}
         if not self._runs:
             return
+        runs, self._runs = self._runs, []
         ops = self._graph.get_operations()
-        for start, end, device in self._runs:
-            if end > len(ops):
+        for run in runs:
+            start, end, device = run
+            stop = len(ops) if end is None else end
+            if stop > len(ops):
                 raise LoweringError(
-                    f"graph lists {len(ops)} ops but {end} were created: "
+                    f"graph lists {len(ops)} ops but {stop} were created: "
                     "cannot place them"
                 )
-            for op in ops[start:end]:
-                op._set_device(device)
-        self._runs = []
+            for op in ops[start:stop]:
+                op._set_device(self._merge(op.device, device))
+            if end is None:  # still open (flushed from inside on()): the rest later
+                run[0] = stop
+                self._runs.append(run)
+
+    def _merge(self, outer: str, device: str) -> str:
+        if not outer:
+            return device
+        key = (outer, device)
+        merged = self._merged.get(key)
+        if merged is None:
+            spec = tf.DeviceSpec.from_string(outer)
+            merged = spec.make_merged_spec(tf.DeviceSpec.from_string(device))
+            merged = self._merged[key] = merged.to_string()
+        return merged

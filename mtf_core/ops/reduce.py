@@ -218,7 +218,8 @@ def reduce_logsumexp(
     shape = _output_shape(x, output_shape, reduced_dim)
     m = ew.stop_gradient(reduce_max(x, output_shape=shape))
     if extra_logit is not None:
-        m = ew.maximum(m, _stopped(extra_logit))
+        extra_logit = _extra_logit(extra_logit, shape)
+        m = ew.maximum(m, extra_logit)
     total = reduce_sum(ew.exp(x - m), output_shape=shape)
     if extra_logit is not None:
         total = total + ew.exp(extra_logit - m)
@@ -240,12 +241,24 @@ def log_softmax(x: Tensor, reduced_dim: Any, extra_logit: Any = None) -> Tensor:
     return x - reduce_logsumexp(x, reduced_dim, extra_logit=extra_logit)
 
 
-def _stopped(v: Any) -> Any:
+def _extra_logit(v: Any, shape: Shape) -> Any:
+    """``extra_logit`` with its gradient stopped (as in Mesh TensorFlow): a
+    tensor of the output's dims, or a number."""
     if isinstance(v, Tensor):
+        if not set(v.shape.dimension_names) <= set(shape.dimension_names):
+            raise ShapeError(
+                f"extra_logit {v.name} [{v.shape}] has dims the output [{shape}] "
+                "does not; expected a subset of its dims"
+            )
         return ew.stop_gradient(v)
-    if isinstance(v, bool) or not isinstance(v, int | float):
-        raise ArgumentError(f"extra_logit {v!r}: expected a number or an mtf.Tensor")
-    return float(v)
+    try:
+        if isinstance(v, bool | str | bytes):
+            raise TypeError
+        return float(v)
+    except (TypeError, ValueError):
+        raise ArgumentError(
+            f"extra_logit {v!r}: expected a number or an mtf.Tensor"
+        ) from None
 
 
 class Broadcast(Operation):
