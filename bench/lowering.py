@@ -301,7 +301,7 @@ Machine: {machine}.
 {table}
 
 "lower" is `CompiledFunction.trace()`: lowering every mtf op onto all {n}
-devices inside `tf.function`, wall and CPU seconds; build, variables and lower
+devices inside the step function, wall and CPU seconds; build, variables and lower
 are the best of {repeats} fresh runs, step times the best of {steps} steps.
 "first step" adds TensorFlow's own graph optimization and the first run.  The
 {n} logical devices share the machine's cores, so the mtf step pays for
