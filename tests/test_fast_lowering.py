@@ -9,7 +9,7 @@ from collections import Counter
 import numpy as np
 import pytest
 import tensorflow as tf
-from test_lowering import _training_step
+from test_lowering import _batches, _training_step
 
 import mtf_core as mtf
 from mtf_core.lowering.fast_tf import FAST_TF
@@ -297,3 +297,22 @@ def test_an_assignment_of_a_dtype_without_a_fast_road_is_still_an_op(
 
     run()
     assert bool(flag.numpy())
+
+
+def test_graph_optimization_is_off_on_cpu_meshes_and_changes_no_value(
+    devices: list[str],
+) -> None:
+    from layout_cases import SPLIT_2D
+    from tensorflow.python.eager import context
+
+    losses = {}
+    for optimize in (None, True):
+        fn, _ = _training_step(SPLIT_2D, devices)
+        if optimize is not None:
+            fn.graph_optimization = optimize
+        before = context.context().function_call_options.config_proto_serialized
+        losses[optimize] = [fn(*b)[0] for b in _batches(2)]
+        # the caller's options are left as they were
+        assert context.context().function_call_options.config_proto_serialized == before
+        assert fn.graph_optimization is (optimize is True)
+    np.testing.assert_allclose(losses[None], losses[True], rtol=1e-6)

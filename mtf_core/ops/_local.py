@@ -80,3 +80,28 @@ def inverse_permutation(perm: Sequence[int]) -> list[int]:
     for i, p in enumerate(perm):
         inv[p] = i
     return inv
+
+
+def block_ids(tf: Any, i: Any, c: Any, k: int) -> tuple[Any, Any]:
+    """Ids relative to a device's block ``[c*k, (c+1)*k)`` of a split dim
+    (``c``: the device's coordinate, an int or a scalar tensor), as int32 or
+    int64, and whether each falls in the block."""
+    if i.dtype not in (tf.int32, tf.int64):
+        i = tf.cast(i, tf.int32)
+    if not isinstance(c, int) or c:
+        i = i - tf.cast(c * k, i.dtype)
+    return i, tf.logical_and(i >= 0, i < k)
+
+
+def masked_gather(tf: Any, w: Any, i: Any, c: Any, k: int, batch: int) -> Any:
+    """Rows of ``w`` along axis ``batch`` (after ``batch`` leading dims shared
+    with ``i``) for the ids ``i`` in this device's block ``[c*k, (c+1)*k)``;
+    zeros for ids outside it (another device has those rows)."""
+    ids, valid = block_ids(tf, i, c, k)
+    g = tf.gather(
+        w, tf.where(valid, ids, tf.zeros_like(ids)), axis=batch, batch_dims=batch
+    )
+    rest = g.shape.rank - valid.shape.rank
+    if rest:
+        valid = tf.reshape(valid, valid.shape.as_list() + [1] * rest)
+    return tf.where(valid, g, tf.zeros([], g.dtype))

@@ -22,7 +22,7 @@ from mtf_core.comm import CollectiveSpec, LayoutContext, allreduce_collectives
 from mtf_core.errors import DTypeError, ShapeError
 from mtf_core.graph import Mesh, Operation, Tensor, check_same_mesh
 from mtf_core.lowering.lazy import LazyAllreduceSum
-from mtf_core.ops._local import maybe_transpose
+from mtf_core.ops._local import masked_gather, maybe_transpose
 from mtf_core.ops.arguments import check_mesh, dim_of, sized_dim
 
 # Re-exported: these were defined here first.
@@ -268,14 +268,7 @@ class Gather(Operation):
 
         def local(w: Any, i: Any, c: Any) -> Any:
             w = maybe_transpose(tf, w, w_perm)
-            i = _wide_ids(tf, maybe_transpose(tf, i, i_perm))
-            ids = i - tf.cast(c * kv, i.dtype)
-            valid = tf.logical_and(ids >= 0, ids < kv)
-            g = tf.gather(
-                w, tf.where(valid, ids, tf.zeros_like(ids)), axis=nb, batch_dims=nb
-            )
-            mask = tf.reshape(valid, valid.shape.as_list() + [1] * len(w_rest))
-            g = tf.where(mask, g, tf.zeros_like(g))
+            g = masked_gather(tf, w, maybe_transpose(tf, i, i_perm), c, kv, nb)
             return maybe_transpose(tf, g, o_perm)
 
         coord = 0 if m is None else impl.laid_out_pcoordinate(m)

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from mtf_core import dtypes
 from mtf_core.graph import Tensor
-from mtf_core.ops._local import maybe_transpose
+from mtf_core.ops._local import block_ids, masked_gather, maybe_transpose
 
 if TYPE_CHECKING:
     from mtf_core.ops.indexing import OneHot
@@ -151,30 +151,12 @@ def lower_onehot_einsum(
     )
 
 
-def _local_ids(tf: Any, i: Any, c: Any, k: int) -> tuple[Any, Any]:
-    """Ids relative to this device's block ``[c*k, (c+1)*k)`` and whether each
-    falls in it (one_hot gives a row of zeros for the others)."""
-    if i.dtype not in (tf.int32, tf.int64):
-        i = tf.cast(i, tf.int32)
-    if not isinstance(c, int) or c:
-        i = i - tf.cast(c * k, i.dtype)
-    return i, tf.logical_and(i >= 0, i < k)
-
-
 def _local_gather(
     tf: Any, plan: OneHotEinsumPlan, k: int, w: Any, i: Any, c: Any
 ) -> Any:
     w = maybe_transpose(tf, w, plan.other_perm)
-    ids, valid = _local_ids(tf, maybe_transpose(tf, i, plan.ids_perm), c, k)
-    g = tf.gather(
-        w,
-        tf.where(valid, ids, tf.zeros_like(ids)),
-        axis=plan.batch,
-        batch_dims=plan.batch,
-    )
-    if plan.rest:
-        valid = tf.reshape(valid, valid.shape.as_list() + [1] * plan.rest)
-    g = tf.where(valid, g, tf.zeros([], g.dtype))
+    i = maybe_transpose(tf, i, plan.ids_perm)
+    g = masked_gather(tf, w, i, c, k, plan.batch)
     return maybe_transpose(tf, g, plan.out_perm)
 
 
@@ -184,7 +166,7 @@ def _local_segment_sum(
     w = maybe_transpose(tf, w, plan.other_perm)
     n_ids = i.shape.rank
     rows = tf.reshape(w, [-1] + w.shape.as_list()[n_ids:])
-    ids, valid = _local_ids(tf, tf.reshape(i, [-1]), c, k)
+    ids, valid = block_ids(tf, tf.reshape(i, [-1]), c, k)
     # unsorted_segment_sum drops negative ids (and rejects ids >= k).
     ids = tf.where(valid, ids, -tf.ones_like(ids))
     s = tf.math.unsorted_segment_sum(rows, ids, k)
