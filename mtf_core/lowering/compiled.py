@@ -128,8 +128,8 @@ class CompiledFunction:
         # A v1-style function: no automatic control dependencies, whose pass
         # over every op took a third of the tracing time.  The lowering orders
         # what needs ordering itself: each slice variable is read once, its
-        # assignment waits for that read (placement.assign_variables), and the
-        # outputs wait for every assignment (_run).
+        # assignments wait for that read and for each other
+        # (_assign_after_read), and the outputs wait for every assignment.
         return tf.compat.v1.wrap_function(self._run, self._signature)
 
     def __call__(self, *values: Any) -> list[np.ndarray]:

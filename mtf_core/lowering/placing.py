@@ -4,9 +4,9 @@ Entering ``tf.device`` costs more than creating a small op, and the placement
 backend would enter it once per op per device.  While a graph is being built
 (``tf.function`` tracing, or a v1 graph) :class:`DeferredPlacement` instead
 notes which run of newly created ops belongs to which device and sets their
-devices in one pass at the end; the shape and axis constants the fast ops make
-(fast_tf.py) are shared by the ops of one device.  Executing eagerly, ops run as they are
-created, so it enters ``tf.device`` as usual.
+devices in one pass at the end; the shape and axis constants the fast ops
+make (fast_tf.py) are shared by the ops of one device.  Executing eagerly, ops
+run as they are created, so it enters ``tf.device`` as usual.
 """
 
 from __future__ import annotations
