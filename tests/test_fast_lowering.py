@@ -9,6 +9,7 @@ from collections import Counter
 import numpy as np
 import pytest
 import tensorflow as tf
+from layout_cases import LayoutCase
 from test_lowering import _batches, _training_step
 
 import mtf_core as mtf
@@ -22,6 +23,18 @@ pytestmark = pytest.mark.tf
 def _logical_devices(devices: list[str]) -> None:
     """TF's devices are set up before any test here touches TensorFlow."""
 
+
+class _Placed(LayoutCase):
+    """A layout case that stays on the placement backend (what these tests are
+    about) when the SPMD suite swaps ``LayoutCase.impl``."""
+
+    def impl(self, devices: list[str]) -> mtf.PlacementMeshImpl:
+        return mtf.PlacementMeshImpl(
+            self.mesh_shape, self.rules, devices[: self.n_devices]
+        )
+
+
+PLACED_2D = _Placed("placed_2d", "data:2;model:4", "batch:data;hidden:model")
 
 X = np.arange(12, dtype=np.float32).reshape(3, 4) / 7.0 + 0.5
 Y = np.linspace(0.5, 2.0, 12, dtype=np.float32).reshape(3, 4)
@@ -114,13 +127,11 @@ def test_deferred_placement_places_every_op_made_inside(devices: list[str]) -> N
 
 
 def test_a_compiled_step_places_each_op_on_a_mesh_device(devices: list[str]) -> None:
-    from layout_cases import SPLIT_2D
-
-    fn, _ = _training_step(SPLIT_2D, devices)
+    fn, _ = _training_step(PLACED_2D, devices)
     fn.trace()
     ops = fn.concrete.graph.get_operations()
     placed = Counter(op.device.rsplit(":", 1)[-1] for op in ops if op.device)
-    assert sorted(placed) == [str(i) for i in range(SPLIT_2D.n_devices)]
+    assert sorted(placed) == [str(i) for i in range(PLACED_2D.n_devices)]
     unplaced = Counter(op.type for op in ops if not op.device)
     # only the function's own plumbing (arguments, step counter, outputs)
     assert sum(unplaced.values()) <= 12, unplaced
@@ -302,12 +313,11 @@ def test_an_assignment_of_a_dtype_without_a_fast_road_is_still_an_op(
 def test_graph_optimization_is_off_on_cpu_meshes_and_changes_no_value(
     devices: list[str],
 ) -> None:
-    from layout_cases import SPLIT_2D
     from tensorflow.python.eager import context
 
     losses = {}
     for optimize in (None, True):
-        fn, _ = _training_step(SPLIT_2D, devices)
+        fn, _ = _training_step(PLACED_2D, devices)
         if optimize is not None:
             fn.graph_optimization = optimize
         before = context.context().function_call_options.config_proto_serialized
