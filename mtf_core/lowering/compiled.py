@@ -51,6 +51,15 @@ def init_step_state(
     step.counters = None
 
 
+def check_arity(step: Any, values: Sequence[Any]) -> None:
+    """Raises unless ``values`` has one value per input placeholder of ``step``."""
+    if len(values) != len(step.inputs):
+        raise LoweringError(
+            f"compiled function takes {len(step.inputs)} inputs "
+            f"({[t.name for t in step.inputs]}), got {len(values)}"
+        )
+
+
 class CompiledFunction:
     """``fn(*placeholder_values) -> [output values]``, updates applied in place.
 
@@ -133,11 +142,7 @@ class CompiledFunction:
         return tf.compat.v1.wrap_function(self._run, self._signature)
 
     def __call__(self, *values: Any) -> list[np.ndarray]:
-        if len(values) != len(self.inputs):
-            raise LoweringError(
-                f"compiled function takes {len(self.inputs)} inputs "
-                f"({[t.name for t in self.inputs]}), got {len(values)}"
-            )
+        check_arity(self, values)
         self.trace()
         args = [
             tf.convert_to_tensor(v, dtype=spec.dtype)

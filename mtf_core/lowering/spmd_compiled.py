@@ -28,7 +28,7 @@ import tensorflow as tf
 
 from mtf_core.errors import LoweringError
 from mtf_core.graph import Graph, Mesh, Operation, Tensor
-from mtf_core.lowering.compiled import init_step_state
+from mtf_core.lowering.compiled import check_arity, init_step_state
 from mtf_core.lowering.counters import Counters
 from mtf_core.lowering.lowering import Lowering
 from mtf_core.lowering.spmd import SimdMeshImpl
@@ -148,10 +148,6 @@ class SpmdCompiledFunction:
         return seconds
 
     def __call__(self, *values: Any) -> list[np.ndarray]:
-        if len(values) != len(self.inputs):
-            raise LoweringError(
-                f"compiled function takes {len(self.inputs)} inputs "
-                f"({[t.name for t in self.inputs]}), got {len(values)}"
-            )
+        check_arity(self, values)
         outs = self._launcher(*values)
         return [o.numpy() for o in outs]

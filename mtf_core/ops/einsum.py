@@ -11,6 +11,7 @@ rejected with a LayoutError naming the dims and the axis.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -43,8 +44,6 @@ class Einsum(Operation):
         dt = check_same_dtype(inputs, "einsum")
         super().__init__(inputs, name=name or "einsum")
         self._reduced: tuple[str, ...] | None = None
-        self._onehot_plan: OneHotEinsumPlan | None = None
-        self._onehot_planned = False
         output_shape = convert_to_shape(output_shape)
         known: dict[str, int] = {}
         for t in inputs:
@@ -81,17 +80,12 @@ class Einsum(Operation):
             self._reduced = tuple(seen)
         return list(self._reduced)
 
-    @property
+    @functools.cached_property  # shapes never change
     def onehot_plan(self) -> OneHotEinsumPlan | None:
         """How :meth:`lower` computes this einsum as a lookup, when one input
         is a ``one_hot`` (None: a plain ``tf.einsum``).  ``flops`` still counts
         the einsum, so the cost model and the lowering's counters agree."""
-        if not self._onehot_planned:  # cached: shapes never change
-            self._onehot_plan = plan_onehot_einsum(
-                self.inputs, self.outputs[0].shape.dimension_names
-            )
-            self._onehot_planned = True
-        return self._onehot_plan
+        return plan_onehot_einsum(self.inputs, self.outputs[0].shape.dimension_names)
 
     def flops(self) -> float:
         sizes = {d.name: d.size for t in self.inputs + self.outputs for d in t.shape}
