@@ -26,6 +26,7 @@ run: $(STAMP)
 	$(VENV)/bin/mtf-planner serve --host 127.0.0.1 --port $(PLANNER_PORT) --data-dir $(PLANNER_DATA)
 
 lint: $(STAMP)
+	$(PY) .ci/large_files.py
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports

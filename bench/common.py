@@ -3,7 +3,8 @@ section of docs/benchmarks.md without touching the others.
 
 Benchmarks measure; tests never assert speed.  Each script prints progress as
 it goes and writes its results table, with the exact command that made it,
-into its own ``## <Title>`` section of docs/benchmarks.md.
+into its own section of docs/benchmarks.md, fenced by ``<!-- BEGIN key -->`` /
+``<!-- END key -->`` markers (``replace_section``).
 """
 
 from __future__ import annotations
@@ -103,20 +104,43 @@ def command_line() -> str:
     return " ".join(shlex.quote(a) for a in [".venv/bin/python", script, *sys.argv[1:]])
 
 
-def replace_section(title: str, body: str, path: Path = BENCHMARKS_MD) -> None:
-    """Writes ``## title`` with ``body`` into ``path``: replaces that section if
-    present (up to the next ``## `` heading, or the ``<!-- BEGIN`` marker of a
-    section another script writes), else appends it; creates the file with a
-    short intro if missing."""
+def section_markers(key: str) -> tuple[str, str]:
+    """The two HTML comments that fence the section ``key`` in the docs."""
+    if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", key):
+        raise ValueError(
+            f"section key must be lower-case words joined by '-', got {key!r}"
+        )
+    return f"<!-- BEGIN {key} -->", f"<!-- END {key} -->"
+
+
+def replace_section(
+    key: str, body: str, *, title: str | None = None, path: Path = BENCHMARKS_MD
+) -> None:
+    """Writes ``body`` between ``<!-- BEGIN key -->`` and ``<!-- END key -->`` in
+    ``path`` (docs/benchmarks.md), headed by ``## title`` when one is given.
+
+    Every benchmark script writes through this one function, so all sections
+    share one marker scheme and a script can only ever replace the text inside
+    its own markers: hand-written prose around them and the other scripts'
+    sections are left as they are.  A section whose markers are missing is
+    appended; the file is created with a short intro if missing."""
+    begin, end = section_markers(key)
     text = path.read_text() if path.exists() else INTRO
-    section = f"## {title}\n\n{body.strip()}\n"
-    pattern = re.compile(
-        rf"^## {re.escape(title)}[ \t]*\n.*?(?=^## |^<!-- BEGIN |\Z)",
-        re.MULTILINE | re.DOTALL,
-    )
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section + "\n", text, count=1).rstrip() + "\n"
+    content = body.strip()
+    if title is not None:
+        content = f"## {title}\n\n{content}"
+    block = f"{begin}\n{content}\n{end}"
+    if text.count(begin) > 1 or text.count(end) > 1:
+        raise ValueError(f"{path} holds the markers of section {key!r} more than once")
+    if begin in text:
+        if end not in text or text.index(end) < text.index(begin):
+            raise ValueError(
+                f"{path}: section {key!r} has {begin} without a later {end}"
+            )
+        head, rest = text.split(begin, 1)
+        tail = rest.split(end, 1)[1]
+        text = head + block + tail
     else:
-        text = text.rstrip() + "\n\n" + section
+        text = text.rstrip() + "\n\n" + block + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)

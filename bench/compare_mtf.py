@@ -16,16 +16,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from common import replace_section
+
 ROOT = Path(__file__).resolve().parent.parent
 OURS = [str(ROOT / ".venv/bin/python"), str(ROOT / "bench/baseline/run_ours.py")]
 THEIRS = [str(ROOT / ".venv-mtf/bin/python"), str(ROOT / "bench/baseline/run_mtf.py")]
-DOC = ROOT / "docs/benchmarks.md"
 
 
 def run(cmd: list[str], timeout_s: int) -> dict:
@@ -51,22 +51,6 @@ def ratio(theirs: dict, ours: dict, key: str) -> str:
 
 def fmt(v: object) -> str:
     return f"{v:.3f}" if isinstance(v, float) else str(v)
-
-
-def replace_section(name: str, body: str) -> None:
-    begin, end = f"<!-- BEGIN {name} -->", f"<!-- END {name} -->"
-    text = DOC.read_text() if DOC.exists() else "# Benchmarks\n"
-    block = f"{begin}\n{body.rstrip()}\n{end}"
-    if begin in text:
-        text = re.sub(
-            re.escape(begin) + r".*?" + re.escape(end),
-            lambda _: block,
-            text,
-            flags=re.S,
-        )
-    else:
-        text = text.rstrip() + "\n\n" + block + "\n"
-    DOC.write_text(text)
 
 
 def main() -> None:

@@ -1,9 +1,10 @@
 """Load test of the planner service on loopback: concurrent clients asking for
 a mix of cached plans and new ones, bounded in time, reporting p50/p99 latency
-and requests/s, and writing the "Service" section of docs/benchmarks.md.
+and requests/s; with ``--write`` it also writes the "Service" section of
+docs/benchmarks.md (without it, the docs are left alone).
 
-    .venv/bin/python bench/load.py                     # 50 clients, 60 s
-    .venv/bin/python bench/load.py --clients 5 --duration 3 --no-write
+    .venv/bin/python bench/load.py --write             # 50 clients, 60 s
+    .venv/bin/python bench/load.py --clients 5 --duration 3
 
 It starts the real server (``python -m api.cli serve``, one solve worker) on a
 free 127.0.0.1 port with a fresh data dir, plans the cached set once, then
@@ -253,7 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--workers", type=int, default=1, help="solve worker processes")
     p.add_argument(
-        "--no-write", action="store_true", help="do not touch docs/benchmarks.md"
+        "--write",
+        action="store_true",
+        help="write the results into docs/benchmarks.md (default: only print them)",
     )
     args = p.parse_args(argv)
 
@@ -318,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         print("  ", e)
     if stats.cached_s:
         print(f"cached mean {statistics.mean(stats.cached_s) * 1e3:.1f} ms")
-    if not args.no_write:
+    if args.write:
         body = f"""Command: `{command_line()}`
 
 Machine: {machine_summary()}.  The server (`mtf-planner serve`, one uvicorn
@@ -337,7 +340,7 @@ solve in the worker).  Errors (any non-200 answer or transport error): **{len(st
 
 {server_line}
 """
-        replace_section(SECTION, body)
+        replace_section("service", body, title=SECTION)
         print(f"wrote the {SECTION!r} section of docs/benchmarks.md")
     return 1 if stats.errors else 0
 

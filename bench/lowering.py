@@ -313,7 +313,7 @@ Lowering time is almost all TensorFlow's own Python op construction
 backend makes {per_op:.1f} TF ops per mtf op per device, so lowering grows
 linearly with layers and with devices, and its speed follows the machine's
 load.  Mesh TensorFlow 0.1.21 lowered an 8-layer Transformer training graph on
-8 logical CPUs in 8.4 s on this machine (issue 2); since timings move with the
+8 logical CPUs in 8.4 s on this machine in an early run; since timings move with the
 load, compare the two libraries like with like in the Transformer section's
 side-by-side runs (`bench/compare_mtf.py`: same graph, one run), and see the
 SPMD section for a backend that traces the per-device program once instead of
@@ -399,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
         machine,
         common.command_line(),
     )
-    common.replace_section("Lowering", body)
+    common.replace_section("lowering", body, title="Lowering")
     print(f"\nwrote the Lowering section of {common.BENCHMARKS_MD}")
     return 0
 

@@ -250,7 +250,7 @@ def main() -> None:
     )
     print(body)
     if not args.no_write:
-        replace_section("Planner", body)
+        replace_section("planner", body, title="Planner")
 
 
 if __name__ == "__main__":

@@ -198,7 +198,7 @@ span processes and hosts.
 """
     print(table)
     if not args.no_write:
-        common.replace_section("SPMD", body)
+        common.replace_section("spmd", body, title="SPMD")
 
 
 if __name__ == "__main__":

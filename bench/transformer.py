@@ -232,7 +232,7 @@ def main() -> None:
             )
         )
         return
-    from compare_mtf import replace_section
+    from common import replace_section
 
     rows: list[dict] = []
     load = os.getloadavg()[0]

@@ -186,12 +186,12 @@ _LAZY.update(
     }
 )
 
-# Models, optimizers and layout presets (issue 3).
+# Models, optimizers and layout presets.
 from mtf_core import models, optimize, presets  # noqa: E402
 from mtf_core.errors import ConfigError  # noqa: E402
 from mtf_core.ops.conv import conv2d  # noqa: E402
 
-# The SPMD backend and multi-process meshes (issue 6): TensorFlow on first use.
+# The SPMD backend and multi-process meshes: TensorFlow on first use.
 _LAZY["SimdMeshImpl"] = ("mtf_core.lowering.spmd", "SimdMeshImpl")
 _LAZY["simd_mesh_impl"] = ("mtf_core.lowering.spmd", None)
 _LAZY["ClusterSpec"] = ("mtf_core.lowering.cluster", "ClusterSpec")

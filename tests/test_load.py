@@ -24,8 +24,10 @@ def test_short_load_run_has_no_errors():
         "--duration",
         "3",
     ]
+    doc = ROOT / "docs" / "benchmarks.md"
+    before = doc.read_text()
     out = subprocess.run(
-        [*cmd, "--think-ms", "50", "--new-per-s", "2", "--no-write"],
+        [*cmd, "--think-ms", "50", "--new-per-s", "2"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -33,6 +35,7 @@ def test_short_load_run_has_no_errors():
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "errors: 0;" in out.stdout
+    assert doc.read_text() == before, "load.py rewrote the docs without --write"
     rows = {
         line.split("|")[1].strip(): line
         for line in out.stdout.splitlines()
