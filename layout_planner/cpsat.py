@@ -1,8 +1,8 @@
 """The layout integer program in OR-tools CP-SAT, and the solve loop.
 
-Import this module only where solving is safe (see
-:mod:`layout_planner.solver_process`): OR-tools crashes in ``Solve`` when
-TensorFlow was loaded into the process before it.
+OR-tools is imported through :func:`layout_planner.solver_process.cp_sat_import`
+(``RTLD_DEEPBIND``), so that TensorFlow's native libraries, loaded before or
+after, cannot break CP-SAT in this process (see that module).
 """
 
 from __future__ import annotations
@@ -12,9 +12,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from ortools.sat.python import cp_model
 
 from layout_planner.errors import SolverError
+from layout_planner.solver_process import cp_sat_import
+
+with cp_sat_import():
+    from ortools.sat.python import cp_model
 from layout_planner.program import (
     IntegerProgram,
     Objective,

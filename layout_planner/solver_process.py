@@ -1,22 +1,32 @@
-"""Where CP-SAT runs: in this process when that is safe, else in a clean worker.
+"""Where CP-SAT runs: in this process, imported so that TensorFlow cannot break it.
 
 OR-tools 9.15's CP-SAT crashes (SIGSEGV inside ``Solve``) in a process that
-loaded TensorFlow 2.21 *before* OR-tools; loaded the other way round both work
-(``tests/test_planner_tf_safety.py`` runs both orders in subprocesses).  So:
+loaded TensorFlow 2.21 first, when OR-tools is imported the ordinary way.  The
+cause is symbol interposition: TensorFlow loads its native libraries with
+``RTLD_GLOBAL``, and its own copies of Abseil and protobuf then stand in for
+the ones OR-tools bundles, which are built differently.  :func:`cp_sat_import`
+imports OR-tools with ``RTLD_DEEPBIND``, so OR-tools' libraries look up
+symbols in their own dependencies first; then CP-SAT works in process whatever
+was loaded before or after it (``tests/test_planner_tf_safety.py`` proves both
+orders, many solves, several CP-SAT workers and a large model, each in its own
+interpreter).  :mod:`layout_planner.cpsat` imports OR-tools only that way.
 
-* if TensorFlow is not loaded when the first solve happens, OR-tools is
-  imported here and now, and every later solve in this process runs in place;
-* otherwise (TensorFlow first, or both already loaded in an unknown order) the
-  program, plain picklable data, goes to a worker process started with
-  ``python -m layout_planner.solver_worker``: a fresh interpreter that never
-  imports TensorFlow.  The worker is started once and reused.
+A clean worker process (``python -m layout_planner.solver_worker``, which never
+imports TensorFlow, started once and reused) remains the fallback, used only
+where the in-process solve is not known to be safe:
 
-``MTF_PLANNER_SOLVER=inprocess|subprocess`` forces one or the other.
+* the platform has no ``RTLD_DEEPBIND`` (not glibc: macOS, musl) and
+  TensorFlow was loaded before the first solve;
+* OR-tools was imported by someone else, the ordinary way, while TensorFlow
+  was already loaded (the order is then unknown);
+* ``MTF_PLANNER_SOLVER=subprocess`` forces it (``inprocess`` forces the
+  other way).
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import pickle
 import struct
@@ -24,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Iterator
 from typing import IO, Any
 
 from layout_planner.errors import SolverError
@@ -31,8 +42,12 @@ from layout_planner.program import IntegerProgram, ProgramResult, SolveParams
 
 _ENV = "MTF_PLANNER_SOLVER"
 _ORTOOLS = "ortools.sat.python.cp_model"
-_lock = threading.Lock()
-_inprocess_safe: bool | None = None
+_lock = threading.RLock()
+# How OR-tools came into this process: "deepbind" (imported by
+# cp_sat_import with RTLD_DEEPBIND), "before-tf" (imported the ordinary way
+# while TensorFlow was not loaded), "after-tf" (the ordinary way, TensorFlow
+# already loaded: unsafe), or None (not imported yet).
+_how_loaded: str | None = None
 _worker: _Worker | None = None
 
 
@@ -57,7 +72,10 @@ def solve(program: IntegerProgram, params: SolveParams) -> tuple[ProgramResult, 
 
 
 def solver_location() -> str:
-    """``"inprocess"`` or ``"subprocess"``: where the next solve will run."""
+    """``"inprocess"`` or ``"subprocess"``: where the next solve will run.
+
+    The first call imports OR-tools (through :func:`cp_sat_import`) unless the
+    environment forces the worker."""
     forced = os.environ.get(_ENV, "").strip().lower()
     if forced in ("inprocess", "subprocess"):
         return forced
@@ -68,17 +86,56 @@ def solver_location() -> str:
             f"{_ENV}={forced!r} is not understood; expected 'inprocess' or "
             "'subprocess' (or unset)"
         )
-    global _inprocess_safe
+    return "inprocess" if inprocess_safe() else "subprocess"
+
+
+def inprocess_safe() -> bool:
+    """Whether CP-SAT can solve in this process (imports OR-tools if needed)."""
     with _lock:
-        if _inprocess_safe is None:
-            if "tensorflow" in sys.modules:
-                _inprocess_safe = False
+        if _how_loaded is None:
+            import layout_planner.cpsat  # noqa: F401  (through cp_sat_import)
+        return _how_loaded in ("deepbind", "before-tf")
+
+
+def how_loaded() -> str | None:
+    """How OR-tools was imported into this process (see the module doc), or
+    None if it was not."""
+    return _how_loaded
+
+
+@contextlib.contextmanager
+def cp_sat_import() -> Iterator[None]:
+    """The context in which to import ``ortools.sat.python.cp_model``.
+
+    With ``RTLD_DEEPBIND`` (where the platform has it), every native library
+    the import loads binds to its own dependencies before the process's global
+    symbols, so TensorFlow's bundled Abseil and protobuf, loaded before or
+    after, cannot stand in for OR-tools'.  The process's dlopen flags are
+    restored afterwards (they are process-wide: a native module imported by
+    another thread in this short window gets the same flags, which only makes
+    it prefer its own dependencies too).
+    """
+    global _how_loaded
+    with _lock:
+        if _ORTOOLS in sys.modules:  # imported before, by us or by someone else
+            if _how_loaded is None:
+                _how_loaded = "after-tf" if "tensorflow" in sys.modules else "before-tf"
+            yield
+            return
+        deepbind = getattr(os, "RTLD_DEEPBIND", None)
+        tf_loaded = "tensorflow" in sys.modules
+        flags = sys.getdlopenflags()
+        if deepbind is not None:
+            sys.setdlopenflags(os.RTLD_NOW | deepbind)
+        try:
+            yield
+        finally:
+            sys.setdlopenflags(flags)
+        if _ORTOOLS in sys.modules:
+            if deepbind is not None:
+                _how_loaded = "deepbind"
             else:
-                # Loading OR-tools before TensorFlow makes both safe for the
-                # life of this process.
-                __import__(_ORTOOLS)
-                _inprocess_safe = True
-    return "inprocess" if _inprocess_safe else "subprocess"
+                _how_loaded = "after-tf" if tf_loaded else "before-tf"
 
 
 class _Worker:
