@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from api_cases import free_port, mlp_doc, service_settings
 from fastapi.testclient import TestClient
+from services import service_missing
 
 from api.main import create_app
 from api.store import JobRecord, PlanRecord, Store, open_store
@@ -38,7 +39,7 @@ def postgres_url() -> Iterator[str]:
     user when we are root: PostgreSQL refuses to run as root)."""
     bindir = _pg_bindir()
     if bindir is None:
-        pytest.skip(
+        service_missing(
             "PostgreSQL is not installed (apt-get install postgresql; .ci/run does)"
         )
     prefix: list[str] = []
@@ -47,7 +48,7 @@ def postgres_url() -> Iterator[str]:
         try:
             user = pwd.getpwnam("postgres")
         except KeyError:
-            pytest.skip(
+            service_missing(
                 "running as root and there is no 'postgres' user to run PostgreSQL"
             )
         os.chown(root, user.pw_uid, user.pw_gid)

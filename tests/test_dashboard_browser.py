@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 from api_cases import ServerThread, service_settings
+from services import service_missing
 
 from api.examples import example_graph
 
@@ -59,7 +60,7 @@ def plan(server: ServerThread) -> dict:
 @pytest.fixture(scope="module")
 def browser() -> Iterator:
     if not Path(CHROMIUM).exists():
-        pytest.skip(
+        service_missing(
             f"Debian chromium is not installed at {CHROMIUM} (.ci/run installs it)"
         )
     from playwright.sync_api import sync_playwright
