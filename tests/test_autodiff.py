@@ -151,10 +151,27 @@ def test_gradients_accept_variables_and_their_value_tensors() -> None:
 
 
 def test_gradient_graph_is_made_of_mtf_ops_on_the_same_mesh() -> None:
-    graph, mesh, t, var_grads = _classifier()
-    for _, g in var_grads:
-        assert isinstance(g, mtf.Tensor) and g.mesh is mesh
-    assert all(isinstance(op, mtf.Operation) for op in graph.operations)
+    graph, mesh = _mesh()
+    x = mtf.placeholder(mesh, "batch:8,rows:4,cols:4")
+    h = mtf.layers.dense(x, "hidden:8", reduced_dims=["rows", "cols"], name="h")
+    loss = mtf.reduce_mean(mtf.square(mtf.layers.layer_norm(h, "hidden", name="ln")))
+    variables = list(graph.trainable_variables)
+    forward = list(graph.operations)
+    grads = mtf.gradients([loss], variables)
+    backward = graph.operations[len(forward) :]
+    # The forward part is untouched; the backward pass was appended to it as
+    # ops of this graph on this mesh, in an order where every input exists
+    # before it is read (the order the lowering walks).
+    assert graph.operations[: len(forward)] == forward and backward
+    position = {id(op): i for i, op in enumerate(graph.operations)}
+    for i, op in enumerate(graph.operations):
+        assert op.mesh is mesh and op.graph is graph
+        for t in op.inputs:
+            assert position.get(id(t.operation), i) < i, (op, t)
+    for var, g in zip(variables, grads, strict=True):
+        assert g is not None and g.mesh is mesh, var.name
+        assert g.operation in backward, var.name
+        assert (g.shape, g.dtype) == (var.shape, var.dtype), var.name
 
 
 def test_custom_gradient_replaces_autodiff(devices: list[str]) -> None:

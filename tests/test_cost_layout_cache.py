@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
+
 import mtf_core as mtf
 from cost_models.gc_pause import gc_paused
 from cost_models.layout_cache import CachedLayoutContext
@@ -42,14 +44,46 @@ def test_cached_context_answers_and_raises_like_the_lowerings() -> None:
         assert cached.devices_splitting(names) == plain.devices_splitting(names)
 
 
-def test_equal_shapes_that_are_different_objects_share_nothing_wrongly() -> None:
-    cached = CachedLayoutContext.make("x:2", "a:x")
+class _KeyedByRank(CachedLayoutContext):
+    """A wrong cache (keyed by rank and dtype only): the test below must fail
+    on it, or it could not catch such a bug in the real one."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)
+        self._by_rank: dict[object, object] = {}
+
+    def slice_bytes(self, shape: object, dtype: object) -> int:
+        key = (len(shape.dims), dtype)  # type: ignore[attr-defined]
+        if key not in self._by_rank:
+            self._by_rank[key] = super().slice_bytes(shape, dtype)
+        return self._by_rank[key]  # type: ignore[return-value]
+
+    def tensor_layout(self, shape: object) -> object:  # type: ignore[override]
+        key = len(shape.dims)  # type: ignore[attr-defined]
+        if key not in self._by_rank:
+            self._by_rank[key] = super().tensor_layout(shape)
+        return self._by_rank[key]
+
+
+def _check_different_shapes_get_their_own_answers(cached: LayoutContext) -> None:
     one = mtf.convert_to_shape("a:4,b:2")
-    other = mtf.convert_to_shape("b:4,a:2")  # a different shape, maybe a reused id
-    assert cached.slice_bytes(one, "float32") == 16
-    del one
-    assert cached.slice_bytes(other, "float32") == 16
-    assert cached.slice_bytes(mtf.convert_to_shape("a:4"), "int32") == 8
+    assert cached.slice_bytes(one, "float32") == 2 * 2 * 4
+    layout_one = cached.tensor_layout(one)
+    del one  # its id may be reused by the next shape of the same size
+    # Same rank and dtype, different dims and sizes: different answers.
+    other = mtf.convert_to_shape("b:8,a:2")
+    assert cached.slice_bytes(other, "float32") == 8 * 1 * 4
+    assert cached.tensor_layout(other) != layout_one
+    assert cached.slice_bytes(mtf.convert_to_shape("a:4"), "int32") == 2 * 4
+    assert cached.slice_bytes(mtf.convert_to_shape("c:4"), "int32") == 4 * 4
+
+
+def test_equal_rank_shapes_that_are_different_objects_share_nothing() -> None:
+    _check_different_shapes_get_their_own_answers(
+        CachedLayoutContext.make("x:2", "a:x")
+    )
+    with pytest.raises(AssertionError):
+        _check_different_shapes_get_their_own_answers(_KeyedByRank.make("x:2", "a:x"))
 
 
 def test_gc_pause_restores_the_collectors_state() -> None:
