@@ -3,12 +3,16 @@
 Every error answer is ``{"error": code, "detail": message[, "errors": [...]]}``
 (:class:`api.schemas.ErrorBody`).  Bad input is a 4xx: pydantic's checks and
 malformed JSON (422), :class:`~mtf_core.errors.MtfError` ValueErrors from the
-graph reader, planner or cost model (422), a body over the limit (413).
+graph reader, planner or cost model (422), a body over the limit (413), a
+client over its limits (429).  A 500 is our bug: its body says only
+``internal_error`` and an ``error_id``; the log has the traceback under that
+id.  Nothing of an exception's class or message reaches a 5xx body.
 """
 
 from __future__ import annotations
 
 import logging
+import uuid
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -17,6 +21,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from api.limits import LimitExceeded
 from mtf_core.errors import MtfError
 
 log = logging.getLogger(__name__)
@@ -29,8 +34,9 @@ _CODES = {
     405: "method_not_allowed",
     409: "conflict",
     413: "payload_too_large",
+    415: "unsupported_media_type",
     422: "invalid_request",
-    429: "queue_full",
+    429: "too_many_requests",
     503: "unavailable",
 }
 
@@ -41,6 +47,7 @@ def error_response(
     error: str | None = None,
     headers: dict[str, str] | None = None,
     errors: list[dict[str, Any]] | None = None,
+    error_id: str | None = None,
 ) -> JSONResponse:
     body: dict[str, Any] = {
         "error": error or _CODES.get(status, "error"),
@@ -48,7 +55,30 @@ def error_response(
     }
     if errors is not None:
         body["errors"] = errors
+    if error_id is not None:
+        body["error_id"] = error_id
     return JSONResponse(body, status_code=status, headers=headers)
+
+
+def opaque_error(
+    status: int,
+    public_detail: str,
+    exc: BaseException,
+    where: str,
+    error: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    """A 5xx whose body says ``public_detail`` and an error id, never the
+    exception; the log gets the id, ``where`` and the traceback."""
+    error_id = uuid.uuid4().hex[:16]
+    log.error("error id %s: %s", error_id, where, exc_info=exc)
+    return error_response(
+        status,
+        f"{public_detail} (error id {error_id}; the service log has the details)",
+        error=error or ("internal_error" if status == 500 else None),
+        headers=headers,
+        error_id=error_id,
+    )
 
 
 def _snake(name: str) -> str:
@@ -56,10 +86,15 @@ def _snake(name: str) -> str:
 
 
 def _clean(err: dict[str, Any]) -> dict[str, Any]:
-    # Drop the offending input (it may be the whole graph) and ctx (exceptions).
+    # Drop ctx (exceptions) and any offending input but a short scalar (it
+    # may be the whole graph): the message names the value when it can.
+    msg = str(err.get("msg", ""))
+    value = err.get("input")
+    if isinstance(value, bool | int | float | str) and len(repr(value)) <= 80:
+        msg += f" (got {value!r})"
     return {
         "loc": [str(x) for x in err.get("loc", ())],
-        "msg": str(err.get("msg", "")),
+        "msg": msg,
         "type": str(err.get("type", "")),
     }
 
@@ -72,34 +107,48 @@ async def _validation(request: Request, exc: Exception) -> JSONResponse:
     return error_response(422, "; ".join(parts) + more, errors=errors)
 
 
+def _where(request: Request) -> str:
+    return f"{request.method} {request.url.path}"
+
+
 async def _mtf_error(request: Request, exc: Exception) -> JSONResponse:
     if isinstance(exc, ValueError):
         return error_response(422, str(exc), error=_snake(type(exc).__name__))
-    log.exception("unexpected %s", type(exc).__name__)
-    return error_response(500, f"{type(exc).__name__}: {exc}", error="internal_error")
+    return opaque_error(500, "internal error", exc, _where(request))
+
+
+async def _limit(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, LimitExceeded)
+    headers = {"Retry-After": exc.retry_after} if exc.status in (429, 503) else None
+    error = "request_too_complex" if exc.status == 422 else None
+    return error_response(exc.status, str(exc), error=error, headers=headers)
 
 
 async def _http(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     headers = dict(exc.headers) if exc.headers else None
+    if exc.status_code >= 500:
+        return opaque_error(exc.status_code, "unavailable", exc, _where(request))
     return error_response(exc.status_code, str(exc.detail), headers=headers)
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-    log.exception("unhandled error on %s %s", request.method, request.url.path)
-    return error_response(500, f"{type(exc).__name__}: {exc}", error="internal_error")
+    return opaque_error(500, "internal error", exc, _where(request))
 
 
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation)
+    app.add_exception_handler(LimitExceeded, _limit)
     app.add_exception_handler(MtfError, _mtf_error)
     app.add_exception_handler(StarletteHTTPException, _http)
     app.add_exception_handler(Exception, _unexpected)
 
 
 class BodySizeLimit:
-    """Answers 413 for a request body over ``max_bytes`` (by Content-Length
-    before reading, or while reading a chunked body), before any parsing."""
+    """Answers 413 for a request body over ``max_bytes``: by Content-Length
+    before anything is read, else (a chunked body) as soon as the bytes read
+    pass the limit.  Nothing is buffered here: the body is read by the route,
+    after its token and limits are checked (:mod:`api.deps`)."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
@@ -111,37 +160,31 @@ class BodySizeLimit:
             return
         length = dict(scope.get("headers", ())).get(b"content-length")
         if length is not None:
-            try:
-                too_big = int(length) > self.max_bytes
-            except ValueError:
+            if not length.isdigit():
                 await self._reject(scope, receive, send, 400, "bad Content-Length")
                 return
-            if too_big:
+            if int(length) > self.max_bytes:
                 await self._reject(
                     scope, receive, send, 413, self._message(int(length))
                 )
                 return
             await self.app(scope, receive, send)
             return
-        # No length given: read (up to the limit) before the app sees anything.
-        messages: list[Message] = []
         total = 0
-        while True:
+
+        async def counted() -> Message:
+            nonlocal total
             message = await receive()
-            messages.append(message)
-            if message["type"] != "http.request":
-                break
-            total += len(message.get("body", b""))
-            if total > self.max_bytes:
-                await self._reject(scope, receive, send, 413, self._message(total))
-                return
-            if not message.get("more_body", False):
-                break
+            if message["type"] == "http.request":
+                total += len(message.get("body", b""))
+                if total > self.max_bytes:
+                    # Raised inside the route's read: its handler answers 413.
+                    raise StarletteHTTPException(
+                        413, self._message(total), headers={"Connection": "close"}
+                    )
+            return message
 
-        async def replay() -> Message:
-            return messages.pop(0) if messages else await receive()
-
-        await self.app(scope, replay, send)
+        await self.app(scope, counted, send)
 
     def _message(self, n: int) -> str:
         return (

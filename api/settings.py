@@ -42,6 +42,21 @@ class Settings(BaseSettings):
     max_mesh_axes: int = Field(4, ge=1)
     max_top_k: int = Field(20, ge=1)
     max_time_limit_s: float = Field(120.0, gt=0)
+    #: JSON bodies are scanned before decoding: nesting depth, longest string
+    #: (characters), and tokens (strings, brackets and commas) in all
+    max_json_depth: int = Field(32, ge=4)
+    max_json_string_chars: int = Field(4096, ge=64)
+    max_json_tokens: int = Field(4_000_000, ge=1000)
+
+    # -- per-client and global guards on the endpoints that cost CPU or memory ---------
+    #: requests one client (its API token, else its address) may have in flight
+    client_max_concurrent: int = Field(64, ge=1)
+    #: a client's sustained requests per second (token bucket; 0: no rate limit)
+    client_rate_per_s: float = Field(500.0, ge=0)
+    #: requests a client may send at once above its rate
+    client_burst: int = Field(1000, ge=1)
+    #: request body bytes all clients together may have in flight; over it, 503
+    max_inflight_body_bytes: int = Field(48 * 2**20, ge=1024)
 
     # -- solving -------------------------------------------------------------------------
     #: worker processes that run solves (each a spawned interpreter, no TF)

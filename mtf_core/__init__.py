@@ -196,5 +196,25 @@ _LAZY["SimdMeshImpl"] = ("mtf_core.lowering.spmd", "SimdMeshImpl")
 _LAZY["simd_mesh_impl"] = ("mtf_core.lowering.spmd", None)
 _LAZY["ClusterSpec"] = ("mtf_core.lowering.cluster", "ClusterSpec")
 
+# Mesh TensorFlow's mixed-precision variables and op helpers (issue 10).
+from mtf_core.dtypes import VariableDType  # noqa: E402
+
 # Op arguments outside what an op accepts (a reduction, a probability, ...).
 from mtf_core.errors import ArgumentError  # noqa: E402
+from mtf_core.layout import (  # noqa: E402
+    tensor_dim_to_mesh_dim_size,
+    tensor_dim_to_size_per_split,
+)
+from mtf_core.ops.creation import import_fully_replicated  # noqa: E402
+from mtf_core.ops.elementwise import to_bfloat16, to_float, to_int32  # noqa: E402
+from mtf_core.ops.indexing import mtf_range  # noqa: E402
+from mtf_core.ops.reshape import anonymize, anonymous_shape, is_anonymous  # noqa: E402
+from mtf_core.ops.selection import (  # noqa: E402
+    nth_largest_element,
+    nth_smallest_element,
+    pool_tensor_1d,
+    reduce_first,
+    sample_with_temperature,
+    stride_tensor_1d,
+    top_1,
+)

@@ -9,6 +9,7 @@ tensor's dtype with ``tf.float32`` keeps working.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from mtf_core.errors import DTypeError
@@ -70,3 +71,56 @@ def size_bytes(dtype: Any) -> int:
 
 def is_floating(dtype: Any) -> bool:
     return as_dtype_name(dtype) in FLOATING
+
+
+@dataclass(frozen=True)
+class VariableDType:
+    """The three dtypes of a variable (Mesh TensorFlow's ``mtf.VariableDType``).
+
+    * ``master_dtype``: what a checkpoint holds (``VariableStore.export``);
+    * ``slice_dtype``: what each device's slice is stored and updated in
+      (defaults to ``master_dtype``);
+    * ``activation_dtype``: what ``get_variable`` returns, the dtype the model
+      computes in (defaults to ``master_dtype``).
+
+    A float32 master with bfloat16 activations keeps the weights and their
+    updates in float32 while matmuls run in bfloat16; the cast is an mtf op, so
+    its gradient casts back.
+
+    >>> vd = VariableDType("float32", activation_dtype="bfloat16")
+    >>> (vd.master_dtype, vd.slice_dtype, vd.activation_dtype)
+    ('float32', 'float32', 'bfloat16')
+    """
+
+    master_dtype: Any = "float32"
+    slice_dtype: Any = None
+    activation_dtype: Any = None
+
+    def __post_init__(self) -> None:
+        # Canonical names, the unset ones defaulting to the master dtype.
+        master = as_dtype_name(self.master_dtype or "float32")
+        object.__setattr__(self, "master_dtype", master)
+        for field in ("slice_dtype", "activation_dtype"):
+            value = getattr(self, field)
+            object.__setattr__(
+                self, field, master if value is None else as_dtype_name(value)
+            )
+
+
+def as_variable_dtype(
+    dtype: Any,
+    master_dtype: Any = None,
+    slice_dtype: Any = None,
+    activation_dtype: Any = None,
+) -> VariableDType:
+    """``dtype`` (a VariableDType, a dtype, or None) as a VariableDType; the
+    separate dtypes, when given, override what a plain ``dtype`` implies (as
+    Mesh TensorFlow's deprecated ``master_dtype=...`` arguments do)."""
+    if isinstance(dtype, VariableDType):
+        return dtype
+    if dtype is None:
+        return VariableDType(master_dtype, slice_dtype, activation_dtype)
+    base = as_dtype_name(dtype)
+    return VariableDType(
+        master_dtype or base, slice_dtype or base, activation_dtype or base
+    )

@@ -188,3 +188,28 @@ def check_layout_rules(rules: LayoutRules, mesh_shape: Shape) -> None:
                 f"layout rule {t}:{m} names mesh dimension {m!r}, which mesh "
                 f"[{mesh_shape}] does not have"
             )
+
+
+def tensor_dim_to_mesh_dim_size(layout: Any, mesh_shape: Any, tensor_dim: Any) -> int:
+    """How many ways ``layout`` splits ``tensor_dim`` on ``mesh_shape`` (1 if
+    not at all), for graphs that size themselves by their future layout.
+
+    >>> tensor_dim_to_mesh_dim_size("batch:rows", "rows:2;cols:4", "batch")
+    2
+    """
+    mesh = convert_to_shape(mesh_shape)
+    axis = convert_to_layout_rules(layout).tensor_dimension_to_mesh_axis(
+        tensor_dim, mesh
+    )
+    return 1 if axis is None else mesh.dims[axis].size
+
+
+def tensor_dim_to_size_per_split(layout: Any, mesh_shape: Any, tensor_dim: Any) -> int:
+    """The size of ``tensor_dim`` on each device under ``layout``."""
+    ways = tensor_dim_to_mesh_dim_size(layout, mesh_shape, tensor_dim)
+    if tensor_dim.size % ways:
+        raise IndivisibleDimensionError(
+            f"dimension {tensor_dim} is not divisible by the {ways} devices it is "
+            "split over"
+        )
+    return int(tensor_dim.size // ways)

@@ -119,6 +119,10 @@ def test_dropout_is_identity_when_keeping_everything_or_not_training() -> None:
     assert mtf.dropout(x, keep_prob=1.0) is x
     assert mtf.dropout(x, rate=0.5, is_training=False) is x
     assert mtf.dropout(x, rate=0.0) is x
+    # Mesh TensorFlow's positional order: dropout(x, is_training, keep_prob)
+    assert mtf.dropout(x, False, 0.5) is x
+    assert mtf.dropout(x, True, 1.0) is x
+    assert mtf.dropout(x, True, 0.5).shape == x.shape
 
 
 def test_random_ops_reject_bad_input() -> None:
@@ -130,8 +134,8 @@ def test_random_ops_reject_bad_input() -> None:
         mtf.dropout(x, keep_prob=0.5, rate=0.5)
     with pytest.raises(ValueError, match=r"keep_prob 0.0 must be in \(0, 1\]"):
         mtf.dropout(x, keep_prob=0.0)
-    with pytest.raises(ValueError, match="pass is_training=... by keyword"):
-        mtf.dropout(x, True)
+    with pytest.raises(ValueError, match=r"is_training is 0.1; expected True or Fal"):
+        mtf.dropout(x, 0.1)
     with pytest.raises(mtf.ShapeError, match="noise_shape dimension seq:4"):
         mtf.dropout(x, rate=0.1, noise_shape="seq:4")
     with pytest.raises(ValueError, match="maxval 0.0 must be greater than minval 1.0"):

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
-from api.deps import ServiceDep, WriteAccess
+from api.deps import JsonBody, ServiceDep, WriteAccess, json_request_body, parse_body
 from api.errors import error_response
 from api.routes import error_responses
 from api.schemas import JobList, JobOut, PlanRequest
@@ -46,14 +46,15 @@ def _create(service: PlannerService, body: PlanRequest) -> JobRecord:
     "/jobs",
     status_code=202,
     response_model=JobOut,
-    responses=error_responses(400, 401, 413, 422, 429),
+    responses=error_responses(400, 401, 413, 415, 422, 429, 503),
+    openapi_extra=json_request_body(PlanRequest),
     summary="Plan a graph in the background",
 )
-async def create_job(
-    body: PlanRequest, service: ServiceDep, _: WriteAccess
-) -> JSONResponse:
+async def create_job(raw: JsonBody, service: ServiceDep) -> JSONResponse:
     """Queues a plan request (the body of POST /v1/plans); poll GET
-    /v1/jobs/{id} for progress and ``plan_id``.  429 when the queue is full."""
+    /v1/jobs/{id} for progress and ``plan_id``.  429 when the queue is full.
+    The token is checked before the body is read (JsonBody)."""
+    body = await parse_body(PlanRequest, raw)
     try:
         job = await run_in_threadpool(_create, service, body)
     except QueueFull as e:

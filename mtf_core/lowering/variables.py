@@ -84,7 +84,9 @@ class VariableStore:
         var = _variable_op(var)
         impl = self.mesh_to_impl[var.mesh]
         laid = impl.read_variables(self.slices(var))
-        return impl.export_to_tf_tensor(laid, var.shape).numpy()
+        full = impl.export_to_tf_tensor(laid, var.shape)
+        # Checkpoints hold the master dtype (Mesh TensorFlow's VariableDType).
+        return tf.cast(full, var.master_dtype).numpy()
 
     def import_(self, var: Any, value: Any) -> None:
         """Sets ``var`` from its full value (any layout's export)."""
@@ -96,7 +98,7 @@ class VariableStore:
                 f"{list(value.shape)}"
             )
         impl = self.mesh_to_impl[var.mesh]
-        laid = impl.import_tf_tensor(tf.constant(value, dtype=var.dtype), var.shape)
+        laid = impl.import_tf_tensor(tf.cast(tf.constant(value), var.dtype), var.shape)
         impl.assign_variables(self.slices(var), laid)
 
     def to_dict(self) -> dict[str, np.ndarray]:

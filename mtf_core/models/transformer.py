@@ -136,7 +136,7 @@ def _positive_int(name: str, v: Any) -> None:
 def _embed(cfg: TransformerConfig, ids: Tensor, name: str) -> Tensor:
     x = layers.embedding(ids, cfg.vocab_dim, cfg.model_dim, name=f"{name}_embedding")
     pos = layers.embedding_weights(
-        ids.mesh, cfg.length_dim, cfg.model_dim, f"{name}_positions", stddev=0.1
+        ids.mesh, cfg.length_dim, cfg.model_dim, name=f"{name}_positions", stddev=0.1
     )
     return layers.dropout(x + pos, cfg.dropout_rate)
 

@@ -174,3 +174,12 @@ def ones_like(t: Tensor) -> Tensor:
 
 def fill(mesh: Mesh, shape: Any, value: Any, dtype: Any = "float32") -> Tensor:
     return constant(mesh, value, shape, dtype)
+
+
+def import_fully_replicated(
+    mesh: Mesh, tf_tensor: Any, shape: Any, name: str | None = None
+) -> Tensor:
+    """Imports a full value that every device holds whole (Mesh TensorFlow's
+    name); the lowering keeps each device's slice of it under ``shape``'s
+    layout, exactly as :func:`import_tf_tensor` does."""
+    return import_tf_tensor(mesh, tf_tensor, shape, name)

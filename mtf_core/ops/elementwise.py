@@ -418,6 +418,21 @@ def cast(x: Tensor, dtype: Any, name: str | None = None) -> Tensor:
     return CastOp(x, dtype, name).outputs[0]
 
 
+def to_float(x: Tensor, name: str = "to_float") -> Tensor:
+    """``cast(x, float32)``."""
+    return cast(x, "float32", name)
+
+
+def to_bfloat16(x: Tensor, name: str = "to_bfloat16") -> Tensor:
+    """``cast(x, bfloat16)``."""
+    return cast(x, "bfloat16", name)
+
+
+def to_int32(x: Tensor, name: str = "to_int32") -> Tensor:
+    """``cast(x, int32)``."""
+    return cast(x, "int32", name)
+
+
 class Identity(Operation):
     """Passes its input through; ``stop_gradient`` blocks the gradient."""
 

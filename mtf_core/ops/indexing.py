@@ -31,7 +31,7 @@ from mtf_core.ops.cumsum import cumsum as cumsum
 from mtf_core.ops.top_k import TopK as TopK
 from mtf_core.ops.top_k import argmax as argmax
 from mtf_core.ops.top_k import top_k as top_k
-from mtf_core.shapes import Dimension
+from mtf_core.shapes import Dimension, convert_to_shape
 
 
 def _check_indices(indices: Tensor, what: str) -> None:
@@ -286,11 +286,39 @@ class Gather(Operation):
 
 
 def gather(
-    weights: Tensor, indices: Tensor, dim: Any, name: str | None = None
+    weights: Tensor,
+    indices: Any,
+    dim: Any,
+    output_shape: Any = None,
+    name: str | None = None,
 ) -> Tensor:
-    """Embedding lookup: ``weights`` rows along ``dim`` picked by ``indices``.
+    """Embedding lookup: ``weights`` rows along ``dim`` picked by ``indices``
+    (a Tensor, or a Python int for one position).  ``output_shape``, as in
+    Mesh TensorFlow, orders the result's dims.
 
     >>> # emb [vocab, d_model], ids [batch, seq] -> [batch, seq, d_model]
     >>> # x = mtf.gather(emb, ids, vocab_dim)
     """
-    return Gather(weights, indices, dim_of(weights, dim, "gather"), name).outputs[0]
+    from mtf_core.ops.creation import constant
+    from mtf_core.ops.reduce import transpose
+
+    if not isinstance(indices, Tensor):
+        indices = constant(weights.mesh, indices, (), "int32")
+    d = dim_of(weights, dim, "gather")
+    if weights.dtype == "bool":
+        from mtf_core.ops.elementwise import cast
+
+        as_float = gather(cast(weights, "float32"), indices, d, output_shape, name)
+        return cast(as_float, "bool")
+    out = Gather(weights, indices, d, name).outputs[0]
+    if output_shape is None:
+        return out
+    shape = convert_to_shape(output_shape)
+    if shape == out.shape:
+        return out
+    if sorted(shape.dimension_names) != sorted(out.shape.dimension_names):
+        raise ShapeError(
+            f"gather: output_shape [{shape}] does not have the result's dims "
+            f"[{out.shape}]"
+        )
+    return transpose(out, shape)

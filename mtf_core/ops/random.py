@@ -149,26 +149,30 @@ def random_normal(
 
 def dropout(
     x: Tensor,
+    is_training: bool = True,
     keep_prob: float | None = None,
     rate: float | None = None,
     noise_shape: Any = None,
-    seed: int | None = None,
-    is_training: bool = True,
     name: str | None = None,
+    seed: int | None = None,
 ) -> Tensor:
     """Zeroes each element with probability ``rate = 1 - keep_prob`` and scales
-    the rest by ``1 / keep_prob``.
+    the rest by ``1 / keep_prob`` (Mesh TensorFlow's signature:
+    ``dropout(x, is_training, keep_prob=None, rate=None, noise_shape=None)``).
 
-    ``noise_shape`` (a subset of ``x``'s dims) shares one draw along the missing
-    dims.  The mask is an mtf tensor, so the gradient multiplies by the same
-    mask; it is the same under every layout and new at each compiled step.
+    ``is_training=False`` or ``keep_prob=1`` returns ``x``.  ``noise_shape``
+    (a subset of ``x``'s dims) shares one draw along the missing dims.  The
+    mask is an mtf tensor, so the gradient multiplies by the same mask; it is
+    the same under every layout and new at each compiled step.  Integer
+    tensors are masked but not scaled.
     """
     from mtf_core.ops import elementwise as ew
 
-    if isinstance(keep_prob, bool):
+    if isinstance(is_training, float):
+        # dropout(x, 0.1): a rate where Mesh TensorFlow's order has is_training.
         raise ArgumentError(
-            f"dropout: keep_prob is {keep_prob!r}; pass is_training=... by keyword "
-            "(Mesh TensorFlow's dropout(x, is_training, ...) order is not supported)"
+            f"dropout: is_training is {is_training!r}; expected True or False "
+            "(give the rate as keep_prob=... or rate=...)"
         )
     if (keep_prob is None) == (rate is None):
         raise ArgumentError(
@@ -188,6 +192,15 @@ def dropout(
             )
     if keep_prob == 1.0 or not is_training:
         return x
-    u = random_uniform(x.mesh, shape, seed=seed, name=name or "dropout_noise")
-    keep = ew.cast(ew.less(u, keep_prob), x.dtype) * (1.0 / keep_prob)
+    floating = dtypes.is_floating(x.dtype)
+    u = random_uniform(
+        x.mesh,
+        shape,
+        dtype=x.dtype if floating else "float32",
+        seed=seed,
+        name=name or "dropout_noise",
+    )
+    keep = ew.cast(ew.less(u, keep_prob), x.dtype)
+    if floating:
+        keep = keep * (1.0 / keep_prob)
     return x * keep

@@ -295,3 +295,27 @@ def replace_dimensions(
             f"consecutive dimensions of [{shape}]"
         )
     return Shape(dims[:pos] + new + dims[pos + len(old) :])
+
+
+def anonymous_shape(shape: Any) -> Shape:
+    """``shape`` with its dims renamed ``_anonymous_0``, ``_anonymous_1``, ...:
+    names no layout rule mentions, so a tensor of it is replicated."""
+    return Shape(
+        [
+            Dimension(f"_anonymous_{i}", d.size)
+            for i, d in enumerate(convert_to_shape(shape))
+        ]
+    )
+
+
+def is_anonymous(shape: Any) -> bool:
+    """Whether every dim of ``shape`` is named as :func:`anonymous_shape` names it."""
+    return all(
+        d.name == f"_anonymous_{i}" for i, d in enumerate(convert_to_shape(shape))
+    )
+
+
+def anonymize(x: Tensor) -> Tensor:
+    """``x`` reshaped to :func:`anonymous_shape`, i.e. gathered whole on every
+    device (what a split tensor costs to replicate)."""
+    return reshape(x, anonymous_shape(x.shape), name="anonymize")

@@ -14,7 +14,7 @@ from typing import Any
 from mtf_core import dtypes
 from mtf_core.errors import ArgumentError, GraphError, ShapeError
 from mtf_core.graph import Mesh, Operation, Tensor
-from mtf_core.ops.elementwise import cast
+from mtf_core.ops.elementwise import CastOp, cast
 from mtf_core.shapes import convert_to_shape
 
 
@@ -41,10 +41,29 @@ class Variable(Operation):
             )
         self.initializer = initializer
         self.trainable = trainable
-        self._add_output(convert_to_shape(shape), dtypes.as_dtype_name(dtype))
+        self.variable_dtype = dtypes.as_variable_dtype(dtype)
+        # The output is the stored value (slice dtype); get_variable casts it
+        # to the activation dtype, so gradients reach the variable in the
+        # dtype it is updated in.
+        self._add_output(convert_to_shape(shape), self.variable_dtype.slice_dtype)
         mesh.graph.all_variables.append(self)
         if trainable:
             mesh.graph.trainable_variables.append(self)
+
+    @property
+    def master_dtype(self) -> str:
+        """The dtype a checkpoint (``VariableStore.export``) holds."""
+        return str(self.variable_dtype.master_dtype)
+
+    @property
+    def slice_dtype(self) -> str:
+        """The dtype each device's slice is stored and updated in."""
+        return str(self.variable_dtype.slice_dtype)
+
+    @property
+    def activation_dtype(self) -> str:
+        """The dtype :func:`get_variable` returns."""
+        return str(self.variable_dtype.activation_dtype)
 
     @property
     def shape(self) -> Any:
@@ -76,7 +95,15 @@ class Variable(Operation):
     def attrs(self) -> dict[str, Any]:
         init = self.initializer
         desc = None if init is None else getattr(type(init), "__name__", repr(init))
-        return {"trainable": self.trainable, "initializer": desc}
+        out: dict[str, Any] = {"trainable": self.trainable, "initializer": desc}
+        vd = self.variable_dtype
+        if vd.master_dtype != vd.slice_dtype or vd.activation_dtype != vd.slice_dtype:
+            out["variable_dtype"] = [
+                vd.master_dtype,
+                vd.slice_dtype,
+                vd.activation_dtype,
+            ]
+        return out
 
 
 def get_variable(
@@ -84,23 +111,46 @@ def get_variable(
     name: str,
     shape: Any,
     dtype: Any = "float32",
+    master_dtype: Any = None,
+    slice_dtype: Any = None,
+    activation_dtype: Any = None,
     initializer: Any = None,
     trainable: bool = True,
-    activation_dtype: Any = None,
+    **kwargs: Any,
 ) -> Tensor:
-    """Creates a variable and returns its value tensor."""
-    v = Variable(mesh, name, shape, dtype, initializer, trainable).outputs[0]
-    if (
-        activation_dtype is not None
-        and dtypes.as_dtype_name(activation_dtype) != v.dtype
-    ):
-        return cast(v, activation_dtype)
+    """Creates a variable and returns its value in the activation dtype.
+
+    ``dtype`` is a dtype or a :class:`~mtf_core.dtypes.VariableDType`
+    (Mesh TensorFlow's signature; ``master_dtype``/``slice_dtype``/
+    ``activation_dtype`` override what a plain dtype implies).  When the
+    activation dtype differs from the slice dtype the value is an mtf ``cast``
+    of the variable, so gradients and assignments are cast back.
+
+    >>> import mtf_core as mtf
+    >>> g = mtf.Graph(); m = mtf.Mesh(g, "m")
+    >>> w = get_variable(m, "w", "d:4", mtf.VariableDType("float32", None, "bfloat16"))
+    >>> (w.dtype, as_variable(w).dtype)
+    ('bfloat16', 'float32')
+    """
+    if kwargs:
+        raise ArgumentError(
+            f"get_variable {name!r}: unknown arguments {sorted(kwargs)}; "
+            "expected dtype, master_dtype, slice_dtype, activation_dtype, "
+            "initializer, trainable"
+        )
+    vd = dtypes.as_variable_dtype(dtype, master_dtype, slice_dtype, activation_dtype)
+    v = Variable(mesh, name, shape, vd, initializer, trainable).outputs[0]
+    if vd.activation_dtype != v.dtype:
+        return cast(v, vd.activation_dtype, name=f"{v.operation.name}/read")
     return v
 
 
 def as_variable(var: Any) -> Variable:
     if isinstance(var, Tensor):
         var = var.operation
+    if isinstance(var, CastOp) and isinstance(var.inputs[0].operation, Variable):
+        # get_variable's value in another activation dtype: its variable.
+        var = var.inputs[0].operation
     if not isinstance(var, Variable):
         raise GraphError(f"{var!r} is not an mtf variable (or its value tensor)")
     return var

@@ -13,7 +13,7 @@ import numpy as np
 
 from mtf_core import dtypes
 from mtf_core.autodiff import CustomGradientOp
-from mtf_core.errors import GraphError, SerializationError
+from mtf_core.errors import GraphError, MtfError, SerializationError
 from mtf_core.graph import Operation, Tensor
 from mtf_core.ops import elementwise as ew
 from mtf_core.ops.creation import Constant, ImportTensor
@@ -92,10 +92,34 @@ def _variable(spec: OpSpec) -> Operation:
         spec.mesh,
         spec.name,
         spec.output_shape(),
-        spec.output_dtype(),
+        _variable_dtype(spec),
         initializer=None,
         trainable=trainable,
     )
+
+
+def _variable_dtype(spec: OpSpec) -> dtypes.VariableDType:
+    """The optional ``variable_dtype`` attr ``[master, slice, activation]``;
+    the slice dtype must be the declared output's."""
+    stored = spec.output_dtype()
+    raw = spec.attrs.raw("variable_dtype")
+    if raw is None:
+        return dtypes.VariableDType(stored)
+    path = f"{spec.attrs.path}.variable_dtype"
+    if not (isinstance(raw, list) and len(raw) == 3):
+        raise SerializationError(
+            f"{path}: expected [master, slice, activation] dtype names, got {raw!r}"
+        )
+    try:
+        vd = dtypes.VariableDType(*raw)
+    except MtfError as e:
+        raise SerializationError(f"{path}: {e}") from None
+    if vd.slice_dtype != stored:
+        raise SerializationError(
+            f"{path}: slice dtype {vd.slice_dtype} disagrees with the output's "
+            f"dtype {stored}"
+        )
+    return vd
 
 
 @register(Assign)

@@ -1,0 +1,221 @@
+"""Convolution and pooling layers.
+
+``conv2d`` (and ``conv1d``, a conv2d over a height of 1) run
+``mtf.ops.conv.conv2d`` on whole images per device: spatial dims stay whole,
+batch and channel dims may be split.  ``separable_conv1d`` is shifts and
+per-channel products (so its length may be split: shifts become neighbour
+exchanges).  Pooling is non-overlapping (stride = window), a reshape of each
+pooled dim into ``[dim / k, k]`` and a reduction, so any layout that splits
+the pooled dim into whole windows works.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from mtf_core import dtypes
+from mtf_core.errors import ShapeError
+from mtf_core.graph import Tensor
+from mtf_core.layers.dense import dense
+from mtf_core.layers.initializers import (
+    DenseInitializer,
+    VarianceScalingInitializer,
+    named_initializer,
+    normal_initializer,
+    zeros_initializer,
+)
+from mtf_core.ops import reduce as red
+from mtf_core.ops.arguments import sized_dim
+from mtf_core.ops.reshape import replace_dimensions, reshape
+from mtf_core.ops.shift import shift
+from mtf_core.ops.variables import get_variable
+from mtf_core.shapes import Dimension, Shape
+
+
+def conv2d(
+    x: Tensor,
+    output_dim: Any,
+    filter_size: Sequence[int] = (3, 3),
+    strides: Sequence[int] = (1, 1),
+    padding: str = "SAME",
+    filter_initializer: Any = None,
+    variable_dtype: Any = None,
+    name: str | None = None,
+    *,
+    use_bias: bool = False,
+) -> Tensor:
+    """A learned 2-D convolution of ``x [batch..., h, w, in_channels]`` to
+    ``[batch..., h', w', output_dim]`` (Mesh TensorFlow's signature; no bias
+    unless ``use_bias``).
+
+    The filter ``{name}_filters`` is ``[filter_height, filter_width,
+    in_channels, output_dim]``, by default normal with stddev
+    ``1/sqrt(fan_in)``; ``h``, ``w`` and the filter's spatial dims cannot be
+    split (each device convolves whole images), batch and channel dims can.
+    """
+    from mtf_core.ops.conv import conv2d as conv
+
+    name = name or "conv2d"
+    out = sized_dim(output_dim, f"conv2d {name!r}")
+    if x.shape.ndims < 4:
+        raise ShapeError(
+            f"conv2d {name!r}: {x.name} [{x.shape}] must be [batch..., h, w, channels]"
+        )
+    cin = x.shape.dims[-1]
+    fh, fw = (int(s) for s in filter_size)
+    fshape = Shape(
+        [Dimension("filter_height", fh), Dimension("filter_width", fw), cin, out]
+    )
+    fname = f"{name}_filters"
+    init = filter_initializer
+    if isinstance(init, DenseInitializer):
+        init = init(list(fshape.dims[:3]), [out])
+    if init is None:
+        init = normal_initializer((fh * fw * cin.size) ** -0.5, fname)
+    vd = (
+        dtypes.VariableDType(activation_dtype=x.dtype)
+        if variable_dtype is None
+        else dtypes.as_variable_dtype(variable_dtype)
+    )
+    w = get_variable(
+        x.mesh, fname, fshape, vd, initializer=named_initializer(init, fname)
+    )
+    y = conv(x, w, tuple(int(s) for s in strides), padding)
+    if use_bias:
+        b = get_variable(
+            x.mesh, f"{name}_bias", Shape([out]), vd, initializer=zeros_initializer()
+        )
+        y = y + b
+    return y
+
+
+def conv1d(
+    x: Tensor, output_dim: Any, filter_size: int = 3, stride: int = 1, **kw_args: Any
+) -> Tensor:
+    """A 1-D convolution of ``x [batch..., length, channels]`` to ``[batch...,
+    length', output_dim]`` (``padding`` "SAME" keeps the length): a
+    :func:`conv2d` over a height of 1; ``kw_args`` go to it."""
+    out = sized_dim(output_dim, "conv1d")
+    fake = Dimension("fake_height", 1)
+    d = x.shape.dims
+    y = conv2d(
+        reshape(x, Shape([*d[:-2], fake, *d[-2:]])),
+        out,
+        filter_size=(1, filter_size),
+        strides=(1, stride),
+        **kw_args,
+    )
+    yd = y.shape.dims
+    return reshape(y, Shape([*yd[:-3], yd[-2], out]))
+
+
+def separable_conv1d(
+    x: Tensor,
+    output_dim: Any,
+    min_relative_pos: int = -1,
+    max_relative_pos: int = 1,
+    depthwise_filter_initializer_scale: float = 1.0,
+    pointwise_filter_initializer_scale: float = 1.0,
+    name: str | None = None,
+    use_bias: bool = True,
+    kernel_depth_weights: Sequence[Tensor] | None = None,
+) -> Tensor:
+    """A depthwise 1-D convolution over ``x [batch..., length, depth]``
+    (positions ``min_relative_pos .. max_relative_pos`` around each, zeros
+    past the ends), then a pointwise dense layer to ``output_dim``.
+
+    Each tap is a shift along the length and a per-channel product, so the
+    length may be split (shifts exchange the edge with the neighbours).
+    ``kernel_depth_weights`` gives the taps' ``[depth]`` weights instead of
+    variables.
+    """
+    name = name or "separable_conv1d"
+    out = sized_dim(output_dim, f"separable_conv1d {name!r}")
+    depth, length = x.shape.dims[-1], x.shape.dims[-2]
+    taps = max_relative_pos - min_relative_pos + 1
+    if taps < 1:
+        raise ShapeError(
+            f"separable_conv1d {name!r}: max_relative_pos {max_relative_pos} is "
+            f"below min_relative_pos {min_relative_pos}"
+        )
+    total: Tensor | None = None
+    for i in range(taps):
+        rel = min_relative_pos + i
+        tap = dense(
+            shift(x, -rel, length, wrap=False),
+            new_dims=[],
+            reduced_dims=[],
+            expert_dims=[depth],
+            kernel_weights=None
+            if kernel_depth_weights is None
+            else kernel_depth_weights[i],
+            use_bias=use_bias and i == 0,
+            kernel_initializer=VarianceScalingInitializer(
+                scale=depthwise_filter_initializer_scale / taps
+            ),
+            name=f"{name}_depthwise_dense_{i}",
+        )
+        total = tap if total is None else total + tap
+    assert total is not None
+    return dense(
+        total,
+        new_dims=[out],
+        reduced_dims=[depth],
+        use_bias=use_bias,
+        kernel_initializer=VarianceScalingInitializer(
+            scale=pointwise_filter_initializer_scale
+        ),
+        name=f"{name}_pointwise_dense",
+    )
+
+
+def _pool(x: Tensor, ksize: Sequence[int], reduce: Any, what: str) -> Tensor:
+    """Non-overlapping pooling of the ``len(ksize)`` dims before the last."""
+    ksize = [int(k) for k in ksize]
+    if all(k == 1 for k in ksize):
+        return x
+    if x.shape.ndims < len(ksize) + 1:
+        raise ShapeError(
+            f"{what}: {x.name} [{x.shape}] needs {len(ksize)} spatial dims and channels"
+        )
+    pooled = list(x.shape.dims[-1 - len(ksize) : -1])
+    window = []
+    for d, k in zip(pooled, ksize):
+        if k < 1 or d.size % k:
+            raise ShapeError(
+                f"{what}: window {k} does not divide dimension {d} of {x.name}"
+            )
+        w = Dimension(f"_{d.name}_window", k)
+        x = replace_dimensions(x, d, [Dimension(d.name, d.size // k), w])
+        window.append(w)
+    return reduce(x, output_shape=x.shape - window)
+
+
+def max_pool2d(
+    x: Tensor, ksize: Sequence[int] = (2, 2), name: str = "max_pool2d"
+) -> Tensor:
+    """2-D max pooling of ``x [batch..., h, w, channels]`` with windows
+    ``ksize`` and the same strides (which must divide ``h`` and ``w``)."""
+    return _pool(x, ksize, red.reduce_max, name)
+
+
+def max_pool3d(
+    x: Tensor, ksize: Sequence[int] = (2, 2, 2), name: str = "max_pool3d"
+) -> Tensor:
+    """3-D max pooling of ``x [batch..., d, h, w, channels]``."""
+    return _pool(x, ksize, red.reduce_max, name)
+
+
+def avg_pool2d(
+    x: Tensor, ksize: Sequence[int] = (2, 2), name: str = "avg_pool2d"
+) -> Tensor:
+    """2-D average pooling of ``x [batch..., h, w, channels]``."""
+    return _pool(x, ksize, red.reduce_mean, name)
+
+
+def avg_pool3d(
+    x: Tensor, ksize: Sequence[int] = (2, 2, 2), name: str = "avg_pool3d"
+) -> Tensor:
+    """3-D average pooling of ``x [batch..., d, h, w, channels]``."""
+    return _pool(x, ksize, red.reduce_mean, name)
