@@ -107,7 +107,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from api.main import create_app
 
     settings = _settings(args)
-    where = settings.database_url or settings.sqlite_path
+    where = settings.store_description  # no password
     print(
         f"mtf-planner: store {where}; dashboard http://{args.host}:{args.port}/",
         flush=True,
@@ -127,7 +127,7 @@ def cmd_seed(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     print(
-        f"seeding {settings.database_url or settings.sqlite_path} with example plans:"
+        f"seeding {settings.store_description} with example plans:"
     )
     seed(settings)
     return EXIT_OK

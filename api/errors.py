@@ -22,6 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.limits import LimitExceeded
+from api.store.base import StoreUnavailable
 from mtf_core.errors import MtfError
 
 log = logging.getLogger(__name__)
@@ -136,7 +137,20 @@ async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     return opaque_error(500, "internal error", exc, _where(request))
 
 
+async def _store_unavailable(request: Request, exc: Exception) -> JSONResponse:
+    # The database pool was exhausted or the database did not answer: a
+    # moment's overload, not a client's mistake nor a permanent failure.
+    assert isinstance(exc, StoreUnavailable)
+    return error_response(
+        503,
+        str(exc),
+        error="store_unavailable",
+        headers={"Retry-After": str(exc.retry_after_s)},
+    )
+
+
 def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(StoreUnavailable, _store_unavailable)
     app.add_exception_handler(RequestValidationError, _validation)
     app.add_exception_handler(LimitExceeded, _limit)
     app.add_exception_handler(MtfError, _mtf_error)

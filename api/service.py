@@ -5,7 +5,14 @@ hash.  A stored plan with that hash is the answer (a cache hit, no solve).
 Otherwise a job is created (a row in the store), its solve goes to the
 :class:`~api.workers.WorkerPool`, and when the worker answers, the plan is
 stored and the job marked done.  An identical request arriving while the
-first is being solved joins that job instead of solving twice.
+first is being solved joins that job instead of solving twice, on this
+replica or on another one (a unique index on unfinished jobs' request hash;
+the joiner watches the other replica's job through the store).
+
+Every replica runs a maintenance thread: it refreshes the heartbeat of the
+jobs it owns, stops its solves that another replica cancelled, and reaps
+(marks failed) any replica's unfinished job whose heartbeat is older than
+``stale_job_s``, so the jobs of a replica that died never stay "running".
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from api.planning import (
 )
 from api.schemas import EvaluateRequest, PlanRequest
 from api.settings import Settings
-from api.store import JobRecord, PlanRecord, Store
+from api.store import JobRecord, PlanRecord, Store, StoreUnavailable
 from api.workers import (
     QueueFull,
     TaskCancelled,
@@ -147,6 +154,13 @@ class ResponseCache:
                 self._bytes -= len(old)
 
 
+#: Why a reaped job failed (its replica stopped sending heartbeats).
+STALE_MESSAGE = (
+    "the planner service replica running this job stopped before it finished "
+    "(no heartbeat for {s:g} s); submit it again"
+)
+
+
 class PlannerService:
     """Owns the store, the worker pool and the metrics of one app."""
 
@@ -154,47 +168,107 @@ class PlannerService:
         self.settings = settings
         self.store = store
         self.metrics = metrics
+        #: owner of this replica's jobs: unique to this start of this process
+        #: (two replicas on one host, or a recreated container, never share it)
+        self.replica_id = f"{settings.instance_name}/{uuid.uuid4().hex}"
         self.pool = WorkerPool(settings.workers, settings.queue_size)
         self.responses = ResponseCache(settings.response_cache_bytes)
         self._lock = threading.Lock()
         self._inflight: dict[str, str] = {}  # request hash -> job id
         self._futures: dict[str, concurrent.futures.Future[PlanRecord]] = {}
         self._running: set[str] = set()
+        # Other replicas' jobs that requests here wait for: id -> its future.
+        self._watched: dict[str, concurrent.futures.Future[PlanRecord]] = {}
         self._stop = threading.Event()
-        self._heartbeat = threading.Thread(
-            target=self._beat, daemon=True, name="heartbeat"
+        self._maintenance = threading.Thread(
+            target=self._maintain, daemon=True, name="jobs-maintenance"
         )
+        self.last_maintenance = 0.0  # time.time() of the last good round
         metrics.track(lambda: self.pool.queue_depth, lambda: self.pool.running)
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> int:
-        """Fails the jobs a previous run of this replica left unfinished (and
-        jobs of dead replicas); starts the workers.  Returns how many failed."""
-        failed = self.store.fail_unfinished_jobs(
-            self.settings.instance_name,
-            time.time() - self.settings.stale_job_s,
-            "the planner service stopped before this job finished; submit it again",
-        )
-        if failed:
-            log.warning("marked %d unfinished job(s) of a previous run failed", failed)
+        """Reaps dead replicas' jobs once, starts the workers and the
+        maintenance thread.  Returns how many jobs were reaped."""
+        reaped = self.reap()
         self.pool.start()
-        self._heartbeat.start()
-        return failed
+        self._maintenance.start()
+        log.info("replica %s started", self.replica_id)
+        return reaped
 
     def stop(self) -> None:
         self._stop.set()
         self.pool.shutdown()
+        with self._lock:
+            watched, self._watched = dict(self._watched), {}
+        for fut in watched.values():
+            if not fut.done():
+                fut.set_exception(TaskCancelled("the service is shutting down"))
+        if self._maintenance.is_alive():
+            self._maintenance.join(timeout=5)
         self.store.close()
 
+    def reap(self) -> int:
+        """Marks failed every unfinished job (of any replica) whose heartbeat
+        is older than ``stale_job_s``; returns how many."""
+        stale_s = self.settings.stale_job_s
+        n = self.store.reap_stale_jobs(
+            time.time() - stale_s, STALE_MESSAGE.format(s=stale_s)
+        )
+        if n:
+            log.warning("marked %d job(s) of stopped replicas failed", n)
+        return n
+
+    def _maintain(self) -> None:
+        """Heartbeats and reaping every ``heartbeat_s``; other replicas' jobs
+        that requests here wait for, every 0.2 s."""
+        next_beat = 0.0
+        while not self._stop.wait(min(0.2, self.settings.heartbeat_s)):
+            try:
+                if self._watched:
+                    self._poll_watched()
+                if time.monotonic() >= next_beat:
+                    next_beat = time.monotonic() + self.settings.heartbeat_s
+                    self._beat()
+                    self.reap()
+                    self.last_maintenance = time.time()
+            except Exception:  # a database blip must not kill the thread
+                log.exception("job maintenance failed; retrying")
+
     def _beat(self) -> None:
-        while not self._stop.wait(self.settings.heartbeat_s):
+        with self._lock:
+            mine = list(self._futures)  # queued or running here
+        finished = self.store.heartbeat(self.replica_id, mine)
+        for job_id in finished:  # cancelled elsewhere, or reaped
+            if self.pool.cancel(job_id):
+                log.info("stopped job %s: it finished in the store", job_id)
+
+    def _poll_watched(self) -> None:
+        with self._lock:
+            watched = list(self._watched.items())
+        for job_id, fut in watched:
+            job = self.store.get_job(job_id)
+            if job is not None and not job.finished:
+                continue
             with self._lock:
-                unfinished = list(self._futures)  # queued or running here
-            if unfinished:
-                try:
-                    self.store.heartbeat(unfinished)
-                except Exception:  # a database blip must not kill the thread
-                    log.exception("heartbeat failed")
+                self._watched.pop(job_id, None)
+            record = None
+            if job is not None and job.status == "done" and job.plan_id:
+                record = self.store.get_plan(job.plan_id)
+            if record is not None:
+                fut.set_result(record)
+            elif job is not None and job.status == "cancelled":
+                fut.set_exception(TaskCancelled(job.error or "cancelled"))
+            else:
+                why = job.error if job is not None else "the job disappeared"
+                fut.set_exception(TaskFailed(why or "the job failed"))
+
+    def _watch(self, job_id: str) -> concurrent.futures.Future[PlanRecord]:
+        with self._lock:
+            fut = self._watched.get(job_id)
+            if fut is None:
+                fut = self._watched[job_id] = concurrent.futures.Future()
+            return fut
 
     # -- plans ----------------------------------------------------------------------------
     def spec(self, req: PlanRequest) -> PlanSpec:
@@ -212,10 +286,10 @@ class PlannerService:
     def submit(
         self, spec: PlanSpec
     ) -> tuple[JobRecord, concurrent.futures.Future[PlanRecord] | None]:
-        """A job for ``spec`` (the one already solving it, or a new one) and
-        the future of its plan, taken before the job can finish (None only
-        when joining a job that finished meanwhile).  Raises QueueFull when
-        the queue is full."""
+        """A job for ``spec`` (the one already solving it, here or on another
+        replica, or a new one) and the future of its plan, taken before the
+        job can finish (None only when joining a job that finished meanwhile).
+        Raises QueueFull when the queue is full."""
         with self._lock:
             job_id = self._inflight.get(spec.request_hash)
             if job_id is not None:
@@ -228,28 +302,35 @@ class PlannerService:
                     f"{self.settings.queue_size}); try again later"
                 )
             self.store.put_graph(spec.graph_hash, spec.graph_name, spec.graph_json)
-            now = time.time()
-            job = JobRecord(
-                id=uuid.uuid4().hex[:16],
-                request_hash=spec.request_hash,
-                status="queued",
-                phase="queued",
-                progress=0.0,
-                created_at=now,
-                updated_at=now,
-                instance=self.settings.instance_name,
-                request=spec.describe(),
-            )
-            self.store.create_job(job)
-            done: concurrent.futures.Future[PlanRecord] = concurrent.futures.Future()
+            job = self._new_job(spec)
+            stored = self.store.create_job(job)
+            if stored.id != job.id and self._stale(stored):
+                self.reap()  # its replica died: take the request over
+                stored = self.store.create_job(job)
+            if stored.id != job.id:  # another replica is solving it
+                return stored, self._watch(stored.id)
+            # It may have been stored since this request missed the cache.
+            record = self.store.get_plan_by_hash(spec.request_hash)
+            if record is not None:
+                self.store.update_job(
+                    job.id,
+                    status="done",
+                    phase="done (cached)",
+                    progress=1.0,
+                    plan_id=record.id,
+                )
+                done: concurrent.futures.Future[PlanRecord] = (
+                    concurrent.futures.Future()
+                )
+                done.set_result(record)
+                return self.store.get_job(job.id) or job, done
+            done = concurrent.futures.Future()
             try:
                 fut = self.pool.submit(
                     job.id,
                     spec.task(self.settings.solver_threads),
                     on_start=lambda: self._started(job.id),
-                    on_progress=lambda phase, frac: self.store.update_job(
-                        job.id, phase=phase, progress=frac
-                    ),
+                    on_progress=lambda phase, frac: self._progress(job.id, phase, frac),
                 )
             except QueueFull as e:
                 self.store.update_job(
@@ -261,6 +342,23 @@ class PlannerService:
         fut.add_done_callback(lambda f: self._finished(job, spec, f, done))
         return job, done
 
+    def _new_job(self, spec: PlanSpec) -> JobRecord:
+        now = time.time()
+        return JobRecord(
+            id=uuid.uuid4().hex[:16],
+            request_hash=spec.request_hash,
+            status="queued",
+            phase="queued",
+            progress=0.0,
+            created_at=now,
+            updated_at=now,
+            instance=self.replica_id,
+            request=spec.describe(),
+        )
+
+    def _stale(self, job: JobRecord) -> bool:
+        return job.updated_at < time.time() - self.settings.stale_job_s
+
     def future(self, job_id: str) -> concurrent.futures.Future[PlanRecord] | None:
         """Resolves to the job's plan (or raises why not); None once finished."""
         with self._lock:
@@ -269,7 +367,20 @@ class PlannerService:
     def _started(self, job_id: str) -> None:
         with self._lock:
             self._running.add(job_id)
-        self.store.update_job(job_id, status="running", phase="starting", progress=0.05)
+        self._progress(job_id, "starting", 0.05, status="running")
+
+    def _progress(
+        self, job_id: str, phase: str, fraction: float, status: str | None = None
+    ) -> None:
+        fields: dict[str, Any] = {"phase": phase, "progress": fraction}
+        if status is not None:
+            fields["status"] = status
+        try:
+            still_mine = self.store.update_job(job_id, **fields)
+        except StoreUnavailable:
+            return  # progress is advisory; the heartbeat keeps the job alive
+        if not still_mine:  # cancelled from another replica, or reaped
+            self.pool.cancel(job_id)
 
     def _finished(
         self,
@@ -303,11 +414,15 @@ class PlannerService:
             )
             self._close_job(job.id, spec, "done", None, plan_id=record.id)
             done.set_result(record)
-        except Exception as e:  # storing failed: report it, never lose the waiter
-            log.exception("finishing job %s failed", job.id)
+        except Exception:  # storing failed: report it, never lose the waiter
+            error_id = uuid.uuid4().hex[:12]
+            log.exception("finishing job %s failed [error id %s]", job.id, error_id)
             if not done.done():
-                self._close_job(job.id, spec, "failed", f"{type(e).__name__}: {e}")
-                done.set_exception(TaskFailed(f"storing the plan failed: {e}"))
+                why = f"storing the plan failed (error id {error_id}); submit it again"
+                try:
+                    self._close_job(job.id, spec, "failed", why)
+                finally:
+                    done.set_exception(TaskFailed(why))
 
     def _close_job(
         self,
@@ -317,6 +432,13 @@ class PlannerService:
         error: str | None,
         plan_id: str | None = None,
     ) -> None:
+        with self._lock:
+            self._running.discard(job_id)
+            self._futures.pop(job_id, None)
+            if self._inflight.get(spec.request_hash) == job_id:
+                del self._inflight[spec.request_hash]
+        # A no-op if the job finished in the store already (cancelled from
+        # another replica, or reaped): a job finishes once.
         self.store.update_job(
             job_id,
             status=status,
@@ -326,32 +448,30 @@ class PlannerService:
             plan_id=plan_id,
         )
         self.metrics.jobs.labels(status).inc()
-        with self._lock:
-            self._running.discard(job_id)
-            self._futures.pop(job_id, None)
-            if self._inflight.get(spec.request_hash) == job_id:
-                del self._inflight[spec.request_hash]
 
     def cancel(self, job_id: str) -> JobRecord | None:
-        """Cancels a queued or running job; None if there is no such job;
+        """Cancels a queued or running job, on this replica or another (whose
+        maintenance thread stops the solve); None if there is no such job;
         JobFinished if it has finished."""
         job = self.store.get_job(job_id)
         if job is None:
             return None
-        if job.status not in ("queued", "running"):
+        if job.finished:
             raise JobFinished(
                 f"job {job_id} is {job.status}; only queued or running jobs can be cancelled"
             )
         fut = self.future(job_id)
-        if not self.pool.cancel(job_id) or fut is None:
-            # Another replica's job, or one that just finished.
+        if fut is not None and self.pool.cancel(job_id):
+            try:
+                fut.exception(timeout=10)
+            except concurrent.futures.TimeoutError:  # pragma: no cover - a hung worker
+                pass
+        elif not self.store.cancel_job(job_id, f"job {job_id} was cancelled"):
+            latest = self.store.get_job(job_id)
             raise JobFinished(
-                f"job {job_id} is not running on this replica ({job.instance})"
+                f"job {job_id} is {latest.status if latest else 'gone'}; only queued "
+                "or running jobs can be cancelled"
             )
-        try:
-            fut.exception(timeout=10)
-        except concurrent.futures.TimeoutError:  # pragma: no cover - a hung worker
-            pass
         return self.store.get_job(job_id)
 
     # -- evaluation -----------------------------------------------------------------------

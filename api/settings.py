@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import socket
+import urllib.parse
 from pathlib import Path
 
 from pydantic import Field
@@ -72,12 +73,20 @@ class Settings(BaseSettings):
     #: memory for repeated requests' answers (exact bytes -> cached plan)
     response_cache_bytes: int = Field(64 * 2**20, ge=0)
 
+    # -- the database --------------------------------------------------------------------
+    #: connections one replica (one process) may hold at most
+    db_pool_size: int = Field(8, ge=1, le=1000)
+    #: how long a request waits for a free connection before a 503
+    db_pool_timeout_s: float = Field(2.0, gt=0, le=60)
+
     # -- replicas ------------------------------------------------------------------------
-    #: this replica's name: on startup its unfinished jobs are marked failed
+    #: a label for this replica in logs; jobs are owned by a replica id made
+    #: unique at each start (``PlannerService.replica_id``), never by this name
     instance_name: str = Field(default_factory=socket.gethostname)
-    #: other replicas' running jobs with no heartbeat for this long are failed
-    stale_job_s: float = Field(300.0, gt=0)
-    heartbeat_s: float = Field(10.0, gt=0)
+    #: unfinished jobs whose owner sent no heartbeat for this long are failed
+    stale_job_s: float = Field(20.0, gt=0)
+    #: how often a replica marks its jobs alive and reaps dead replicas' jobs
+    heartbeat_s: float = Field(2.0, gt=0)
 
     @property
     def tokens(self) -> tuple[str, ...]:
@@ -98,6 +107,37 @@ class Settings(BaseSettings):
     @property
     def sqlite_path(self) -> Path:
         return self.data_dir / "planner.sqlite3"
+
+    @property
+    def store_description(self) -> str:
+        """Where the store is, fit to print: the database URL without its
+        password, or the SQLite file."""
+        if self.database_url.strip():
+            return redact_url(self.database_url.strip())
+        return str(self.sqlite_path)
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any password replaced by ``***``, for logs.
+
+    >>> redact_url("postgresql://planner:s3cret@db:5432/plans")
+    'postgresql://planner:***@db:5432/plans'
+    >>> redact_url("postgresql://db/plans?password=s3cret&sslmode=require")
+    'postgresql://db/plans?password=***&sslmode=require'
+    """
+    parts = urllib.parse.urlsplit(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, host = netloc.rsplit("@", 1)
+        user = userinfo.split(":", 1)[0]
+        netloc = f"{user}:***@{host}" if ":" in userinfo else f"{user}@{host}"
+    query = "&".join(
+        f"{k}=***" if k.lower() == "password" else f"{k}={v}" if v or "=" in pair else k
+        for pair in parts.query.split("&")
+        if pair
+        for k, _, v in [pair.partition("=")]
+    )
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
 @functools.lru_cache(maxsize=1)

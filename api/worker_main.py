@@ -53,6 +53,18 @@ def solve_task(task: dict[str, Any], report: Report) -> dict[str, Any]:
     }
 
 
+def is_client_error(error: BaseException) -> bool:
+    """Whether ``error`` blames the request: the planner's, the graph reader's
+    and the cost model's input errors (and their subclasses).  Any other
+    exception, a numpy ``ValueError`` or an internal ``MtfError`` included, is
+    a bug of ours (a 500 with an error id, never a 4xx)."""
+    from cost_models.hardware import CostModelError
+    from layout_planner.errors import PlannerError
+    from mtf_core.errors import SerializationError
+
+    return isinstance(error, PlannerError | SerializationError | CostModelError)
+
+
 def worker_main(conn: Connection) -> None:
     """The worker process's loop."""
     _die_with_parent()
@@ -77,10 +89,11 @@ def worker_main(conn: Connection) -> None:
         reply: tuple[str, str, Any]
         try:
             reply = ("result", task_id, solve_task(task, report))
-        except ValueError as e:  # bad input found while planning (PlannerError ...)
-            reply = ("invalid", task_id, f"{type(e).__name__}: {e}")
-        except Exception:  # solver crash or planner bug: the traceback helps
-            reply = ("failed", task_id, traceback.format_exc(limit=8))
+        except Exception as e:
+            if is_client_error(e):  # the request asks for something impossible
+                reply = ("invalid", task_id, f"{type(e).__name__}: {e}")
+            else:  # solver crash or planner bug: the traceback helps (the log)
+                reply = ("failed", task_id, traceback.format_exc(limit=12))
         try:
             conn.send(reply)
         except (BrokenPipeError, OSError):

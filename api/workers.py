@@ -19,6 +19,7 @@ import logging
 import multiprocessing
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,7 +47,13 @@ class TaskInvalid(ValueError):
 
 
 class TaskFailed(RuntimeError):
-    """The solve failed: a solver error, a planner bug, or the worker died."""
+    """The solve failed: a solver error, a planner bug, or the worker died.
+    The message says nothing of the internals; ``error_id`` finds them in the
+    server's log."""
+
+    def __init__(self, message: str, error_id: str | None = None) -> None:
+        super().__init__(message)
+        self.error_id = error_id
 
 
 @dataclass
@@ -71,6 +78,10 @@ class _Slot:
         self.conn: Any = None
         self.task: _Task | None = None
         self.ready = False
+        # For readiness: a slot that has started a worker once and whose last
+        # start did not fail is "up", even while it respawns after a cancel.
+        self.started_once = False
+        self.start_failed = False
         self.thread = threading.Thread(
             target=self._run, name=f"solve-worker-{index}", daemon=True
         )
@@ -98,7 +109,8 @@ class _Slot:
                 if parent.poll(0.25):
                     kind, _, body = parent.recv()
                     if kind == "ready":
-                        self.ready = True
+                        self.ready = self.started_once = True
+                        self.start_failed = False
                         return True
                     raise EOFError(body)
                 if not proc.is_alive():
@@ -106,6 +118,7 @@ class _Slot:
         except (EOFError, OSError) as e:
             if not self.pool.closed:
                 log.error("solve worker %d did not start: %s", self.index, e)
+        self.start_failed = not self.pool.closed
         self.kill()
         self.proc = None
         return False
@@ -161,15 +174,20 @@ class _Slot:
                     task.future.set_result(body)
                 elif kind == "invalid":
                     task.future.set_exception(TaskInvalid(body))
-                else:  # a traceback: the log gets it whole, the client its last line
-                    log.error("job %s failed in the solve worker:\n%s", task.id, body)
-                    last = (
-                        body.strip().splitlines()[-1]
-                        if body.strip()
-                        else "unknown error"
+                else:  # our bug: the log gets the traceback, the client an id
+                    error_id = uuid.uuid4().hex[:12]
+                    log.error(
+                        "job %s failed in the solve worker [error id %s]:\n%s",
+                        task.id,
+                        error_id,
+                        body,
                     )
                     task.future.set_exception(
-                        TaskFailed(f"the solve failed ({last}); see the server log")
+                        TaskFailed(
+                            f"the solve failed on the server (error id {error_id}); "
+                            "this is a bug of the planner service, not of the request",
+                            error_id,
+                        )
                     )
                 return
         except (EOFError, OSError, BrokenPipeError):
@@ -256,6 +274,15 @@ class WorkerPool:
     def alive(self) -> int:
         """Worker processes started and ready for tasks."""
         return sum(slot.alive and slot.ready for slot in self._slots)
+
+    @property
+    def up(self) -> bool:
+        """Whether every slot is serving: its worker started and has not
+        failed to start since (a worker respawning after a cancel counts)."""
+        return all(
+            slot.thread.is_alive() and slot.started_once and not slot.start_failed
+            for slot in self._slots
+        )
 
     def wait_ready(self, timeout_s: float = 60.0) -> bool:
         """Waits until every worker process has started (tests, startup)."""

@@ -81,12 +81,12 @@ class ServerThread:
 
 
 def wait_healthy(url: str, timeout_s: float = 90.0) -> dict[str, Any]:
-    """Polls /healthz until the store answers and every worker is ready."""
+    """Polls /readyz until the store answers and every worker is up."""
     deadline = time.monotonic() + timeout_s
     last: Any = None
     while time.monotonic() < deadline:
         try:
-            r = httpx.get(f"{url}/healthz", timeout=5)
+            r = httpx.get(f"{url}/readyz", timeout=5)
             last = r.json()
             if r.status_code == 200:
                 return dict(last)

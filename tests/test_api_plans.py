@@ -211,17 +211,23 @@ def test_hardware_lists_every_preset(client):
     assert presets["tpu-v5e"]["memory_bytes"] == 16 * 2**30
 
 
-def test_healthz_reports_store_and_workers(client):
-    r = client.get("/healthz")
-    assert r.status_code == 200
-    assert r.json() == {
+def test_healthz_is_liveness_and_readyz_checks_store_and_workers(client):
+    live = client.get("/healthz")
+    assert live.status_code == 200
+    body = live.json()
+    assert body.pop("replica").startswith("test/")
+    assert body == {
         "status": "ok",
-        "store": "sqlite",
         "workers": 1,
         "workers_alive": 1,
         "queue_depth": 0,
         "running": 0,
     }
+    ready = client.get("/readyz")
+    assert ready.status_code == 200, ready.text
+    assert ready.json()["status"] == "ready"
+    assert (ready.json()["store"], ready.json()["store_ok"]) == ("sqlite", True)
+    assert ready.json()["workers_up"] is True
 
 
 def test_metrics_count_requests_by_route_template(client):

@@ -3,98 +3,33 @@ module starts (skipped, saying why, when PostgreSQL is not installed)."""
 
 from __future__ import annotations
 
-import glob
-import os
-import pwd
-import shutil
-import subprocess
-import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
-from api_cases import free_port, mlp_doc, service_settings
+from api_cases import mlp_doc, service_settings
 from fastapi.testclient import TestClient
+from pg_server import PostgresMissing, empty_database, postgres_server
 from services import service_missing
 
 from api.main import create_app
-from api.store import JobRecord, PlanRecord, Store, open_store
+from api.settings import Settings
+from api.store import JobRecord, PlanRecord, Store, StoreUnavailable, open_store
 from api.store.postgres import PostgresStore
+from api.store.sql import MIGRATIONS, SCHEMA_VERSION
 from api.store.sqlite import SqliteStore
 from mtf_core.errors import ConfigError
 
 
-def _pg_bindir() -> str | None:
-    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
-    if found:
-        return os.path.dirname(found[-1])
-    initdb = shutil.which("initdb")
-    return os.path.dirname(os.path.realpath(initdb)) if initdb else None
-
-
 @pytest.fixture(scope="module")
 def postgres_url() -> Iterator[str]:
-    """A throwaway PostgreSQL server on 127.0.0.1 (run as the 'postgres'
-    user when we are root: PostgreSQL refuses to run as root)."""
-    bindir = _pg_bindir()
-    if bindir is None:
-        service_missing(
-            "PostgreSQL is not installed (apt-get install postgresql; .ci/run does)"
-        )
-    prefix: list[str] = []
-    root = tempfile.mkdtemp(prefix="mtf-planner-pg-")
-    if os.geteuid() == 0:
-        try:
-            user = pwd.getpwnam("postgres")
-        except KeyError:
-            service_missing(
-                "running as root and there is no 'postgres' user to run PostgreSQL"
-            )
-        os.chown(root, user.pw_uid, user.pw_gid)
-        prefix = ["runuser", "-u", "postgres", "--"]
-    data, port = os.path.join(root, "data"), free_port()
-
-    def run(*cmd: str) -> None:
-        subprocess.run(prefix + list(cmd), check=True, capture_output=True, timeout=120)
-
+    """A throwaway PostgreSQL server on 127.0.0.1 (tests/pg_server.py)."""
     try:
-        run(
-            f"{bindir}/initdb", "-D", data, "-A", "trust", "-U", "postgres", "--no-sync"
-        )
-        opts = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off"
-        run(
-            f"{bindir}/pg_ctl",
-            "-D",
-            data,
-            "-o",
-            opts,
-            "-l",
-            f"{root}/log",
-            "-w",
-            "start",
-        )
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as e:
-        log = Path(root, "log")
-        shutil.rmtree(root, ignore_errors=True)
-        detail = getattr(e, "stderr", b"") or b""
-        pytest.fail(f"could not start PostgreSQL: {e}: {detail.decode()[-500:]} {log}")
-    try:
-        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
-    finally:
-        subprocess.run(
-            prefix + [f"{bindir}/pg_ctl", "-D", data, "-m", "immediate", "stop"],
-            capture_output=True,
-            timeout=60,
-        )
-        shutil.rmtree(root, ignore_errors=True)
-
-
-def _empty_postgres(url: str) -> None:
-    import psycopg
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("DROP TABLE IF EXISTS plans, jobs, graphs")
+        with postgres_server() as url:
+            yield url
+    except PostgresMissing as e:
+        service_missing(str(e))
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -106,7 +41,7 @@ def open_again(request, tmp_path) -> Iterator[Callable[[], Store]]:
         factory: Callable[[], Store] = lambda: SqliteStore(path)  # noqa: E731
     else:
         url = request.getfixturevalue("postgres_url")
-        _empty_postgres(url)
+        empty_database(url)
         factory = lambda: PostgresStore(url)  # noqa: E731
     opened: list[Store] = []
 
@@ -133,12 +68,16 @@ def plan_record(
 
 
 def job_record(
-    job_id: str, instance: str, status: str = "running", at: float = 0.0
+    job_id: str,
+    instance: str,
+    status: str = "running",
+    at: float = 0.0,
+    request_hash: str = "",
 ) -> JobRecord:
     now = at or time.time()
     return JobRecord(
         id=job_id,
-        request_hash="h" * 64,
+        request_hash=request_hash or f"h-{job_id}",
         status=status,
         phase=status,
         progress=0.0,
@@ -180,11 +119,13 @@ def test_graphs_are_stored_once_by_hash(open_again):
     assert store.get_graph("g2") is None
 
 
-def test_jobs_are_updated_and_listed_newest_first(open_again):
+def test_jobs_are_updated_until_they_finish_and_listed_newest_first(open_again):
     store = open_again()
     store.create_job(job_record("j1", "me", "queued", at=1000.0))
     store.create_job(job_record("j2", "me", "queued", at=1001.0))
-    store.update_job("j1", status="done", phase="done", progress=1.0, plan_id="p1")
+    assert store.update_job(
+        "j1", status="done", phase="done", progress=1.0, plan_id="p1"
+    )
     j1 = store.get_job("j1")
     assert (j1.status, j1.progress, j1.plan_id, j1.request) == (
         "done",
@@ -194,30 +135,97 @@ def test_jobs_are_updated_and_listed_newest_first(open_again):
     )
     assert j1.updated_at > 1000.0
     assert [j.id for j in store.list_jobs(10)] == ["j2", "j1"]
+    # A finished job changes no more: a late update from its owner is a no-op.
+    assert not store.update_job("j1", status="failed", phase="failed", error="late")
+    assert store.get_job("j1").status == "done"
     with pytest.raises(ValueError, match="cannot update job fields"):
-        store.update_job("j1", instance="someone-else")
+        store.update_job("j2", instance="someone-else")
 
 
-def test_restart_fails_this_replicas_unfinished_jobs_and_dead_replicas_jobs(open_again):
+def test_reaper_fails_unfinished_jobs_with_a_stale_heartbeat_once(open_again):
     store = open_again()
     now = time.time()
-    store.create_job(job_record("mine-running", "me"))
-    store.create_job(job_record("mine-queued", "me", "queued"))
-    store.create_job(job_record("mine-done", "me", "done"))
-    store.create_job(job_record("alive-replica", "other", at=now))
-    store.create_job(job_record("dead-replica", "gone", at=now - 3600))
-    failed = store.fail_unfinished_jobs(
-        "me", stale_before=now - 600, message="restarted"
-    )
-    assert failed == 3
+    store.create_job(job_record("alive-running", "r1", at=now))
+    store.create_job(job_record("alive-queued", "r1", "queued", at=now))
+    store.create_job(job_record("dead-running", "r2", at=now - 3600))
+    store.create_job(job_record("dead-queued", "r2", "queued", at=now - 3600))
+    store.create_job(job_record("dead-done", "r2", "done", at=now - 3600))
+    assert store.reap_stale_jobs(now - 600, "its replica stopped") == 2
+    assert store.reap_stale_jobs(now - 600, "again") == 0  # each job once
     status = {j.id: (j.status, j.error) for j in store.list_jobs(10)}
     assert status == {
-        "mine-running": ("failed", "restarted"),
-        "mine-queued": ("failed", "restarted"),
-        "mine-done": ("done", None),
-        "alive-replica": ("running", None),
-        "dead-replica": ("failed", "restarted"),
+        "alive-running": ("running", None),
+        "alive-queued": ("queued", None),
+        "dead-running": ("failed", "its replica stopped"),
+        "dead-queued": ("failed", "its replica stopped"),
+        "dead-done": ("done", None),
     }
+
+
+def test_reapers_on_several_replicas_at_once_reap_each_job_once(open_again):
+    stores = [open_again() for _ in range(4)]  # one per replica
+    old = time.time() - 3600
+    for i in range(40):
+        stores[0].create_job(job_record(f"j{i:02d}", "dead", at=old))
+    counts: list[int] = []
+    barrier = threading.Barrier(len(stores))
+
+    def reap(store: Store) -> None:
+        barrier.wait()
+        counts.append(store.reap_stale_jobs(time.time() - 600, "stale"))
+
+    threads = [threading.Thread(target=reap, args=(s,)) for s in stores]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(counts) == 40
+    assert {j.status for j in stores[1].list_jobs(100)} == {"failed"}
+
+
+def test_heartbeat_keeps_its_replicas_jobs_alive_and_reports_finished_ones(
+    open_again,
+):
+    store = open_again()
+    old = time.time() - 3600
+    store.create_job(job_record("busy", "r1", "queued", at=old))
+    store.create_job(job_record("cancelled-elsewhere", "r1", "running", at=old))
+    store.create_job(job_record("silent", "r2", "running", at=old))
+    assert store.cancel_job("cancelled-elsewhere", "cancelled on r3")
+    assert not store.cancel_job("cancelled-elsewhere", "twice")
+    finished = store.heartbeat("r1", ["busy", "cancelled-elsewhere"])
+    assert finished == {"cancelled-elsewhere"}
+    assert store.reap_stale_jobs(time.time() - 600, "stale") == 1
+    assert store.get_job("busy").status == "queued"
+    assert store.get_job("silent").status == "failed"
+    assert store.get_job("cancelled-elsewhere").error == "cancelled on r3"
+
+
+def test_one_unfinished_job_per_request_across_replicas(open_again):
+    stores = [open_again() for _ in range(6)]
+    barrier = threading.Barrier(len(stores))
+    got: list[str] = []
+
+    def create(i: int) -> None:
+        barrier.wait()
+        job = job_record(f"try{i}", f"r{i}", "queued", request_hash="same" * 16)
+        got.append(stores[i].create_job(job).id)
+
+    threads = [threading.Thread(target=create, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got) == 6 and len(set(got)) == 1  # all joined one job
+    (winner,) = set(got)
+    assert [j.id for j in stores[0].list_jobs(10)] == [winner]
+    # Once it has finished, the same request makes a new job.
+    stores[0].update_job(winner, status="failed", phase="failed")
+    again = stores[1].create_job(
+        job_record("later", "r1", "queued", request_hash="same" * 16)
+    )
+    assert again.id == "later"
+    assert stores[0].active_job("same" * 16).id == "later"
 
 
 def test_reopening_the_store_loses_nothing(open_again):
@@ -236,21 +244,11 @@ def test_reopening_the_store_loses_nothing(open_again):
     assert again.ping()
 
 
-def test_heartbeat_keeps_a_live_replicas_jobs_from_being_failed(open_again):
-    store = open_again()
-    old = time.time() - 3600
-    store.create_job(job_record("busy", "other", "queued", at=old))
-    store.create_job(job_record("silent", "other", "running", at=old))
-    store.heartbeat(["busy"])
-    assert store.fail_unfinished_jobs("me", time.time() - 600, "stale") == 1
-    assert store.get_job("busy").status == "queued"
-    assert store.get_job("silent").status == "failed"
-
-
 def test_sqlite_store_uses_write_ahead_logging(tmp_path):
     store = SqliteStore(tmp_path / "p.sqlite3")
     try:
-        assert store._conn().execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        with store._connection() as conn:
+            assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     finally:
         store.close()
 
@@ -262,7 +260,7 @@ def test_unknown_database_url_is_a_config_error(tmp_path):
 
 @pytest.mark.solver
 def test_two_replicas_on_one_postgresql_share_plans(postgres_url, tmp_path):
-    _empty_postgres(postgres_url)
+    empty_database(postgres_url)
     body = {"graph": mlp_doc(), "mesh_shape": "x:2;y:2", "hardware": "tpu-v4"}
     one = service_settings(
         tmp_path / "a", database_url=postgres_url, instance_name="r1"
@@ -271,9 +269,169 @@ def test_two_replicas_on_one_postgresql_share_plans(postgres_url, tmp_path):
         tmp_path / "b", database_url=postgres_url, instance_name="r2"
     )
     with TestClient(create_app(one)) as r1, TestClient(create_app(two)) as r2:
-        assert r1.get("/healthz").json()["store"] == "postgresql"
+        assert r1.get("/readyz").json()["store"] == "postgresql"
         solved = r1.post("/v1/plans", json=body).json()
         assert solved["cached"] is False
         cached = r2.post("/v1/plans", json=body).json()
         assert cached["cached"] is True and cached["id"] == solved["id"]
         assert r2.get(f"/v1/plans/{solved['id']}").json()["plan"] == solved["plan"]
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def empty_db(request, tmp_path) -> Callable[..., Store]:
+    """Opens a store (any number of times, from any thread) on a database that
+    had no tables before this test."""
+    if request.param == "sqlite":
+        path = tmp_path / "planner.sqlite3"
+        return lambda **kw: SqliteStore(path, **kw)
+    url = request.getfixturevalue("postgres_url")
+    empty_database(url)
+    return lambda **kw: PostgresStore(url, **kw)
+
+
+def test_replicas_starting_together_on_an_empty_database_all_come_up(empty_db):
+    n = 6
+    barrier = threading.Barrier(n)
+    opened: list[Store] = []
+    errors: list[BaseException] = []
+
+    def start() -> None:
+        barrier.wait()
+        try:
+            opened.append(empty_db())
+        except BaseException as e:  # collected: the assertion shows it
+            errors.append(e)
+
+    threads = [threading.Thread(target=start) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        assert errors == [] and len(opened) == n
+        assert {s.schema_version() for s in opened} == {SCHEMA_VERSION}
+        rows = opened[0]._run("SELECT version FROM schema_version", (), "all")
+        assert sorted(r[0] for r in rows) == [v for v, _ in MIGRATIONS]
+        opened[0].put_plan(plan_record("e" * 64))
+        assert opened[-1].get_plan_by_hash("e" * 64) is not None
+    finally:
+        for s in opened:
+            s.close()
+
+
+def test_an_exhausted_pool_waits_then_says_busy_and_recovers(empty_db):
+    store = empty_db(pool_size=2, pool_timeout_s=0.3)
+    try:
+        store.put_plan(plan_record("f" * 64))
+        with store._connection(), store._connection():  # both lent out
+            t0 = time.monotonic()
+            with pytest.raises(StoreUnavailable, match="db_pool_size=2") as busy:
+                store.get_plan_by_hash("f" * 64)
+            waited = time.monotonic() - t0
+            assert 0.25 < waited < 5
+            assert busy.value.retry_after_s >= 1
+            assert "127.0.0.1" not in str(busy.value)
+        # Returned: every call works again, from many threads at once.
+        results: list[bool] = []
+
+        def read() -> None:
+            for _ in range(20):
+                results.append(store.get_plan_by_hash("f" * 64) is not None)
+
+        threads = [threading.Thread(target=read) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert results == [True] * 160
+    finally:
+        store.close()
+
+
+def test_postgres_connections_stay_within_the_pool_bound(postgres_url):
+    empty_database(postgres_url)
+    store = PostgresStore(postgres_url, pool_size=3, pool_timeout_s=5)
+    try:
+        store.put_plan(plan_record("c" * 64))
+        barrier = threading.Barrier(24)
+
+        def read() -> None:
+            barrier.wait()
+            for _ in range(10):
+                assert store.get_plan_by_hash("c" * 64) is not None
+
+        threads = [threading.Thread(target=read) for _ in range(24)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        import psycopg
+
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            n = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()"
+            ).fetchone()[0]
+        assert 1 <= n <= 3
+    finally:
+        store.close()
+
+
+def test_a_busy_pool_is_a_503_with_retry_after_never_a_leak(tmp_path):
+    settings = service_settings(tmp_path, db_pool_size=1, db_pool_timeout_s=0.2)
+    with TestClient(create_app(settings)) as client:
+        service = client.app.state.service
+        with service.store._connection():  # the only connection is lent out
+            r = client.get("/v1/plans")
+            assert r.status_code == 503, r.text
+            assert r.headers["retry-after"] == "1"
+            assert r.json()["error"] == "store_unavailable"
+            assert "db_pool_size=1" in r.json()["detail"]
+            assert client.get("/healthz").status_code == 200  # still alive
+            assert client.get("/readyz").status_code == 503  # but not ready
+        assert client.get("/v1/plans").status_code == 200
+        assert client.get("/readyz").status_code == 200
+
+
+def test_an_old_database_is_migrated_and_duplicate_active_jobs_resolved(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "planner.sqlite3"
+    conn = sqlite3.connect(path, isolation_level=None)
+    for statement in MIGRATIONS[0][1]:  # the tables as version 0.1 made them
+        conn.execute(statement)
+    for job_id in ("a", "b"):  # two replicas solving one request (the old bug)
+        conn.execute(
+            "INSERT INTO jobs VALUES (?, 'same', 'running', 'solving', 0.5, 1, 1,"
+            " 'host', '{}', NULL, NULL)",
+            (job_id,),
+        )
+    conn.close()
+    store = SqliteStore(path)
+    try:
+        assert store.schema_version() == SCHEMA_VERSION
+        assert {j.id: j.status for j in store.list_jobs(10)} == {
+            "a": "failed",
+            "b": "running",
+        }
+        assert store.active_job("same").id == "b"
+    finally:
+        store.close()
+
+
+def test_the_database_password_is_never_printed(tmp_path, capsys):
+    from api.cli import main
+
+    url = "postgresql://planner:s3cret-pw@127.0.0.1:1/nope"
+    assert Settings(database_url=url).store_description == (
+        "postgresql://planner:***@127.0.0.1:1/nope"
+    )
+    with pytest.raises(ConfigError) as bad:
+        open_store(service_settings(tmp_path, database_url="mysql://u:s3cret-pw@h/d"))
+    assert "s3cret-pw" not in str(bad.value) and "mysql://u:***@h/d" in str(bad.value)
+    # The startup line (then connecting to port 1 fails, as it should).
+    with pytest.raises(Exception, match="127.0.0.1"):
+        main(["seed", "--database-url", url])
+    out = capsys.readouterr()
+    assert "s3cret-pw" not in out.out + out.err
+    assert "planner:***@127.0.0.1:1/nope" in out.out

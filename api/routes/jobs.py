@@ -34,7 +34,7 @@ def _create(service: PlannerService, body: PlanRequest) -> JobRecord:
         progress=1.0,
         created_at=now,
         updated_at=now,
-        instance=service.settings.instance_name,
+        instance=service.replica_id,
         request=spec.describe(),
         plan_id=record.id,
     )

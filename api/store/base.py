@@ -2,8 +2,17 @@
 
 Two implementations share the SQL (:mod:`api.store.sql`): SQLite, one file
 in WAL mode (the default), and PostgreSQL (several service replicas).  Every
-method is safe to call from many threads; writes are durable when they
-return, so a restart loses nothing.
+method is safe to call from many threads; each call borrows a connection from
+a bounded pool and returns it before it returns, and writes are durable when
+they return, so a restart loses nothing.
+
+Jobs belong to the replica that runs them (``JobRecord.instance``, a replica
+id unique to one start of one process).  The owner refreshes its unfinished
+jobs' ``updated_at`` (the heartbeat); any replica's reaper marks failed the
+unfinished jobs whose heartbeat is older than a bound (their owner died).
+Every change of a job's state is a conditional UPDATE on an unfinished job,
+so a job finishes exactly once: whoever changes it first (owner, reaper or a
+cancel on another replica) wins, and the others' updates are no-ops.
 """
 
 from __future__ import annotations
@@ -15,6 +24,17 @@ from typing import Any
 
 #: Jobs in these states have not finished.
 UNFINISHED = ("queued", "running")
+
+
+class StoreUnavailable(Exception):
+    """The database cannot serve this call now: every pooled connection stayed
+    busy for the pool's timeout, or the database did not answer.  The service
+    answers 503 with ``Retry-After``; the next call may well succeed.  The
+    message names no host, port or credential."""
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 @dataclass(frozen=True)
@@ -37,7 +57,8 @@ class PlanRecord:
 @dataclass(frozen=True)
 class JobRecord:
     """A job row.  ``request`` is the plan request without its graph (the
-    graph is in the graphs table under ``request['graph_hash']``)."""
+    graph is in the graphs table under ``request['graph_hash']``);
+    ``instance`` is the owning replica's id."""
 
     id: str
     request_hash: str
@@ -50,6 +71,10 @@ class JobRecord:
     request: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
     plan_id: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.status not in UNFINISHED
 
 
 class Store(abc.ABC):
@@ -82,35 +107,53 @@ class Store(abc.ABC):
         """Newest first, without plan_json; and the total count."""
 
     @abc.abstractmethod
-    def create_job(self, job: JobRecord) -> None: ...
+    def create_job(self, job: JobRecord) -> JobRecord:
+        """Stores ``job`` and returns it; but if ``job`` is unfinished and an
+        unfinished job for the same request hash exists (on any replica),
+        stores nothing and returns that one: one request, one solve."""
 
     @abc.abstractmethod
-    def update_job(self, job_id: str, **fields: Any) -> None:
+    def update_job(self, job_id: str, **fields: Any) -> bool:
         """Sets ``status``, ``phase``, ``progress``, ``error``, ``plan_id``
-        (and ``updated_at`` to now)."""
+        (and ``updated_at`` to now) of an *unfinished* job; False (and nothing
+        changed) if the job has finished, e.g. was reaped or cancelled."""
 
     @abc.abstractmethod
     def get_job(self, job_id: str) -> JobRecord | None: ...
+
+    @abc.abstractmethod
+    def active_job(self, request_hash: str) -> JobRecord | None:
+        """The unfinished job for this request hash, if any."""
 
     @abc.abstractmethod
     def list_jobs(self, limit: int) -> list[JobRecord]:
         """Newest first."""
 
     @abc.abstractmethod
-    def heartbeat(self, job_ids: list[str]) -> None:
-        """Marks this replica's queued and running jobs alive (updated_at = now)."""
+    def heartbeat(self, instance: str, job_ids: list[str]) -> set[str]:
+        """Marks ``instance``'s unfinished jobs alive (updated_at = now) and
+        returns which of ``job_ids`` (the jobs it runs) have finished in the
+        store meanwhile: cancelled from another replica, or reaped."""
 
     @abc.abstractmethod
-    def fail_unfinished_jobs(
-        self, instance: str, stale_before: float, message: str
-    ) -> int:
-        """Marks failed the queued or running jobs of ``instance`` (a restarted
-        replica) and any job whose heartbeat is older than ``stale_before``
-        (a replica that died); returns how many."""
+    def reap_stale_jobs(self, stale_before: float, message: str) -> int:
+        """Marks failed, with ``message``, every unfinished job whose last
+        heartbeat is older than ``stale_before`` (its replica died); returns
+        how many.  Safe to run on every replica at once: each job is reaped
+        once."""
 
     @abc.abstractmethod
-    def ping(self) -> bool:
-        """Whether the database answers."""
+    def cancel_job(self, job_id: str, message: str) -> bool:
+        """Marks an unfinished job cancelled (its owner stops the solve at its
+        next heartbeat); False if it had finished."""
+
+    @abc.abstractmethod
+    def schema_version(self) -> int:
+        """The highest migration applied to the database."""
+
+    @abc.abstractmethod
+    def ping(self, timeout_s: float = 1.0) -> bool:
+        """Whether the database answers within ``timeout_s``."""
 
     @abc.abstractmethod
     def close(self) -> None: ...

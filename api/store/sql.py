@@ -1,46 +1,85 @@
-"""The SQL both stores run: written with ``?`` placeholders, one connection per
-thread (both sqlite3 and psycopg connections are per-thread objects here), in
-autocommit mode so that every write is durable when the call returns."""
+"""The SQL both stores run, written with ``?`` placeholders.
+
+Each call borrows an autocommit connection from the store's bounded pool
+(:meth:`SqlStore._connection`) for the one statement it runs and gives it
+back, so a replica never holds more than ``db_pool_size`` connections however
+many threads serve requests.  The schema is created by numbered migrations
+(:data:`MIGRATIONS`, recorded in ``schema_version``), applied under a lock
+that each backend provides, so replicas starting together on an empty
+database apply each migration once.
+"""
 
 from __future__ import annotations
 
 import abc
+import contextlib
 import json
+import logging
 import threading
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from api.store.base import UNFINISHED, JobRecord, PlanRecord, Store
+from api.store.base import UNFINISHED, JobRecord, PlanRecord, Store, StoreUnavailable
 
-SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS graphs (
-        hash TEXT PRIMARY KEY,
-        name TEXT NOT NULL,
-        created_at DOUBLE PRECISION NOT NULL,
-        doc TEXT NOT NULL)""",
-    """CREATE TABLE IF NOT EXISTS plans (
-        id TEXT PRIMARY KEY,
-        request_hash TEXT NOT NULL UNIQUE,
-        created_at DOUBLE PRECISION NOT NULL,
-        graph_hash TEXT NOT NULL,
-        summary TEXT NOT NULL,
-        plan TEXT NOT NULL)""",
-    "CREATE INDEX IF NOT EXISTS plans_created ON plans (created_at)",
-    """CREATE TABLE IF NOT EXISTS jobs (
-        id TEXT PRIMARY KEY,
-        request_hash TEXT NOT NULL,
-        status TEXT NOT NULL,
-        phase TEXT NOT NULL,
-        progress DOUBLE PRECISION NOT NULL,
-        created_at DOUBLE PRECISION NOT NULL,
-        updated_at DOUBLE PRECISION NOT NULL,
-        instance TEXT NOT NULL,
-        request TEXT NOT NULL,
-        error TEXT,
-        plan_id TEXT)""",
-    "CREATE INDEX IF NOT EXISTS jobs_created ON jobs (created_at)",
-    "CREATE INDEX IF NOT EXISTS jobs_status ON jobs (status)",
+log = logging.getLogger(__name__)
+
+_ACTIVE = "status IN ('queued', 'running')"
+
+#: (version, statements).  Append only; never edit an applied migration.
+MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
+    (
+        1,  # the tables (IF NOT EXISTS: databases made before versioning adopt it)
+        (
+            """CREATE TABLE IF NOT EXISTS graphs (
+                hash TEXT PRIMARY KEY,
+                name TEXT NOT NULL,
+                created_at DOUBLE PRECISION NOT NULL,
+                doc TEXT NOT NULL)""",
+            """CREATE TABLE IF NOT EXISTS plans (
+                id TEXT PRIMARY KEY,
+                request_hash TEXT NOT NULL UNIQUE,
+                created_at DOUBLE PRECISION NOT NULL,
+                graph_hash TEXT NOT NULL,
+                summary TEXT NOT NULL,
+                plan TEXT NOT NULL)""",
+            "CREATE INDEX IF NOT EXISTS plans_created ON plans (created_at)",
+            """CREATE TABLE IF NOT EXISTS jobs (
+                id TEXT PRIMARY KEY,
+                request_hash TEXT NOT NULL,
+                status TEXT NOT NULL,
+                phase TEXT NOT NULL,
+                progress DOUBLE PRECISION NOT NULL,
+                created_at DOUBLE PRECISION NOT NULL,
+                updated_at DOUBLE PRECISION NOT NULL,
+                instance TEXT NOT NULL,
+                request TEXT NOT NULL,
+                error TEXT,
+                plan_id TEXT)""",
+            "CREATE INDEX IF NOT EXISTS jobs_created ON jobs (created_at)",
+            "CREATE INDEX IF NOT EXISTS jobs_status ON jobs (status)",
+        ),
+    ),
+    (
+        2,  # one unfinished job per request, across replicas
+        (
+            # Duplicates left by older versions (in-memory dedup only) go first.
+            f"""UPDATE jobs SET status = 'failed', phase = 'failed',
+                error = 'superseded by an identical job' WHERE {_ACTIVE}
+                AND id NOT IN (SELECT MAX(id) FROM jobs WHERE {_ACTIVE}
+                GROUP BY request_hash)""",
+            f"""CREATE UNIQUE INDEX IF NOT EXISTS jobs_active_request
+                ON jobs (request_hash) WHERE {_ACTIVE}""",
+            "CREATE INDEX IF NOT EXISTS jobs_instance ON jobs (instance)",
+        ),
+    ),
 )
+
+SCHEMA_VERSION = MIGRATIONS[-1][0]
+
+_VERSION_TABLE = """CREATE TABLE IF NOT EXISTS schema_version (
+    version INTEGER PRIMARY KEY,
+    applied_at DOUBLE PRECISION NOT NULL)"""
 
 _JOB_COLUMNS = (
     "id, request_hash, status, phase, progress, created_at, updated_at, instance, "
@@ -49,62 +88,161 @@ _JOB_COLUMNS = (
 _UPDATABLE = ("status", "phase", "progress", "error", "plan_id")
 
 
+def apply_migrations(execute: Callable[..., Any]) -> list[int]:
+    """Applies the migrations the database lacks, through ``execute(sql,
+    params) -> cursor`` on one connection that the caller holds under its
+    backend's lock, inside one transaction.  Returns the versions applied."""
+    execute(_VERSION_TABLE, ())
+    row = execute("SELECT COALESCE(MAX(version), 0) FROM schema_version", ()).fetchone()
+    current = int(row[0])
+    if current > SCHEMA_VERSION:
+        log.warning(
+            "the database's schema is version %d, newer than this service's %d",
+            current,
+            SCHEMA_VERSION,
+        )
+    applied = []
+    for version, statements in MIGRATIONS:
+        if version <= current:
+            continue
+        for statement in statements:
+            execute(statement, ())
+        execute(
+            "INSERT INTO schema_version (version, applied_at) VALUES (?, ?)",
+            (version, time.time()),
+        )
+        applied.append(version)
+    return applied
+
+
+class BoundedPool:
+    """At most ``size`` connections made by ``connect``, lent one at a time
+    (most recently returned first); a borrower waits up to ``timeout_s`` for
+    one, then gets :class:`StoreUnavailable`.  A connection whose use raised
+    one of ``broken`` is closed instead of returned."""
+
+    def __init__(
+        self,
+        connect: Callable[[], Any],
+        size: int,
+        timeout_s: float,
+        broken: tuple[type[BaseException], ...] = (),
+    ) -> None:
+        self._connect = connect
+        self.size = size
+        self.timeout_s = timeout_s
+        self._broken = broken
+        self._slots = threading.BoundedSemaphore(size)
+        self._idle: list[Any] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @contextlib.contextmanager
+    def connection(self, timeout_s: float | None = None) -> Iterator[Any]:
+        wait = self.timeout_s if timeout_s is None else timeout_s
+        if not self._slots.acquire(timeout=wait):
+            raise StoreUnavailable(
+                f"all {self.size} database connections of this replica stayed busy "
+                f"for {wait:g} s (db_pool_size={self.size}); try again"
+            )
+        try:
+            with self._lock:
+                if self._closed:
+                    raise StoreUnavailable("the store is closed")
+                conn = self._idle.pop() if self._idle else None
+            if conn is None:
+                conn = self._connect()
+            reuse = True
+            try:
+                yield conn
+            except self._broken:
+                reuse = False
+                raise
+            finally:
+                with self._lock:
+                    if reuse and not self._closed:
+                        self._idle.append(conn)
+                        conn = None
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        conn.close()
+        finally:
+            self._slots.release()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+
 class SqlStore(Store):
-    """A :class:`Store` over a DB-API connection factory."""
+    """A :class:`Store` over a pool of DB-API connections."""
 
     #: the driver's placeholder ("?" for sqlite3, "%s" for psycopg)
     placeholder = "?"
 
-    def __init__(self) -> None:
-        self._local = threading.local()
-        self._all: list[Any] = []
-        self._lock = threading.Lock()
-        self._closed = False
+    @abc.abstractmethod
+    def _connection(self, timeout_s: float | None = None) -> Any:
+        """A context manager lending one autocommit connection from the pool;
+        raises StoreUnavailable when none frees up in time."""
 
     @abc.abstractmethod
-    def _connect(self) -> Any:
-        """A new autocommit connection."""
-
-    def _conn(self) -> Any:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            if self._closed:
-                raise RuntimeError("the store is closed")
-            conn = self._connect()
-            self._local.conn = conn
-            with self._lock:
-                self._all.append(conn)
-        return conn
+    def _unavailable(self, error: Exception) -> StoreUnavailable | None:
+        """``error`` as a StoreUnavailable if it means the database cannot
+        answer now (not a bug of ours), else None."""
 
     def _sql(self, sql: str) -> str:
         return sql if self.placeholder == "?" else sql.replace("?", self.placeholder)
 
-    def _execute(self, sql: str, params: tuple[Any, ...] = ()) -> Any:
-        cur = self._conn().cursor()
-        cur.execute(self._sql(sql), params)
-        return cur
-
-    def create_schema(self) -> None:
-        for statement in SCHEMA:
-            self._execute(statement)
+    def _run(
+        self,
+        sql: str,
+        params: tuple[Any, ...] = (),
+        fetch: str = "",
+        timeout_s: float | None = None,
+    ) -> Any:
+        """Runs one statement on a borrowed connection: ``fetch`` "one" or
+        "all" returns rows, "" the row count."""
+        try:
+            with self._connection(timeout_s) as conn:
+                cur = conn.cursor()
+                try:
+                    cur.execute(self._sql(sql), params)
+                    if fetch == "one":
+                        return cur.fetchone()
+                    if fetch == "all":
+                        return cur.fetchall()
+                    return cur.rowcount
+                finally:
+                    cur.close()
+        except StoreUnavailable:
+            raise
+        except Exception as e:
+            unavailable = self._unavailable(e)
+            if unavailable is None:
+                raise
+            # The driver's message may name the host and port: it goes to the
+            # log (by _unavailable), never into an answer.
+            raise unavailable from None
 
     # -- graphs ---------------------------------------------------------------------------
     def put_graph(self, graph_hash: str, name: str, graph_json: str) -> None:
-        self._execute(
+        self._run(
             "INSERT INTO graphs (hash, name, created_at, doc) VALUES (?, ?, ?, ?) "
             "ON CONFLICT (hash) DO NOTHING",
             (graph_hash, name, time.time(), graph_json),
         )
 
     def get_graph(self, graph_hash: str) -> str | None:
-        row = self._execute(
-            "SELECT doc FROM graphs WHERE hash = ?", (graph_hash,)
-        ).fetchone()
+        row = self._run("SELECT doc FROM graphs WHERE hash = ?", (graph_hash,), "one")
         return None if row is None else str(row[0])
 
     # -- plans ----------------------------------------------------------------------------
     def put_plan(self, record: PlanRecord) -> PlanRecord:
-        self._execute(
+        self._run(
             "INSERT INTO plans (id, request_hash, created_at, graph_hash, summary, plan) "
             "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
             (
@@ -123,23 +261,20 @@ class SqlStore(Store):
     _PLAN = "SELECT id, request_hash, created_at, graph_hash, summary, plan FROM plans "
 
     def get_plan(self, plan_id: str) -> PlanRecord | None:
-        return self._plan(
-            self._execute(self._PLAN + "WHERE id = ?", (plan_id,)).fetchone()
-        )
+        return self._plan(self._run(self._PLAN + "WHERE id = ?", (plan_id,), "one"))
 
     def get_plan_by_hash(self, request_hash: str) -> PlanRecord | None:
-        row = self._execute(
-            self._PLAN + "WHERE request_hash = ?", (request_hash,)
-        ).fetchone()
+        row = self._run(self._PLAN + "WHERE request_hash = ?", (request_hash,), "one")
         return self._plan(row)
 
     def list_plans(self, limit: int, offset: int = 0) -> tuple[list[PlanRecord], int]:
-        rows = self._execute(
+        rows = self._run(
             "SELECT id, request_hash, created_at, graph_hash, summary, '' FROM plans "
             "ORDER BY created_at DESC, id LIMIT ? OFFSET ?",
             (limit, offset),
-        ).fetchall()
-        total = self._execute("SELECT COUNT(*) FROM plans").fetchone()[0]
+            "all",
+        )
+        total = self._run("SELECT COUNT(*) FROM plans", (), "one")[0]
         return [p for p in map(self._plan, rows) if p is not None], int(total)
 
     @staticmethod
@@ -156,46 +291,69 @@ class SqlStore(Store):
         )
 
     # -- jobs -----------------------------------------------------------------------------
-    def create_job(self, job: JobRecord) -> None:
-        self._execute(
-            f"INSERT INTO jobs ({_JOB_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                job.id,
-                job.request_hash,
-                job.status,
-                job.phase,
-                job.progress,
-                job.created_at,
-                job.updated_at,
-                job.instance,
-                json.dumps(job.request),
-                job.error,
-                job.plan_id,
-            ),
-        )
+    def create_job(self, job: JobRecord) -> JobRecord:
+        for _ in range(5):
+            # ON CONFLICT: the partial unique index on unfinished jobs' request
+            # hash (migration 2) says another replica is solving it already.
+            inserted = self._run(
+                f"INSERT INTO jobs ({_JOB_COLUMNS}) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                (
+                    job.id,
+                    job.request_hash,
+                    job.status,
+                    job.phase,
+                    job.progress,
+                    job.created_at,
+                    job.updated_at,
+                    job.instance,
+                    json.dumps(job.request),
+                    job.error,
+                    job.plan_id,
+                ),
+            )
+            if inserted == 1:
+                return job
+            other = self.active_job(job.request_hash) if not job.finished else None
+            if other is not None:
+                return other
+            if self.get_job(job.id) is not None:
+                raise ValueError(f"job id {job.id!r} is taken")
+            # The other job finished between the two statements: insert again.
+        raise StoreUnavailable("jobs for this request kept changing; try again")
 
-    def update_job(self, job_id: str, **fields: Any) -> None:
+    def update_job(self, job_id: str, **fields: Any) -> bool:
         unknown = set(fields) - set(_UPDATABLE)
         if unknown:
             raise ValueError(f"cannot update job fields {sorted(unknown)}")
         names = list(fields)
         sets = ", ".join(f"{n} = ?" for n in names + ["updated_at"])
-        self._execute(
-            f"UPDATE jobs SET {sets} WHERE id = ?",
+        changed = self._run(
+            f"UPDATE jobs SET {sets} WHERE id = ? AND {_ACTIVE}",
             (*(fields[n] for n in names), time.time(), job_id),
         )
+        return bool(changed)
 
     def get_job(self, job_id: str) -> JobRecord | None:
-        row = self._execute(
-            f"SELECT {_JOB_COLUMNS} FROM jobs WHERE id = ?", (job_id,)
-        ).fetchone()
+        row = self._run(
+            f"SELECT {_JOB_COLUMNS} FROM jobs WHERE id = ?", (job_id,), "one"
+        )
+        return None if row is None else self._job(row)
+
+    def active_job(self, request_hash: str) -> JobRecord | None:
+        row = self._run(
+            f"SELECT {_JOB_COLUMNS} FROM jobs WHERE request_hash = ? AND {_ACTIVE}",
+            (request_hash,),
+            "one",
+        )
         return None if row is None else self._job(row)
 
     def list_jobs(self, limit: int) -> list[JobRecord]:
-        rows = self._execute(
+        rows = self._run(
             f"SELECT {_JOB_COLUMNS} FROM jobs ORDER BY created_at DESC, id LIMIT ?",
             (limit,),
-        ).fetchall()
+            "all",
+        )
         return [self._job(r) for r in rows]
 
     @staticmethod
@@ -214,36 +372,47 @@ class SqlStore(Store):
             plan_id=row[10],
         )
 
-    def heartbeat(self, job_ids: list[str]) -> None:
-        now = time.time()
-        for job_id in job_ids:
-            self._execute(
-                "UPDATE jobs SET updated_at = ? WHERE id = ? AND status IN (?, ?)",
-                (now, job_id, *UNFINISHED),
-            )
-
-    def fail_unfinished_jobs(
-        self, instance: str, stale_before: float, message: str
-    ) -> int:
-        cur = self._execute(
-            "UPDATE jobs SET status = 'failed', phase = 'failed', error = ?, "
-            "updated_at = ? WHERE status IN (?, ?) AND (instance = ? OR updated_at < ?)",
-            (message, time.time(), *UNFINISHED, instance, stale_before),
+    def heartbeat(self, instance: str, job_ids: list[str]) -> set[str]:
+        self._run(
+            f"UPDATE jobs SET updated_at = ? WHERE instance = ? AND {_ACTIVE}",
+            (time.time(), instance),
         )
-        return int(cur.rowcount)
+        if not job_ids:
+            return set()
+        marks = ", ".join("?" for _ in job_ids)
+        rows = self._run(
+            f"SELECT id FROM jobs WHERE id IN ({marks}) AND NOT {_ACTIVE}",
+            tuple(job_ids),
+            "all",
+        )
+        return {str(r[0]) for r in rows}
 
-    def ping(self) -> bool:
+    def reap_stale_jobs(self, stale_before: float, message: str) -> int:
+        # One conditional UPDATE: two reapers at once change each row once
+        # (the second re-checks the status after the first commits).
+        changed = self._run(
+            "UPDATE jobs SET status = 'failed', phase = 'failed', progress = 0, "
+            f"error = ?, updated_at = ? WHERE {_ACTIVE} AND updated_at < ?",
+            (message, time.time(), stale_before),
+        )
+        return int(changed)
+
+    def cancel_job(self, job_id: str, message: str) -> bool:
+        return self.update_job(
+            job_id, status="cancelled", phase="cancelled", progress=0.0, error=message
+        )
+
+    def schema_version(self) -> int:
+        row = self._run(
+            "SELECT COALESCE(MAX(version), 0) FROM schema_version", (), "one"
+        )
+        return int(row[0])
+
+    def ping(self, timeout_s: float = 1.0) -> bool:
         try:
-            return bool(self._execute("SELECT 1").fetchone()[0] == 1)
+            return bool(self._run("SELECT 1", (), "one", timeout_s=timeout_s)[0] == 1)
         except Exception:  # any driver error means "not answering"
             return False
 
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            conns, self._all = self._all, []
-        for conn in conns:
-            try:
-                conn.close()
-            except Exception:  # pragma: no cover - closing is best effort
-                pass
+
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "BoundedPool", "SqlStore", "UNFINISHED"]
