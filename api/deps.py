@@ -1,13 +1,30 @@
-"""FastAPI dependencies, as ``Annotated`` aliases the routes declare."""
+"""FastAPI dependencies, as ``Annotated`` aliases the routes declare.
+
+The endpoints that cost CPU or memory declare :data:`JsonBody` (or, for the
+dashboard's form, :data:`FormBody`) and no body parameter, so that FastAPI
+reads nothing before these run, in this order: the API token (401), the
+client's concurrency and rate (429), the content type (415), the service's
+budget of body bytes in flight (503), the body itself (413 past
+``max_body_bytes``), its shape before decoding (nesting, string length,
+token count; 422).  Only then does a route decode it (:func:`parse_body`).
+"""
 
 from __future__ import annotations
 
+import hashlib
 import secrets
-from typing import Annotated
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Annotated, Any, TypeVar
+from urllib.parse import parse_qs
 
 from fastapi import Depends, HTTPException, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ValidationError
 
+from api.limits import BodyBudget, ClientLimiter, LimitExceeded, scan_json
 from api.service import PlannerService
 from api.settings import Settings, get_settings
 from api.store import Store
@@ -15,6 +32,32 @@ from api.store import Store
 _bearer = HTTPBearer(
     auto_error=False, description="An API token (MTF_PLANNER_API_TOKENS)."
 )
+
+#: Bodies over this many bytes are scanned and decoded off the event loop.
+_OFF_LOOP_BYTES = 64 * 1024
+#: The dashboard's form is a few short fields.
+MAX_FORM_BYTES = 16 * 1024
+
+M = TypeVar("M", bound=BaseModel)
+
+
+@dataclass
+class Guards:
+    """The per-app limiters (made with the service, from its settings)."""
+
+    clients: ClientLimiter
+    bodies: BodyBudget
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Guards:
+        return cls(
+            ClientLimiter(
+                settings.client_max_concurrent,
+                settings.client_rate_per_s,
+                settings.client_burst,
+            ),
+            BodyBudget(max(settings.max_inflight_body_bytes, settings.max_body_bytes)),
+        )
 
 
 # Dependencies are ``async def`` (they do not block): FastAPI runs a sync one
@@ -40,23 +83,196 @@ def token_ok(settings: Settings, token: str | None) -> bool:
     return any([secrets.compare_digest(token.encode(), t.encode()) for t in tokens])
 
 
+def _unauthorized(token: str | None, how: str) -> HTTPException:
+    detail = (
+        f"this endpoint needs an API token: {how}"
+        if not token
+        else "the API token is not valid"
+    )
+    return HTTPException(401, detail, headers={"WWW-Authenticate": "Bearer"})
+
+
 async def require_token(
     service: Annotated[PlannerService, Depends(get_service)],
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> None:
+) -> str | None:
     """Write endpoints: a configured bearer token, or 401.  The tokens are the
     service's settings (those :func:`get_settings` gave when it started)."""
     token = credentials.credentials if credentials is not None else None
     if not token_ok(service.settings, token):
-        detail = (
-            "this endpoint needs an API token: send 'Authorization: Bearer <token>'"
-            if token is None
-            else "the API token is not valid"
+        raise _unauthorized(token, "send 'Authorization: Bearer <token>'")
+    return token
+
+
+def client_key(request: Request, token: str | None) -> str:
+    """Whom a request counts against: its token (hashed) or its address."""
+    if token:
+        return "token:" + hashlib.sha256(token.encode()).hexdigest()[:16]
+    host = request.client.host if request.client else "unknown"
+    return "addr:" + host
+
+
+async def throttle(
+    request: Request, token: Annotated[str | None, Depends(require_token)]
+) -> AsyncIterator[None]:
+    """A token (401), then a slot of the client's concurrency and rate (429)."""
+    guards: Guards = request.app.state.guards
+    key = client_key(request, token)
+    guards.clients.acquire(key)  # LimitExceeded: 429 with Retry-After
+    try:
+        yield
+    finally:
+        guards.clients.release(key)
+
+
+def _media_type(request: Request) -> str:
+    return request.headers.get("content-type", "").split(";")[0].strip().lower()
+
+
+def _declared_length(request: Request) -> int | None:
+    value = request.headers.get("content-length")
+    return int(value) if value is not None and value.isdigit() else None
+
+
+def check_json_shape(raw: bytes, settings: Settings) -> None:
+    """422 for JSON nested too deep, with a string too long, or too many
+    values, before it is decoded."""
+    shape = scan_json(raw)
+    if shape.depth > settings.max_json_depth:
+        raise LimitExceeded(
+            f"the JSON body nests {shape.depth} levels deep; this service accepts "
+            f"at most {settings.max_json_depth} (max_json_depth)",
+            422,
+            0,
         )
-        raise HTTPException(401, detail, headers={"WWW-Authenticate": "Bearer"})
+    if shape.longest_string > settings.max_json_string_chars:
+        raise LimitExceeded(
+            f"the JSON body has a string of {shape.longest_string} bytes; this "
+            f"service accepts at most {settings.max_json_string_chars} "
+            "(max_json_string_chars)",
+            422,
+            0,
+        )
+    if shape.tokens > settings.max_json_tokens:
+        raise LimitExceeded(
+            f"the JSON body has about {shape.tokens} values; this service accepts "
+            f"at most {settings.max_json_tokens} (max_json_tokens)",
+            422,
+            0,
+        )
+
+
+async def json_body(
+    request: Request, service: ServiceDep, _: Annotated[None, Depends(throttle)]
+) -> AsyncIterator[bytes]:
+    """A JSON request body, after the token and the client's limits, bounded
+    in bytes and checked in shape (see the module docstring)."""
+    media = _media_type(request)
+    if media != "application/json" and not media.endswith("+json"):
+        raise HTTPException(
+            415,
+            f"the body's Content-Type is {media or 'missing'!r}; this endpoint "
+            "accepts application/json",
+        )
+    budget: BodyBudget = request.app.state.guards.bodies
+    declared = _declared_length(request)
+    reserved = 0
+    try:
+        if declared is not None:
+            reserved = budget.reserve(declared)  # LimitExceeded: 503
+        chunks = []
+        async for chunk in request.stream():  # BodySizeLimit: 413
+            if declared is None:
+                reserved += budget.reserve(len(chunk))
+            chunks.append(chunk)
+        raw = b"".join(chunks)
+        request._body = raw  # request.body() answers from here afterwards
+        if len(raw) > _OFF_LOOP_BYTES:
+            await run_in_threadpool(check_json_shape, raw, service.settings)
+        else:
+            check_json_shape(raw, service.settings)
+        yield raw
+    finally:
+        budget.release(reserved)
+
+
+def _validate(model: type[M], raw: bytes) -> M:
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as e:
+        errors = e.errors(include_url=False)
+        raise RequestValidationError(
+            [{**err, "loc": ("body", *err["loc"])} for err in errors]
+        ) from None
+
+
+async def parse_body(model: type[M], raw: bytes) -> M:
+    """``raw`` decoded into ``model`` (422 naming each bad field); large
+    bodies are decoded in the thread pool, so the event loop stays free for
+    health checks."""
+    if len(raw) > _OFF_LOOP_BYTES:
+        return await run_in_threadpool(_validate, model, raw)
+    return _validate(model, raw)
+
+
+@dataclass(frozen=True)
+class Form:
+    """The dashboard's form fields, and whether its ``token`` may plan."""
+
+    fields: dict[str, str]
+    authorized: bool
+
+
+async def form_body(request: Request, service: ServiceDep) -> AsyncIterator[Form]:
+    """The dashboard's form (at most MAX_FORM_BYTES; its token is a field, so
+    this small body is read first), then the client's limits (429) when the
+    token is good.  A bad token is for the route to answer (a page, 401)."""
+    if _media_type(request) != "application/x-www-form-urlencoded":
+        raise HTTPException(
+            415, "this form accepts application/x-www-form-urlencoded bodies"
+        )
+    declared = _declared_length(request)
+    too_big = f"a form body has at most {MAX_FORM_BYTES} bytes"
+    if declared is not None and declared > MAX_FORM_BYTES:
+        raise HTTPException(413, too_big)
+    raw = b""
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > MAX_FORM_BYTES:
+            raise HTTPException(413, too_big)
+    try:
+        parsed = parse_qs(raw.decode(errors="replace"), max_num_fields=32)
+    except ValueError as e:  # more fields than that
+        raise HTTPException(422, f"the form is malformed: {e}") from None
+    fields = {k: v[0] for k, v in parsed.items() if v}
+    token = fields.get("token") or None
+    if not token_ok(service.settings, token):
+        yield Form(fields, authorized=False)
+        return
+    guards: Guards = request.app.state.guards
+    key = client_key(request, token)
+    guards.clients.acquire(key)
+    try:
+        yield Form(fields, authorized=True)
+    finally:
+        guards.clients.release(key)
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 ServiceDep = Annotated[PlannerService, Depends(get_service)]
 StoreDep = Annotated[Store, Depends(get_store)]
-WriteAccess = Annotated[None, Depends(require_token)]
+WriteAccess = Annotated[None, Depends(throttle)]
+JsonBody = Annotated[bytes, Depends(json_body)]
+FormBody = Annotated[Form, Depends(form_body)]
+
+
+def json_request_body(model: type[BaseModel]) -> dict[str, Any]:
+    """``openapi_extra`` documenting a body the route reads through JsonBody
+    (:func:`api.main.create_app` adds the model to the schema's components)."""
+    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": ref}},
+        }
+    }

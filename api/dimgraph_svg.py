@@ -1,5 +1,8 @@
 """The dimension graph of a plan as an SVG picture (for the dashboard).
 
+:func:`dimension_graph_layout` places the picture's parts; the template
+``_dimgraph.svg`` draws them, so that every name is escaped by Jinja.
+
 Nodes are dimension names, coloured by the mesh axis the plan split them over
 (grey: kept whole; dashed outline: an op needs it whole).  Solid edges join
 names that share a tensor (they can never share a mesh axis), dashed edges
@@ -9,7 +12,6 @@ with a fixed seed, so the same plan always draws the same picture.
 
 from __future__ import annotations
 
-import html
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -25,18 +27,25 @@ def axis_colours(mesh_axes: list[str]) -> dict[str, str]:
     return {a: AXIS_COLOURS[i % len(AXIS_COLOURS)] for i, a in enumerate(mesh_axes)}
 
 
-def dimension_graph_svg(
+def dimension_graph_layout(
     dim_graph: Mapping[str, Any],
     rules: Mapping[str, str],
     mesh_axes: list[str],
     width: int = 640,
     height: int = 420,
-) -> str:
-    """An ``<svg>`` element (a string) drawing ``dim_graph`` (the plan's
-    ``dimension_graph``) with each dim coloured by ``rules``."""
+) -> dict[str, Any] | None:
+    """Where ``dim_graph``'s (the plan's ``dimension_graph``) nodes and edges
+    go, each dim coloured by ``rules``; None when there are no nodes.
+
+    >>> g = {"nodes": [{"name": "a", "sizes": [4]}, {"name": "b", "sizes": [2]}],
+    ...      "edges": [{"a": "a", "b": "b", "kind": "tensor", "where": "t"}]}
+    >>> out = dimension_graph_layout(g, {"a": "x"}, ["x"])
+    >>> [(n["name"], n["axis"], n["fill"]) for n in out["nodes"]]
+    [('a', 'x', '#0072B2'), ('b', '', '#BBBBBB')]
+    """
     nodes = [n["name"] for n in dim_graph.get("nodes", [])]
     if not nodes:
-        return '<p class="muted">This plan has no dimension graph.</p>'
+        return None
     g = nx.Graph()
     g.add_nodes_from(nodes)
     for e in dim_graph.get("edges", []):
@@ -53,49 +62,43 @@ def dimension_graph_svg(
     def at(name: str) -> tuple[float, float]:
         x, y = pos[name]
         return (
-            pad + (x - min(xs)) / span_x * (width - 2 * pad),
-            pad + (y - min(ys)) / span_y * (height - 2 * pad),
+            round(pad + (x - min(xs)) / span_x * (width - 2 * pad), 1),
+            round(pad + (y - min(ys)) / span_y * (height - 2 * pad), 1),
         )
 
     colours = axis_colours(mesh_axes)
     info = {n["name"]: n for n in dim_graph.get("nodes", [])}
-    out = [
-        f'<svg id="dim-graph" xmlns="http://www.w3.org/2000/svg" width="{width}" '
-        f'height="{height}" viewBox="0 0 {width} {height}" role="img" '
-        'aria-label="dimension graph">'
-    ]
+    edges = []
     for a, b, data in g.edges(data=True):
         (x1, y1), (x2, y2) = at(a), at(b)
-        dash = ' stroke-dasharray="5,4"' if data["kind"] == "op" else ""
-        tip = html.escape(f"{a} - {b}: {data['kind']} edge ({data['where']})")
-        out.append(
-            f'<line x1="{x1:.1f}" y1="{y1:.1f}" x2="{x2:.1f}" y2="{y2:.1f}" '
-            f'stroke="#888" stroke-width="1.5"{dash}><title>{tip}</title></line>'
+        edges.append(
+            {
+                "x1": x1,
+                "y1": y1,
+                "x2": x2,
+                "y2": y2,
+                "dashed": data["kind"] == "op",
+                "tip": f"{a} - {b}: {data['kind']} edge ({data['where']})",
+            }
         )
+    out_nodes = []
     for name in nodes:
         x, y = at(name)
-        axis = rules.get(name)
-        fill = colours.get(axis, WHOLE_COLOUR) if axis else WHOLE_COLOUR
+        axis = rules.get(name) or ""
         node = info[name]
-        whole = bool(node.get("unsplittable_by"))
+        whole_by = list(node.get("unsplittable_by") or [])
         sizes = "/".join(str(s) for s in node.get("sizes", []))
-        tip = html.escape(
-            f"{name} ({sizes}): "
-            + (f"split over {axis}" if axis else "kept whole")
-            + (
-                f"; needed whole by {', '.join(node['unsplittable_by'][:3])}"
-                if whole
-                else ""
-            )
+        out_nodes.append(
+            {
+                "name": name,
+                "axis": axis,
+                "x": x,
+                "y": y,
+                "fill": colours.get(axis, WHOLE_COLOUR) if axis else WHOLE_COLOUR,
+                "needed_whole": bool(whole_by),
+                "tip": f"{name} ({sizes}): "
+                + (f"split over {axis}" if axis else "kept whole")
+                + (f"; needed whole by {', '.join(whole_by[:3])}" if whole_by else ""),
+            }
         )
-        outline = ' stroke-dasharray="3,2"' if whole else ""
-        label = html.escape(name)
-        out.append(
-            f'<g class="dim-node" data-dim="{label}" data-axis="{html.escape(axis or "")}">'
-            f'<circle cx="{x:.1f}" cy="{y:.1f}" r="20" fill="{fill}" stroke="#333" '
-            f'stroke-width="1.5"{outline}><title>{tip}</title></circle>'
-            f'<text x="{x:.1f}" y="{y + 34:.1f}" text-anchor="middle" font-size="12">'
-            f"{label}</text></g>"
-        )
-    out.append("</svg>")
-    return "".join(out)
+    return {"width": width, "height": height, "nodes": out_nodes, "edges": edges}

@@ -11,15 +11,18 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
+from api.deps import Guards
 from api.errors import BodySizeLimit, install_error_handlers
 from api.metrics import Metrics, MetricsMiddleware
 from api.routes import dashboard, evaluate, hardware, health, jobs, plans
+from api.schemas import EvaluateRequest, PlanRequest
 from api.service import PlannerService
 from api.settings import Settings, get_settings
 from api.store import open_store
@@ -36,6 +39,7 @@ def _settings(app: FastAPI) -> Settings:
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings = _settings(app)
+    app.state.guards = Guards.from_settings(settings)
     service = PlannerService(settings, open_store(settings), app.state.metrics)
     service.start()
     app.state.service = service
@@ -74,7 +78,27 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             swagger_favicon_url="data:,",
         )
 
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = _with_request_bodies(FastAPI.openapi(app))
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
     # Outermost first: metrics see every answer, 413 included.
     app.add_middleware(BodySizeLimit, max_bytes=_settings(app).max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     return app
+
+
+def _with_request_bodies(schema: dict[str, Any]) -> dict[str, Any]:
+    """Adds the bodies that routes read through ``JsonBody`` (not a FastAPI
+    body parameter, so that nothing is read before the token) to the
+    schema's components, where their ``requestBody`` entries point."""
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    for model in (PlanRequest, EvaluateRequest):
+        js = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        for name, sub in js.pop("$defs", {}).items():
+            components.setdefault(name, sub)
+        components[model.__name__] = js
+    return schema

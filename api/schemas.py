@@ -1,17 +1,151 @@
-"""Request and response bodies (pydantic models; they are the OpenAPI schema)."""
+"""Request and response bodies (pydantic models; they are the OpenAPI schema).
+
+Every number a client sends is checked here, at the schema, to be finite and
+in a range the cost model and the solver handle (:data:`RANGES`): no
+``1e400``, ``NaN`` or ``1e-300`` bandwidth reaches the planner, and a boolean
+is not an integer.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag
+
+from cost_models.hardware import PRESETS
 
 JobStatus = Literal["queued", "running", "done", "failed", "cancelled"]
+
+#: What each number of a request may be: (smallest, largest).  Wide enough for
+#: any real machine and model, narrow enough that the cost model's seconds
+#: and bytes stay finite and the solver's integer scaling holds.
+RANGES: dict[str, tuple[float, float]] = {
+    "peak_flops": (1e6, 1e20),
+    "memory_bytes": (1, 2**50),
+    "hbm_bandwidth_bytes_per_s": (1e6, 1e16),
+    "bandwidth_bytes_per_s": (1e3, 1e15),
+    "latency_s": (0.0, 1.0),
+    "devices_per_host": (1, 2**20),
+    "seconds_per_unit": (0.0, 1e3),
+    "mesh_axis_size": (1, 2**20),
+    "num_devices": (1, 2**20),
+    "time_limit_s": (0.001, 3600.0),
+    "top_k": (1, 100),
+    "max_mesh_dims": (1, 8),
+}
+
+
+def _float(name: str, **kw: Any) -> Any:
+    lo, hi = RANGES[name]
+    return Field(ge=lo, le=hi, allow_inf_nan=False, **kw)
+
+
+def _int(name: str, **kw: Any) -> Any:
+    lo, hi = RANGES[name]
+    return Field(ge=int(lo), le=int(hi), strict=True, **kw)
+
+
+_NAME = r"^[A-Za-z_][A-Za-z0-9_.\-]{0,63}$"
+AxisName = Annotated[str, Field(pattern=_NAME, max_length=64)]
+AxisSize = Annotated[int, _int("mesh_axis_size")]
+DimName = Annotated[str, Field(min_length=1, max_length=128)]
+PresetName = Literal[tuple(sorted(PRESETS))]  # type: ignore[valid-type]
+
+
+class LinkIn(BaseModel):
+    """A link a mesh axis runs over (``LinkSpec.to_dict()``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=64)
+    bandwidth_bytes_per_s: float = _float("bandwidth_bytes_per_s")
+    latency_s: float = _float("latency_s")
+
+
+Rate = Annotated[float, _float("seconds_per_unit")]
+
+
+class CalibrationIn(BaseModel):
+    """Fitted per-op-class rates per backend (``Calibration.to_dict()``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    backend: Literal["placement", "spmd"]
+    coefficients: dict[
+        Literal["placement", "spmd"],
+        Annotated[dict[Annotated[str, Field(max_length=64)], Rate], Field(max_length=64)],
+    ]
+
+
+class HardwareIn(BaseModel):
+    """A whole hardware profile (``HardwareProfile.to_dict()``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=64)
+    peak_flops: float = _float("peak_flops")
+    memory_bytes: int = _int("memory_bytes")
+    hbm_bandwidth_bytes_per_s: float = _float("hbm_bandwidth_bytes_per_s")
+    default_link: LinkIn
+    axis_links: dict[AxisName, LinkIn] = Field(default_factory=dict, max_length=16)
+    devices_per_host: int | None = _int("devices_per_host", default=None)
+    intra_host_link: LinkIn | None = None
+    inter_host_link: LinkIn | None = None
+    calibration: CalibrationIn | None = None
+
+
+def _profile_dict(value: Any) -> Any:
+    # The service reads profiles as the dicts HardwareProfile.from_dict takes.
+    if isinstance(value, HardwareIn):
+        d = value.model_dump()
+        if d["calibration"] is None:
+            del d["calibration"]
+        return d
+    return value
+
+
+def _kind(value: Any) -> str | None:
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, dict | BaseModel):
+        return "object"
+    return None
+
+
+def _string_or_object(string: Any, obj: Any, expected: str) -> Any:
+    """A union told apart by the JSON type, so that an error names only the
+    branch the client meant (``mesh_shape.object.x``), not every branch."""
+    return Annotated[
+        Annotated[string, Tag("string")] | Annotated[obj, Tag("object")],
+        Discriminator(
+            _kind,
+            custom_error_type="string_or_object",
+            custom_error_message=f"expected {expected}",
+        ),
+    ]
+
+
+Hardware = Annotated[
+    _string_or_object(
+        PresetName,
+        HardwareIn,
+        "a hardware preset name or a profile object (GET /v1/hardware)",
+    ),
+    AfterValidator(_profile_dict),
+]
+MeshShapeIn = _string_or_object(
+    Annotated[str, Field(min_length=1, max_length=512)],
+    Annotated[dict[AxisName, AxisSize], Field(min_length=1, max_length=8)],
+    "a mesh shape: a string like 'x:2;y:4' or an object like {\"x\": 2, \"y\": 4}",
+)
 
 _GRAPH_DOC = (
     "A serialized mtf graph: the versioned JSON document of "
     "docs/graph-format.md (``mtf.graph_to_dict``)."
 )
+#: The solver's default wall-clock budget, the same for the API and the CLI.
+DEFAULT_TIME_LIMIT_S = 10.0
+
 _MESH_DOC = 'Mesh shape: \'x:2;y:4\' or {"x": 2, "y": 4}.'
 _HW_DOC = (
     "A hardware preset name (GET /v1/hardware) or a whole profile "
@@ -25,22 +159,34 @@ class PlanRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     graph: dict[str, Any] = Field(description=_GRAPH_DOC)
-    mesh_shape: str | dict[str, int] | None = Field(None, description=_MESH_DOC)
-    num_devices: int | None = Field(
-        None, ge=1, description="A device count: the mesh shape is searched too."
+    mesh_shape: MeshShapeIn | None = Field(None, description=_MESH_DOC)
+    num_devices: int | None = _int(
+        "num_devices",
+        default=None,
+        description="A device count: the mesh shape is searched too.",
     )
-    hardware: str | dict[str, Any] = Field("cpu-host", description=_HW_DOC)
+    hardware: Hardware = Field("cpu-host", description=_HW_DOC)
     objective: Literal["time", "memory"] = "time"
-    memory_limit_bytes: int | None = Field(
-        None, ge=1, description="Per-device bytes; overrides the hardware's capacity."
+    memory_limit_bytes: int | None = _int(
+        "memory_bytes",
+        default=None,
+        description="Per-device bytes; overrides the hardware's capacity.",
     )
     max_memory_fraction: float | None = Field(
-        None, gt=0, le=1, description="Plan for this fraction of device memory."
+        None,
+        gt=0,
+        le=1,
+        allow_inf_nan=False,
+        description="Plan for this fraction of device memory.",
     )
-    top_k: int = Field(5, ge=1, description="How many ranked candidates.")
-    time_limit_s: float = Field(10.0, gt=0, description="Solver wall-clock budget.")
-    max_mesh_dims: int = Field(
-        2, ge=1, description="With num_devices: at most this many mesh axes."
+    top_k: int = _int("top_k", default=5, description="How many ranked candidates.")
+    time_limit_s: float = _float(
+        "time_limit_s", default=DEFAULT_TIME_LIMIT_S, description="Solver wall-clock budget."
+    )
+    max_mesh_dims: int = _int(
+        "max_mesh_dims",
+        default=2,
+        description="With num_devices: at most this many mesh axes.",
     )
 
 
@@ -50,12 +196,15 @@ class EvaluateRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     graph: dict[str, Any] = Field(description=_GRAPH_DOC)
-    mesh_shape: str | dict[str, int] = Field(description=_MESH_DOC)
-    layout_rules: str | dict[str, str] = Field(
-        description='\'batch:x;d_ff:y\' or {"batch": "x"}.'
-    )
-    hardware: str | dict[str, Any] = Field("cpu-host", description=_HW_DOC)
-    memory_limit_bytes: int | None = Field(None, ge=1)
+    mesh_shape: MeshShapeIn = Field(description=_MESH_DOC)
+    layout_rules: _string_or_object(  # type: ignore[valid-type]
+        Annotated[str, Field(max_length=4096)],
+        Annotated[dict[DimName, AxisName], Field(max_length=256)],
+        "layout rules: a string like 'batch:x;d_ff:y' or an object like "
+        '{"batch": "x"}',
+    ) = Field(description='\'batch:x;d_ff:y\' or {"batch": "x"}.')
+    hardware: Hardware = Field("cpu-host", description=_HW_DOC)
+    memory_limit_bytes: int | None = _int("memory_bytes", default=None)
 
 
 class ErrorBody(BaseModel):
@@ -64,6 +213,9 @@ class ErrorBody(BaseModel):
     error: str
     detail: str
     errors: list[dict[str, Any]] | None = None
+    error_id: str | None = Field(
+        None, description="5xx only: the id the service's log has the details under."
+    )
 
 
 class PlanSummary(BaseModel):

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs
 
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
@@ -20,8 +19,8 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from pydantic import ValidationError
 
-from api.deps import ServiceDep, token_ok
-from api.dimgraph_svg import AXIS_COLOURS, axis_colours, dimension_graph_svg
+from api.deps import FormBody, ServiceDep
+from api.dimgraph_svg import AXIS_COLOURS, axis_colours, dimension_graph_layout
 from api.schemas import PlanRequest
 from api.service import PlannerService, QueueFull, iso, job_dict, plan_header
 from api.store import PlanRecord
@@ -31,9 +30,34 @@ from mtf_core.errors import MtfError
 
 router = APIRouter(include_in_schema=False)
 templates = Jinja2Templates(directory=Path(__file__).parent.parent / "templates")
+# Every value is escaped, whatever a template's name ends with (select_autoescape
+# would leave .svg or .txt templates unescaped).
+templates.env.autoescape = True
 templates.env.globals.update(
     fmt_s=fmt_s, fmt_bytes=fmt_bytes, static=lambda name: f"/static/{name}"
 )
+
+#: Pages run only our own scripts: a reflected or stored value that slipped
+#: past the escaping still could not run.
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data:; object-src 'none'; base-uri 'none'; "
+    "frame-ancestors 'none'; form-action 'self'"
+)
+_HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff"}
+
+
+def _page(
+    request: Request, name: str, context: dict[str, Any], status: int = 200
+) -> Response:
+    """Every dashboard page: an autoescaping template, with the CSP."""
+    return templates.TemplateResponse(
+        request, name, context, status_code=status, headers=_HEADERS
+    )
+
+
+def _not_found(request: Request, kind: str, ident: str) -> Response:
+    return _page(request, "notfound.html", {"kind": kind, "ident": ident}, 404)
 
 #: Longest label under a chart bar.
 _LABEL_CHARS = 28
@@ -43,7 +67,7 @@ _LABEL_CHARS = 28
 def index(request: Request, service: ServiceDep) -> Response:
     records, total = service.store.list_plans(200)
     jobs = [job_dict(j) for j in service.store.list_jobs(20)]
-    return templates.TemplateResponse(
+    return _page(
         request,
         "index.html",
         {"plans": [plan_header(r) for r in records], "total": total, "jobs": jobs},
@@ -81,11 +105,6 @@ def chart_data(plan: dict[str, Any], colours: dict[str, str]) -> dict[str, Any]:
     }
 
 
-def _script_json(value: Any) -> str:
-    # Inside <script>, "</" would end the element: escape "<" (valid JSON still).
-    return json.dumps(value).replace("<", "\\u003c")
-
-
 def _plan_page(
     request: Request,
     service: PlannerService,
@@ -96,8 +115,10 @@ def _plan_page(
     plan = record.plan
     mesh_axes = [part.split(":")[0] for part in plan["mesh_shape"].split(",") if part]
     colours = axis_colours(mesh_axes)
-    svg = dimension_graph_svg(plan.get("dimension_graph", {}), plan["rules"], mesh_axes)
-    return templates.TemplateResponse(
+    graph = dimension_graph_layout(
+        plan.get("dimension_graph", {}), plan["rules"], mesh_axes
+    )
+    return _page(
         request,
         "plan.html",
         {
@@ -106,13 +127,13 @@ def _plan_page(
             "created": iso(record.created_at)[:19].replace("T", " "),
             "colours": colours,
             "mesh_axes": mesh_axes,
-            "svg": svg,
-            "chart_json": _script_json(chart_data(plan, colours)),
+            "graph": graph,
+            "chart": chart_data(plan, colours),
             "presets": sorted(PRESETS),
             "needs_token": bool(service.settings.tokens),
             "form_error": form_error,
         },
-        status_code=status,
+        status,
     )
 
 
@@ -120,7 +141,7 @@ def _plan_page(
 def plan_page(plan_id: str, request: Request, service: ServiceDep) -> Response:
     record = service.store.get_plan(plan_id)
     if record is None:
-        return HTMLResponse(f"<h1>No plan {plan_id!r}</h1>", status_code=404)
+        return _not_found(request, "plan", plan_id)
     return _plan_page(request, service, record)
 
 
@@ -145,14 +166,15 @@ def _try_request(
 
 
 @router.post("/plans/{plan_id}/try")
-async def try_other(plan_id: str, request: Request, service: ServiceDep) -> Response:
-    """Plans the same graph with the form's mesh shape, hardware, objective."""
+async def try_other(
+    plan_id: str, request: Request, service: ServiceDep, form: FormBody
+) -> Response:
+    """Plans the same graph with the form's mesh shape, hardware, objective.
+    The form's token is checked before anything is planned (FormBody)."""
     record = await run_in_threadpool(service.store.get_plan, plan_id)
     if record is None:
-        return HTMLResponse(f"<h1>No plan {plan_id!r}</h1>", status_code=404)
-    raw = parse_qs((await request.body()).decode(errors="replace"))
-    form = {k: v[0] for k, v in raw.items() if v}
-    if not token_ok(service.settings, form.get("token")):
+        return _not_found(request, "plan", plan_id)
+    if not form.authorized:
         return await run_in_threadpool(
             _plan_page,
             request,
@@ -168,7 +190,7 @@ async def try_other(plan_id: str, request: Request, service: ServiceDep) -> Resp
         )
     try:
         spec = await run_in_threadpool(
-            lambda: service.spec(_try_request(record, graph_json, form))
+            lambda: service.spec(_try_request(record, graph_json, form.fields))
         )
         cached = await run_in_threadpool(service.cached, spec)
         if cached is not None:
@@ -190,10 +212,8 @@ async def try_other(plan_id: str, request: Request, service: ServiceDep) -> Resp
 def job_page(job_id: str, request: Request, service: ServiceDep) -> Response:
     job = service.store.get_job(job_id)
     if job is None:
-        return HTMLResponse(f"<h1>No job {job_id!r}</h1>", status_code=404)
+        return _not_found(request, "job", job_id)
     if job.status == "done" and job.plan_id:
         return RedirectResponse(f"/plans/{job.plan_id}", status_code=303)
     finished = job.status not in ("queued", "running")
-    return templates.TemplateResponse(
-        request, "job.html", {"job": job_dict(job), "finished": finished}
-    )
+    return _page(request, "job.html", {"job": job_dict(job), "finished": finished})

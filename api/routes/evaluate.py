@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter
+from fastapi.concurrency import run_in_threadpool
 
-from api.deps import ServiceDep
+from api.deps import JsonBody, ServiceDep, json_request_body, parse_body
 from api.routes import error_responses
 from api.schemas import EvaluateOut, EvaluateRequest
 
@@ -16,13 +17,17 @@ router = APIRouter(prefix="/v1", tags=["evaluate"])
 @router.post(
     "/evaluate",
     response_model=EvaluateOut,
-    responses=error_responses(400, 413, 422),
+    responses=error_responses(400, 401, 413, 415, 422, 429, 503),
+    openapi_extra=json_request_body(EvaluateRequest),
     summary="Price one layout",
 )
-def evaluate(body: EvaluateRequest, service: ServiceDep) -> dict[str, Any]:
+async def evaluate(raw: JsonBody, service: ServiceDep) -> dict[str, Any]:
     """``cost_models.evaluate`` of ``layout_rules`` on ``mesh_shape``: step
     time (compute, communication per mesh axis), the collectives, peak memory
     per device.  A layout the lowering rejects (a dim that does not divide its
     mesh axis, two dims of one tensor on one axis) is ``valid: false`` with the
-    reason; rules naming unknown dims or mesh axes are a 422."""
-    return service.evaluate(body)
+    reason; rules naming unknown dims or mesh axes are a 422.  The body is an
+    ``EvaluateRequest``; it needs an API token when the service has tokens."""
+    body = await parse_body(EvaluateRequest, raw)
+    result: dict[str, Any] = await run_in_threadpool(service.evaluate, body)
+    return result

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Query, Response
 from fastapi.concurrency import run_in_threadpool
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
 
-from api.deps import ServiceDep, WriteAccess
-from api.errors import error_response
+from api.deps import JsonBody, ServiceDep, json_request_body, parse_body
+from api.errors import error_response, opaque_error
 from api.planning import PlanSpec
 from api.routes import error_responses
 from api.schemas import JobOut, PlanList, PlanOut, PlanRequest
@@ -36,20 +34,13 @@ def _lookup(
     response_model=PlanOut,
     responses={
         202: {"model": JobOut, "description": "Still solving: poll the job."},
-        **error_responses(400, 401, 413, 422, 429, 503),
+        **error_responses(400, 401, 409, 413, 415, 422, 429, 503),
     },
-    # The body is parsed by hand (see below); document it as PlanRequest.
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {JSON: {"schema": {"$ref": "#/components/schemas/PlanRequest"}}},
-        }
-    },
+    # The body is read by JsonBody after the token; document it as PlanRequest.
+    openapi_extra=json_request_body(PlanRequest),
     summary="Plan a graph's layout",
 )
-async def create_plan(
-    request: Request, service: ServiceDep, _: WriteAccess
-) -> Response:
+async def create_plan(raw: JsonBody, service: ServiceDep) -> Response:
     """The plan for a graph on a mesh (or a device count), from the store if
     this exact request was planned before (``cached: true``), else solved now.
 
@@ -58,19 +49,12 @@ async def create_plan(
     answers 202 with the job to poll.
     """
     # Bytes seen before skip parsing and the database (ResponseCache).
-    raw = await request.body()
     key = service.responses.key(raw)
     hit = service.responses.get(key)
     if hit is not None:
         service.metrics.cache_hits.inc()
         return Response(hit, media_type=JSON)
-    try:
-        body = PlanRequest.model_validate_json(raw)
-    except ValidationError as e:
-        errors = e.errors(include_url=False)
-        raise RequestValidationError(
-            [{**err, "loc": ("body", *err["loc"])} for err in errors]
-        ) from None
+    body = await parse_body(PlanRequest, raw)
     spec, record = await run_in_threadpool(_lookup, service, body)
     if record is not None:
         cached = plan_body(record, cached=True)
@@ -94,8 +78,15 @@ async def create_plan(
                 return error_response(422, str(e), error="planner_error")
             except TaskCancelled as e:
                 return error_response(409, str(e), error="cancelled")
-            except Exception as e:  # the solver or the worker failed
-                return error_response(503, str(e), error="solve_failed")
+            except Exception as e:  # the solver or the worker failed: our side
+                return opaque_error(
+                    503,
+                    "the solve failed for a reason that is not the request's",
+                    e,
+                    f"POST /v1/plans, job {job.id}",
+                    error="solve_failed",
+                    headers={"Retry-After": "5"},
+                )
             service.responses.put(key, plan_body(record, cached=True))
             return Response(plan_body(record, cached=False), media_type=JSON)
     latest = await run_in_threadpool(service.store.get_job, job.id)
