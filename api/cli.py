@@ -20,9 +20,22 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from api.schemas import DEFAULT_TIME_LIMIT_S
+
 EXIT_OK = 0
 EXIT_ERROR = 1
+EXIT_USAGE = 2
 EXIT_NOTHING_FITS = 3
+
+_PLAN_EXIT_CODES = f"""exit codes:
+  {EXIT_OK}  the plan fits in memory
+  {EXIT_ERROR}  bad input (graph, mesh, hardware), or the server refused or could not be reached
+  {EXIT_USAGE}  usage error (unknown option, missing argument)
+  {EXIT_NOTHING_FITS}  nothing fits in memory, or the solver found no layout
+"""
+
+#: Hosts ``serve`` may bind without API tokens (open writes reach only this machine).
+_LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 #: Size options of ``export`` (``--d-model`` on the command line), passed on to
 #: :func:`api.examples.example_graph`.
@@ -52,8 +65,19 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--database-url", help="postgresql://... instead of SQLite")
     s.add_argument("--workers", type=int, help="solve worker processes")
     s.add_argument("--access-log", action="store_true", help="log every request")
+    s.add_argument(
+        "--insecure",
+        action="store_true",
+        help="serve on a non-loopback address without API tokens "
+        "(MTF_PLANNER_API_TOKENS): anyone who can reach it may plan",
+    )
 
-    pl = sub.add_parser("plan", help="plan a graph file (locally or on a server)")
+    pl = sub.add_parser(
+        "plan",
+        help="plan a graph file (locally or on a server)",
+        epilog=_PLAN_EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     pl.add_argument("graph", help="a graph JSON file (mtf-planner export writes one)")
     where = pl.add_mutually_exclusive_group(required=True)
     where.add_argument("--mesh", help="mesh shape, e.g. 'x:2;y:4'")
@@ -66,7 +90,12 @@ def _parser() -> argparse.ArgumentParser:
         "--max-memory-fraction", type=float, help="plan for this fraction of memory"
     )
     pl.add_argument("--top-k", type=int, default=5)
-    pl.add_argument("--time-limit", type=float, default=60.0, help="solver seconds")
+    pl.add_argument(
+        "--time-limit",
+        type=float,
+        default=DEFAULT_TIME_LIMIT_S,
+        help="solver seconds (default %(default)g, as the service's)",
+    )
     pl.add_argument("--server", help="plan on this planner service (http://host:port)")
     pl.add_argument("--token", help="API token for the server (or $MTF_PLANNER_TOKEN)")
     pl.add_argument("--json", action="store_true", help="print the plan as JSON")
@@ -107,6 +136,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from api.main import create_app
 
     settings = _settings(args)
+    if args.host not in _LOOPBACK and not settings.tokens and not args.insecure:
+        print(
+            f"mtf-planner serve: error: --host {args.host} is reachable from other "
+            "machines and no API tokens are set, so anyone could plan on this "
+            "service; set MTF_PLANNER_API_TOKENS=token1,token2 (clients send "
+            "'Authorization: Bearer <token>'), or pass --insecure to serve open "
+            "writes anyway",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    if not settings.tokens:
+        print(
+            "mtf-planner serve: warning: no API tokens; planning is open to "
+            + ("anyone who can reach this address" if args.insecure else "this machine"),
+            file=sys.stderr,
+            flush=True,
+        )
     where = settings.store_description  # no password
     print(
         f"mtf-planner: store {where}; dashboard http://{args.host}:{args.port}/",
@@ -216,17 +262,40 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
         print(json.dumps(json_safe(plan_dict, "plan"), indent=2))
     else:
-        print(format_plan(plan, args.graph, where))
+        print(format_plan(plan, args.graph, where, mesh_text=args.mesh))
     return EXIT_OK if plan.ok else EXIT_NOTHING_FITS
 
 
-def format_plan(plan: Any, graph_name: str, where: str) -> str:
-    """The plan as a text table (what ``mtf-planner plan`` prints)."""
+def user_mesh(mesh_shape: Any, given: str | None = None) -> str:
+    """A mesh shape as the user writes it: ``given`` (the ``--mesh`` text) when
+    it is that shape, else ``x:2;y:4`` (the planner prints ``x:2,y:4``).
+
+    >>> user_mesh("x:2,y:4"), user_mesh("x:2,y:4", " x:2 ; y:4 ")
+    ('x:2;y:4', 'x:2 ; y:4')
+    """
+    canonical = str(mesh_shape)
+    if given is not None:
+        from mtf_core.shapes import convert_to_shape
+
+        try:
+            if str(convert_to_shape(given)) == canonical:
+                return given.strip()
+        except ValueError:
+            pass
+    return canonical.replace(",", ";")
+
+
+def format_plan(
+    plan: Any, graph_name: str, where: str, mesh_text: str | None = None
+) -> str:
+    """The plan as a text table (what ``mtf-planner plan`` prints); the mesh
+    shape as the user wrote it (``mesh_text``)."""
     from layout_planner.plan import fmt_bytes, fmt_s
 
     c = plan.cost
     lines = [
-        f"graph {graph_name} on mesh [{plan.mesh_shape}], {plan.hardware.name}, "
+        f"graph {graph_name} on mesh [{user_mesh(plan.mesh_shape, mesh_text)}], "
+        f"{plan.hardware.name}, "
         f"objective {plan.objective.value}: {plan.status.value}, planned on {where}",
         f"layout rules: {plan.layout_rules or '(nothing split)'}",
         f"step time {fmt_s(c.time_s)} (compute {fmt_s(c.compute_s)}"

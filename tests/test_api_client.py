@@ -208,3 +208,45 @@ print("tensorflow" in sys.modules)
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_cli_plan_help_lists_its_exit_codes(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["plan", "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for code, meaning in (
+        (0, "the plan fits in memory"),
+        (1, "bad input"),
+        (2, "usage error"),
+        (3, "nothing fits in memory"),
+    ):
+        assert f"  {code}  {meaning}" in out
+
+
+def test_cli_default_time_limit_is_the_services(capsys):
+    from api.cli import _parser
+    from api.schemas import PlanRequest
+
+    args = _parser().parse_args(["plan", "g.json", "--mesh", "x:2"])
+    assert args.time_limit == PlanRequest.model_fields["time_limit_s"].default == 10.0
+
+
+def test_cli_prints_the_mesh_shape_as_the_user_wrote_it(tmp_path, capsys):
+    path = tmp_path / "mlp.json"
+    path.write_text(json.dumps(mlp_doc()))
+    assert main(["plan", str(path), "--mesh", "x:2;y:2", "--time-limit", "5"]) == 0
+    head = capsys.readouterr().out.splitlines()[0]
+    assert "on mesh [x:2;y:2]," in head and "x:2,y:2" not in head
+    assert main(["plan", str(path), "--devices", "2"]) == 0
+    assert "on mesh [x:2]," in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.5", "::"])
+def test_cli_serve_refuses_open_writes_on_a_public_address(host, tmp_path, capsys):
+    # Refused before anything starts (no uvicorn, no store).
+    code = main(["serve", "--host", host, "--data-dir", str(tmp_path)])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "MTF_PLANNER_API_TOKENS" in err and "--insecure" in err
+    assert not (tmp_path / "planner.sqlite3").exists()
