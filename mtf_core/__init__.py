@@ -207,6 +207,7 @@ from mtf_core.layout import (  # noqa: E402
 )
 from mtf_core.ops.creation import import_fully_replicated  # noqa: E402
 from mtf_core.ops.elementwise import to_bfloat16, to_float, to_int32  # noqa: E402
+from mtf_core.ops.halo import halo_exchange, left_halo_exchange  # noqa: E402
 from mtf_core.ops.indexing import mtf_range  # noqa: E402
 from mtf_core.ops.reshape import anonymize, anonymous_shape, is_anonymous  # noqa: E402
 from mtf_core.ops.selection import (  # noqa: E402
