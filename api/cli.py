@@ -222,20 +222,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
             1, int(get_hardware(hardware).memory_bytes * args.max_memory_fraction)
         )
     mesh: Any = args.mesh if args.mesh is not None else args.devices
+    from layout_planner.options import PlanOptions
+
+    options = PlanOptions(
+        hardware=get_hardware(hardware),
+        objective=args.objective,
+        memory_limit_bytes=memory_limit,
+        top_k=args.top_k,
+        time_limit_s=args.time_limit,
+    )
     if args.server:
         from layout_planner.remote import PlannerClient, plan_request
 
         loaded = graph_from_json(text)
-        body = plan_request(
-            loaded.graph,
-            mesh,
-            loaded.outputs,
-            hardware,
-            args.objective,
-            memory_limit,
-            args.top_k,
-            args.time_limit,
-        )
+        body = plan_request(loaded.graph, mesh, loaded.outputs, options)
         with PlannerClient(args.server, token=args.token) as client:
             out = client.plan(body)
         plan_dict = out["plan"]
@@ -245,16 +245,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         from layout_planner.planner import auto_layout
 
         loaded = graph_from_json(text)
-        plan = auto_layout(
-            loaded.graph,
-            mesh,
-            outputs=loaded.outputs,
-            hardware=hardware,
-            objective=args.objective,
-            memory_limit=memory_limit,
-            top_k=args.top_k,
-            time_limit_s=args.time_limit,
-        )
+        plan = auto_layout(loaded.graph, mesh, loaded.outputs, options=options)
         plan_dict = plan.to_dict()
         where = "this machine"
     if args.json:

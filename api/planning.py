@@ -19,7 +19,10 @@ from typing import Any
 from api.schemas import PlanRequest
 from api.settings import Settings
 from cost_models.hardware import PRESETS, HardwareProfile
+from layout_planner.errors import PlannerError
+from layout_planner.options import SERVER_CHOSEN, PlanOptions
 from layout_planner.plan import FORMAT_VERSION as PLAN_FORMAT_VERSION
+from layout_planner.program import Objective
 from mtf_core.errors import MtfError
 from mtf_core.serialization import LoadedGraph, graph_from_dict
 from mtf_core.shapes import Shape, convert_to_shape
@@ -34,7 +37,8 @@ class RequestError(MtfError, ValueError):
 
 @dataclass(frozen=True)
 class PlanSpec:
-    """One plan request, checked and canonical."""
+    """One plan request, checked and canonical: the graph, the mesh and the
+    :class:`~layout_planner.options.PlanOptions`."""
 
     graph_json: str  # canonical: sorted keys, no spaces
     graph_hash: str
@@ -42,20 +46,16 @@ class PlanSpec:
     num_operations: int
     mesh_shape: str | None  # canonical 'x:2,y:4'
     num_devices: int | None
-    hardware: dict[str, Any]  # the whole profile
-    objective: str
-    memory_limit_bytes: int | None
-    top_k: int
-    time_limit_s: float
-    max_mesh_dims: int
+    options: PlanOptions
     request_hash: str
 
     @property
     def hardware_name(self) -> str:
-        return str(self.hardware["name"])
+        return self.options.hardware.name
 
     def describe(self) -> dict[str, Any]:
         """The request without the graph (for job rows and the dashboard)."""
+        opts = self.options
         return {
             "graph_name": self.graph_name,
             "graph_hash": self.graph_hash,
@@ -63,26 +63,21 @@ class PlanSpec:
             "mesh_shape": self.mesh_shape,
             "num_devices": self.num_devices,
             "hardware": self.hardware_name,
-            "objective": self.objective,
-            "memory_limit_bytes": self.memory_limit_bytes,
-            "top_k": self.top_k,
-            "time_limit_s": self.time_limit_s,
-            "max_mesh_dims": self.max_mesh_dims,
+            "objective": opts.objective.value,
+            "memory_limit_bytes": opts.memory_limit_bytes,
+            "top_k": opts.top_k,
+            "time_limit_s": opts.time_limit_s,
+            "max_mesh_dims": opts.max_mesh_dims,
         }
 
     def task(self, solver_threads: int) -> dict[str, Any]:
-        """What a worker process needs to solve it (plain, picklable data)."""
+        """What a worker process needs to solve it (plain, picklable data;
+        ``api.worker_main.solve_task`` reads it)."""
         return {
             "graph_json": self.graph_json,
             "mesh_shape": self.mesh_shape,
             "num_devices": self.num_devices,
-            "hardware": self.hardware,
-            "objective": self.objective,
-            "memory_limit_bytes": self.memory_limit_bytes,
-            "top_k": self.top_k,
-            "time_limit_s": self.time_limit_s,
-            "max_mesh_dims": self.max_mesh_dims,
-            "num_workers": solver_threads,
+            "options": self.options.replace(num_workers=solver_threads).to_dict(),
         }
 
 
@@ -154,6 +149,31 @@ def _graph_doc_info(graph: Mapping[str, Any], settings: Settings) -> tuple[int, 
     return n, name if isinstance(name, str) and name else "graph"
 
 
+def plan_options(req: PlanRequest) -> PlanOptions:
+    """The request's plan parameters as :class:`PlanOptions`: the one place the
+    wire schema becomes the planner's value type (the client sends
+    ``PlanOptions.to_request_dict()``, so the two round-trip)."""
+    hw = parse_hardware(req.hardware)
+    limit = req.memory_limit_bytes
+    if req.max_memory_fraction is not None:
+        if limit is not None:
+            raise RequestError(
+                "give at most one of memory_limit_bytes and max_memory_fraction"
+            )
+        limit = max(1, int(hw.memory_bytes * req.max_memory_fraction))
+    try:
+        return PlanOptions(
+            hardware=hw,
+            objective=Objective.parse(req.objective),
+            memory_limit_bytes=limit,
+            top_k=req.top_k,
+            time_limit_s=req.time_limit_s,
+            max_mesh_dims=req.max_mesh_dims,
+        )
+    except PlannerError as e:
+        raise RequestError(str(e)) from None
+
+
 def plan_spec(req: PlanRequest, settings: Settings) -> PlanSpec:
     """Checks everything but the graph's contents, and hashes the request."""
     if (req.mesh_shape is None) == (req.num_devices is None):
@@ -184,14 +204,7 @@ def plan_spec(req: PlanRequest, settings: Settings) -> PlanSpec:
             f"time_limit_s is {req.time_limit_s!r}; this service allows at most "
             f"{settings.max_time_limit_s:g} s"
         )
-    hw = parse_hardware(req.hardware)
-    limit = req.memory_limit_bytes
-    if req.max_memory_fraction is not None:
-        if limit is not None:
-            raise RequestError(
-                "give at most one of memory_limit_bytes and max_memory_fraction"
-            )
-        limit = max(1, int(hw.memory_bytes * req.max_memory_fraction))
+    options = plan_options(req)
     n_ops, name = _graph_doc_info(req.graph, settings)
     try:
         graph_json = canonical_json(req.graph)
@@ -204,13 +217,11 @@ def plan_spec(req: PlanRequest, settings: Settings) -> PlanSpec:
         "graph": graph_hash,
         "mesh_shape": mesh,
         "num_devices": req.num_devices,
-        "hardware": hw.to_dict(),
-        "objective": req.objective,
-        "memory_limit_bytes": limit,
-        "top_k": req.top_k,
-        "time_limit_s": float(req.time_limit_s),
+        **options.to_dict(),
         "max_mesh_dims": req.max_mesh_dims if req.num_devices is not None else None,
     }
+    for chosen in SERVER_CHOSEN:  # the service's own choices, not the request's
+        del key[chosen]
     return PlanSpec(
         graph_json=graph_json,
         graph_hash=graph_hash,
@@ -218,12 +229,7 @@ def plan_spec(req: PlanRequest, settings: Settings) -> PlanSpec:
         num_operations=n_ops,
         mesh_shape=mesh,
         num_devices=req.num_devices,
-        hardware=hw.to_dict(),
-        objective=req.objective,
-        memory_limit_bytes=limit,
-        top_k=req.top_k,
-        time_limit_s=float(req.time_limit_s),
-        max_mesh_dims=req.max_mesh_dims,
+        options=options,
         request_hash=sha256(canonical_json(key)),
     )
 

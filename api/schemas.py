@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from cost_models.hardware import PRESETS
+from layout_planner.options import DEFAULT_TIME_LIMIT_S
 
 JobStatus = Literal["queued", "running", "done", "failed", "cancelled"]
 
@@ -73,7 +74,9 @@ class CalibrationIn(BaseModel):
     backend: Literal["placement", "spmd"]
     coefficients: dict[
         Literal["placement", "spmd"],
-        Annotated[dict[Annotated[str, Field(max_length=64)], Rate], Field(max_length=64)],
+        Annotated[
+            dict[Annotated[str, Field(max_length=64)], Rate], Field(max_length=64)
+        ],
     ]
 
 
@@ -136,16 +139,13 @@ Hardware = Annotated[
 MeshShapeIn = _string_or_object(
     Annotated[str, Field(min_length=1, max_length=512)],
     Annotated[dict[AxisName, AxisSize], Field(min_length=1, max_length=8)],
-    "a mesh shape: a string like 'x:2;y:4' or an object like {\"x\": 2, \"y\": 4}",
+    'a mesh shape: a string like \'x:2;y:4\' or an object like {"x": 2, "y": 4}',
 )
 
 _GRAPH_DOC = (
     "A serialized mtf graph: the versioned JSON document of "
     "docs/graph-format.md (``mtf.graph_to_dict``)."
 )
-#: The solver's default wall-clock budget, the same for the API and the CLI.
-DEFAULT_TIME_LIMIT_S = 10.0
-
 _MESH_DOC = 'Mesh shape: \'x:2;y:4\' or {"x": 2, "y": 4}.'
 _HW_DOC = (
     "A hardware preset name (GET /v1/hardware) or a whole profile "
@@ -181,7 +181,9 @@ class PlanRequest(BaseModel):
     )
     top_k: int = _int("top_k", default=5, description="How many ranked candidates.")
     time_limit_s: float = _float(
-        "time_limit_s", default=DEFAULT_TIME_LIMIT_S, description="Solver wall-clock budget."
+        "time_limit_s",
+        default=DEFAULT_TIME_LIMIT_S,
+        description="Solver wall-clock budget.",
     )
     max_mesh_dims: int = _int(
         "max_mesh_dims",

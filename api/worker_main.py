@@ -24,7 +24,7 @@ Report = Callable[[str, float], None]
 
 def solve_task(task: dict[str, Any], report: Report) -> dict[str, Any]:
     """Plans one task (``PlanSpec.task()``); returns the plan as JSON-able data."""
-    from cost_models.hardware import HardwareProfile
+    from layout_planner.options import PlanOptions
     from layout_planner.planner import auto_layout
     from mtf_core.serialization import graph_from_json
     from mtf_core.serialization.schema import json_safe
@@ -32,20 +32,10 @@ def solve_task(task: dict[str, Any], report: Report) -> dict[str, Any]:
     t0 = time.perf_counter()
     report("loading graph", 0.1)
     loaded = graph_from_json(task["graph_json"])
+    options = PlanOptions.from_dict(task["options"])
     report("solving", 0.2)
     mesh = task["mesh_shape"] if task["mesh_shape"] is not None else task["num_devices"]
-    plan = auto_layout(
-        loaded.graph,
-        mesh,
-        outputs=loaded.outputs,
-        hardware=HardwareProfile.from_dict(task["hardware"]),
-        objective=task["objective"],
-        memory_limit=task["memory_limit_bytes"],
-        top_k=task["top_k"],
-        time_limit_s=task["time_limit_s"],
-        num_workers=task["num_workers"],
-        max_mesh_dims=task["max_mesh_dims"],
-    )
+    plan = auto_layout(loaded.graph, mesh, loaded.outputs, options=options)
     report("storing plan", 0.95)
     return {
         "plan": json_safe(plan.to_dict(), "plan"),

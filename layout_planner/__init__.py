@@ -2,7 +2,8 @@
 
 Entry points (also ``mtf.auto_layout`` and ``mtf.auto_mtf``):
 
-* :func:`auto_layout` -> :class:`LayoutPlan`;
+* :func:`auto_layout` -> :class:`LayoutPlan`, its parameters as one
+  :class:`PlanOptions`;
 * :mod:`layout_planner.auto_mtf`: Mesh TensorFlow's ``layout`` and
   ``layout_and_mesh_shape``;
 * :class:`DimensionGraph`, :class:`LayoutProblem`: the pieces, for tools.
@@ -18,6 +19,8 @@ from typing import Any
 
 _LAZY = {
     "auto_layout": ("layout_planner.planner", "auto_layout"),
+    "PlanOptions": ("layout_planner.options", "PlanOptions"),
+    "DEFAULT_TIME_LIMIT_S": ("layout_planner.options", "DEFAULT_TIME_LIMIT_S"),
     "LayoutPlan": ("layout_planner.plan", "LayoutPlan"),
     "PlanCost": ("layout_planner.plan", "PlanCost"),
     "Candidate": ("layout_planner.plan", "Candidate"),

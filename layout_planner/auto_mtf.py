@@ -22,29 +22,23 @@ from collections.abc import Sequence
 from typing import Any
 
 from layout_planner.mesh_search import search_mesh_shape
-from layout_planner.planner import auto_layout, hardware_with_limit, solve_params
+from layout_planner.options import PlanOptions
+from layout_planner.planner import auto_layout
 from layout_planner.program import Objective
 from mtf_core.graph import Graph, Tensor
 from mtf_core.layout import LayoutRules
 from mtf_core.shapes import Shape
 
-# The memory objective needs no hardware; time only breaks ties.
-_HARDWARE = "cpu-host"
+# The memory objective needs no hardware (time only breaks ties), and Mesh
+# TensorFlow's API returns one layout, unverified.
+_OPTIONS = PlanOptions(objective=Objective.MEMORY, top_k=1, verify=False)
 
 
 def layout(
     mtf_graph: Graph, mesh_shape: Any, mtf_outputs: Sequence[Tensor] = ()
 ) -> LayoutRules:
     """Layout rules minimising peak memory of ``mtf_graph`` on ``mesh_shape``."""
-    plan = auto_layout(
-        mtf_graph,
-        mesh_shape,
-        outputs=list(mtf_outputs),
-        hardware=_HARDWARE,
-        objective="memory",
-        top_k=1,
-        verify=False,
-    )
+    plan = auto_layout(mtf_graph, mesh_shape, list(mtf_outputs), options=_OPTIONS)
     return plan.layout_rules
 
 
@@ -60,11 +54,11 @@ def layout_and_mesh_shape(
         mtf_graph,
         num_machines,
         outputs=list(mtf_outputs),
-        hardware=hardware_with_limit(_HARDWARE, None),
-        objective=Objective.MEMORY,
-        params=solve_params(1, 60.0, None, 0),
+        hardware=_OPTIONS.hardware,
+        objective=_OPTIONS.objective,
+        params=_OPTIONS.solve_params(),
         max_dims=max_mesh_shape_dimensions,
-        verify=False,
+        verify=_OPTIONS.verify,
         axis_names=tuple(f"mesh_{i}" for i in range(max(max_mesh_shape_dimensions, 1))),
         ordered=False,
     )

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -19,11 +18,12 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from cost_models.costs import Cost, evaluate
-from cost_models.hardware import HardwareProfile, get_hardware
+from cost_models.hardware import HardwareProfile
 from layout_planner import solver_process
 from layout_planner.baselines import baselines, plan_cost
 from layout_planner.errors import PlannerError, PlanVerificationError
 from layout_planner.explain import explain_dims
+from layout_planner.options import DEFAULT_TIME_LIMIT_S, PlanOptions
 from layout_planner.plan import (
     Candidate,
     LayoutPlan,
@@ -43,7 +43,6 @@ from layout_planner.program import (
 from mtf_core.graph import Graph, Tensor
 from mtf_core.shapes import Shape, convert_to_shape
 
-DEFAULT_TIME_LIMIT_S = 60.0
 # Relative tolerance between the solver's float sums and evaluate()'s: the two
 # add the same float terms in a different order.
 _REL_TOL = 1e-9
@@ -63,6 +62,7 @@ def auto_layout(
     verify: bool = True,
     max_mesh_dims: int = 2,
     server: Any = None,
+    options: PlanOptions | None = None,
 ) -> LayoutPlan:
     """The best layout rules for ``graph`` on ``mesh_shape``.
 
@@ -88,6 +88,9 @@ def auto_layout(
       server: a planner service URL (or ``layout_planner.remote.PlannerClient``):
         plan there instead (``num_workers``, ``seed`` and ``verify`` are the
         server's); the plan is the same.
+      options: all of the above but ``server`` as one
+        :class:`~layout_planner.options.PlanOptions` (then leave the separate
+        keyword arguments at their defaults).
 
     Ties between layouts of equal objective go to the lexicographically
     smallest choice vector: dims in name order, each "not split" < first mesh
@@ -96,14 +99,32 @@ def auto_layout(
     >>> # plan = mtf.auto_layout(graph, "batch:4;model:2", hardware="h100-nvlink-ib")
     >>> # print(plan.layout_rules); print(plan.explain())
     """
+    keywords = PlanOptions(
+        hardware=hardware,  # type: ignore[arg-type]  # resolved by PlanOptions
+        objective=objective,  # type: ignore[arg-type]
+        memory_limit_bytes=memory_limit,
+        top_k=top_k,
+        time_limit_s=time_limit_s,
+        max_mesh_dims=max_mesh_dims,
+        num_workers=num_workers,
+        seed=seed,
+        verify=verify,
+    )
+    if options is None:
+        options = keywords
+    elif not isinstance(options, PlanOptions):
+        raise PlannerError(f"options {options!r} is not a PlanOptions")
+    elif keywords != PlanOptions():
+        raise PlannerError(
+            "give the plan's parameters either as options=PlanOptions(...) or as "
+            "keyword arguments, not both"
+        )
     if server is not None:
         from layout_planner.remote import plan_remote
 
-        args = (graph, mesh_shape, outputs, hardware, objective, memory_limit)
-        return plan_remote(server, *args, top_k, time_limit_s, max_mesh_dims)
-    params = solve_params(top_k, time_limit_s, num_workers, seed)
-    hw = hardware_with_limit(hardware, memory_limit)
-    obj = Objective.parse(objective)
+        return plan_remote(server, graph, mesh_shape, outputs, options)
+    params = options.solve_params()
+    hw = options.hardware_with_limit
     if isinstance(mesh_shape, int) and not isinstance(mesh_shape, bool):
         from layout_planner.mesh_search import search_mesh_shape
 
@@ -112,64 +133,21 @@ def auto_layout(
             mesh_shape,
             outputs=outputs,
             hardware=hw,
-            objective=obj,
+            objective=options.objective,
             params=params,
-            max_dims=max_mesh_dims,
-            verify=verify,
+            max_dims=options.max_mesh_dims,
+            verify=options.verify,
         )
     mesh = check_mesh_shape(mesh_shape)
     return plan_problem(
         LayoutProblem(check_graph(graph, outputs), mesh, hw, outputs),
-        obj,
+        options.objective,
         params,
-        verify=verify,
+        verify=options.verify,
     )
 
 
 # -- argument checks -------------------------------------------------------------------
-def solve_params(
-    top_k: int, time_limit_s: float, num_workers: int | None, seed: int
-) -> SolveParams:
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
-        raise PlannerError(f"top_k is {top_k!r}; expected an integer >= 1")
-    if (
-        isinstance(time_limit_s, bool)
-        or not isinstance(time_limit_s, (int, float))
-        or not math.isfinite(time_limit_s)
-        or time_limit_s <= 0
-    ):
-        raise PlannerError(f"time_limit_s is {time_limit_s!r}; expected seconds > 0")
-    if num_workers is None:
-        num_workers = 0  # workers_for chooses, from the program's size
-    elif (
-        isinstance(num_workers, bool)
-        or not isinstance(num_workers, int)
-        or num_workers < 1
-    ):
-        raise PlannerError(f"num_workers is {num_workers!r}; expected an integer >= 1")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise PlannerError(f"seed is {seed!r}; expected an integer >= 0")
-    return SolveParams(float(time_limit_s), num_workers, seed, top_k)
-
-
-def hardware_with_limit(
-    hardware: str | HardwareProfile | Mapping[str, Any], memory_limit: int | None
-) -> HardwareProfile:
-    hw = get_hardware(hardware)
-    if memory_limit is None:
-        return hw
-    if (
-        isinstance(memory_limit, bool)
-        or not isinstance(memory_limit, int)
-        or memory_limit <= 0
-    ):
-        raise PlannerError(
-            f"memory_limit is {memory_limit!r}; expected a positive number of bytes "
-            "per device"
-        )
-    return hw.with_memory(memory_limit)
-
-
 def check_mesh_shape(mesh_shape: Any) -> Shape:
     try:
         mesh = convert_to_shape(mesh_shape)

@@ -21,10 +21,9 @@ from typing import Any
 
 import httpx
 
-from cost_models.hardware import HardwareProfile
 from layout_planner.errors import PlannerError
+from layout_planner.options import PlanOptions
 from layout_planner.plan import LayoutPlan
-from layout_planner.program import Objective
 from mtf_core.errors import MtfError
 from mtf_core.graph import Graph, Tensor
 from mtf_core.serialization import graph_to_dict
@@ -213,35 +212,23 @@ def plan_request(
     graph: Graph,
     mesh_shape: Any,
     outputs: Sequence[Tensor] = (),
-    hardware: str | HardwareProfile | Mapping[str, Any] = "cpu-host",
-    objective: str | Objective = "time",
-    memory_limit: int | None = None,
-    top_k: int = 5,
-    time_limit_s: float = 60.0,
-    max_mesh_dims: int = 2,
+    options: PlanOptions | None = None,
 ) -> dict[str, Any]:
-    """The POST /v1/plans body for ``auto_layout``'s arguments."""
+    """The POST /v1/plans body for ``auto_layout(graph, mesh_shape, outputs,
+    options=options)``: the graph, the mesh (a shape, or a device count to
+    search) and ``options.to_request_dict()``."""
     if not isinstance(graph, Graph):
         raise PlannerError(f"graph {graph!r} is not an mtf.Graph")
-    if isinstance(hardware, HardwareProfile):
-        hw: Any = hardware.to_dict()
-    elif isinstance(hardware, Mapping):
-        hw = dict(hardware)
-    else:
-        hw = hardware
+    options = PlanOptions() if options is None else options
     body: dict[str, Any] = {
         "graph": graph_to_dict(graph, outputs=list(outputs)),
-        "hardware": hw,
-        "objective": Objective.parse(objective).value,
-        "memory_limit_bytes": memory_limit,
-        "top_k": top_k,
-        "time_limit_s": time_limit_s,
+        **options.to_request_dict(),
     }
     if isinstance(mesh_shape, int) and not isinstance(mesh_shape, bool):
         body["num_devices"] = mesh_shape
-        body["max_mesh_dims"] = max_mesh_dims
     else:
         body["mesh_shape"] = str(mesh_shape)
+        del body["max_mesh_dims"]  # only a device count searches mesh shapes
     return body
 
 
@@ -250,29 +237,15 @@ def plan_remote(
     graph: Graph,
     mesh_shape: Any,
     outputs: Sequence[Tensor] = (),
-    hardware: str | HardwareProfile | Mapping[str, Any] = "cpu-host",
-    objective: str | Objective = "time",
-    memory_limit: int | None = None,
-    top_k: int = 5,
-    time_limit_s: float = 60.0,
-    max_mesh_dims: int = 2,
+    options: PlanOptions | None = None,
 ) -> LayoutPlan:
     """``auto_layout`` on a planner service: the same arguments, the same plan.
 
-    The server chooses the solver's threads and seed; the plan is the same
-    when the solve is proven optimal (``plan.status`` says so).
+    The server chooses the solver's threads and seed and verifies the plan
+    itself; the plan is the same when the solve is proven optimal
+    (``plan.status`` says so).
     """
-    body = plan_request(
-        graph,
-        mesh_shape,
-        outputs,
-        hardware,
-        objective,
-        memory_limit,
-        top_k,
-        time_limit_s,
-        max_mesh_dims,
-    )
+    body = plan_request(graph, mesh_shape, outputs, options)
     if isinstance(server, PlannerClient):
         return LayoutPlan.from_dict(server.plan(body)["plan"])
     with PlannerClient(server) as client:

@@ -20,6 +20,7 @@ import mtf_core as mtf
 from cost_models import HardwareError, HardwareProfile
 from layout_planner import LayoutPlan, PlannerError
 from layout_planner.mesh_search import factorizations
+from layout_planner.options import DEFAULT_TIME_LIMIT_S
 
 pytestmark = pytest.mark.solver
 
@@ -85,7 +86,7 @@ def test_solver_stats_are_complete(plan: LayoutPlan) -> None:
     assert s.objective_value == pytest.approx(plan.cost.time_s, rel=1e-9)
     assert s.best_bound == pytest.approx(s.objective_value, rel=1e-9)
     assert s.num_variables > 0 and s.num_constraints > 0 and s.num_solves >= 1
-    assert s.time_limit_s == 60.0 and s.seed == 0 and s.verified
+    assert s.time_limit_s == DEFAULT_TIME_LIMIT_S and s.seed == 0 and s.verified
     assert s.problem["num_dims"] == 8 and s.problem["num_signatures"] > 0
     assert s.solved_in in ("inprocess", "subprocess")
 
