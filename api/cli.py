@@ -232,7 +232,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         time_limit_s=args.time_limit,
     )
     if args.server:
-        from layout_planner.remote import PlannerClient, plan_request
+        from api.client import PlannerClient, plan_request
 
         loaded = graph_from_json(text)
         body = plan_request(loaded.graph, mesh, loaded.outputs, options)

@@ -162,3 +162,41 @@ class PlanOptions:
                 f"unknown plan option(s) {unknown}; expected some of {sorted(known)}"
             )
         return cls(**data)
+
+
+def resolve_options(
+    hardware: str | HardwareProfile | Mapping[str, Any] = "cpu-host",
+    objective: str | Objective = "time",
+    memory_limit: int | None = None,
+    top_k: int = 5,
+    time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+    num_workers: int | None = None,
+    seed: int = 0,
+    verify: bool = True,
+    max_mesh_dims: int = 2,
+    options: PlanOptions | None = None,
+) -> PlanOptions:
+    """``auto_layout``'s parameters (everything after ``outputs``) as one
+    :class:`PlanOptions`: ``options`` itself, or one made of the keywords.
+    Giving both is an error, since one would silently lose."""
+    keywords = PlanOptions(
+        hardware=hardware,  # type: ignore[arg-type]  # resolved in __post_init__
+        objective=objective,  # type: ignore[arg-type]
+        memory_limit_bytes=memory_limit,
+        top_k=top_k,
+        time_limit_s=time_limit_s,
+        max_mesh_dims=max_mesh_dims,
+        num_workers=num_workers,
+        seed=seed,
+        verify=verify,
+    )
+    if options is None:
+        return keywords
+    if not isinstance(options, PlanOptions):
+        raise PlannerError(f"options {options!r} is not a PlanOptions")
+    if keywords != PlanOptions():
+        raise PlannerError(
+            "give the plan's parameters either as options=PlanOptions(...) or as "
+            "keyword arguments, not both"
+        )
+    return options

@@ -23,7 +23,7 @@ from layout_planner import solver_process
 from layout_planner.baselines import baselines, plan_cost
 from layout_planner.errors import PlannerError, PlanVerificationError
 from layout_planner.explain import explain_dims
-from layout_planner.options import DEFAULT_TIME_LIMIT_S, PlanOptions
+from layout_planner.options import DEFAULT_TIME_LIMIT_S, PlanOptions, resolve_options
 from layout_planner.plan import (
     Candidate,
     LayoutPlan,
@@ -61,7 +61,6 @@ def auto_layout(
     seed: int = 0,
     verify: bool = True,
     max_mesh_dims: int = 2,
-    server: Any = None,
     options: PlanOptions | None = None,
 ) -> LayoutPlan:
     """The best layout rules for ``graph`` on ``mesh_shape``.
@@ -85,12 +84,13 @@ def auto_layout(
       seed: CP-SAT's random seed.
       verify: price the plan again with ``cost_models.evaluate`` and raise
         :class:`PlanVerificationError` if the two disagree.
-      server: a planner service URL (or ``layout_planner.remote.PlannerClient``):
-        plan there instead (``num_workers``, ``seed`` and ``verify`` are the
-        server's); the plan is the same.
-      options: all of the above but ``server`` as one
+      options: all of the above as one
         :class:`~layout_planner.options.PlanOptions` (then leave the separate
         keyword arguments at their defaults).
+
+    ``mtf.auto_layout`` is this function with one more keyword, ``server``:
+    a planner service's URL to plan on instead (:func:`api.client.auto_layout`;
+    the planner itself knows nothing of HTTP).
 
     Ties between layouts of equal objective go to the lexicographically
     smallest choice vector: dims in name order, each "not split" < first mesh
@@ -99,30 +99,18 @@ def auto_layout(
     >>> # plan = mtf.auto_layout(graph, "batch:4;model:2", hardware="h100-nvlink-ib")
     >>> # print(plan.layout_rules); print(plan.explain())
     """
-    keywords = PlanOptions(
-        hardware=hardware,  # type: ignore[arg-type]  # resolved by PlanOptions
-        objective=objective,  # type: ignore[arg-type]
-        memory_limit_bytes=memory_limit,
-        top_k=top_k,
-        time_limit_s=time_limit_s,
-        max_mesh_dims=max_mesh_dims,
-        num_workers=num_workers,
-        seed=seed,
-        verify=verify,
+    options = resolve_options(
+        hardware,
+        objective,
+        memory_limit,
+        top_k,
+        time_limit_s,
+        num_workers,
+        seed,
+        verify,
+        max_mesh_dims,
+        options,
     )
-    if options is None:
-        options = keywords
-    elif not isinstance(options, PlanOptions):
-        raise PlannerError(f"options {options!r} is not a PlanOptions")
-    elif keywords != PlanOptions():
-        raise PlannerError(
-            "give the plan's parameters either as options=PlanOptions(...) or as "
-            "keyword arguments, not both"
-        )
-    if server is not None:
-        from layout_planner.remote import plan_remote
-
-        return plan_remote(server, graph, mesh_shape, outputs, options)
     params = options.solve_params()
     hw = options.hardware_with_limit
     if isinstance(mesh_shape, int) and not isinstance(mesh_shape, bool):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from mtf_core import dtypes
+from mtf_core import dtypes, extensions
 from mtf_core.autodiff import custom_gradient, gradients, recompute_grad
 from mtf_core.errors import (
     DTypeError,
@@ -148,10 +148,18 @@ def __getattr__(name: str) -> Any:
         value = mod if attr is None else getattr(mod, attr)
         globals()[name] = value
         return value
+    # The layout planner's names (mtf.auto_layout, mtf.auto_mtf, mtf.PlanOptions)
+    # come from the packages above this one, which declare them as entry
+    # points: mtf_core.extensions is the seam, and mtf_core never imports them.
+    if name in extensions.names():
+        return extensions.load(name)
     raise AttributeError(f"module 'mtf_core' has no attribute {name!r}")
 
 
-from mtf_core import layers  # noqa: E402
+# Layers; models, optimizers and layout presets.
+from mtf_core import layers, models, optimize, presets  # noqa: E402
+from mtf_core.errors import ConfigError  # noqa: E402
+from mtf_core.ops.conv import conv2d  # noqa: E402
 from mtf_core.ops.indexing import argmax, cumsum, gather, one_hot, top_k  # noqa: E402
 from mtf_core.ops.indexing import mtf_range as range  # noqa: E402, A001
 from mtf_core.ops.random import dropout, random_normal, random_uniform  # noqa: E402
@@ -177,26 +185,12 @@ from mtf_core.serialization import (  # noqa: E402
     graph_to_json,
 )
 
-# The layout planner (a higher layer) loads on first use, by name, so that
-# mtf_core never imports it statically.
-_LAZY.update(
-    {
-        "auto_layout": ("layout_planner.planner", "auto_layout"),
-        "auto_mtf": ("layout_planner.auto_mtf", None),
-    }
-)
-
-# Models, optimizers and layout presets.
-from mtf_core import models, optimize, presets  # noqa: E402
-from mtf_core.errors import ConfigError  # noqa: E402
-from mtf_core.ops.conv import conv2d  # noqa: E402
-
 # The SPMD backend and multi-process meshes: TensorFlow on first use.
 _LAZY["SimdMeshImpl"] = ("mtf_core.lowering.spmd", "SimdMeshImpl")
 _LAZY["simd_mesh_impl"] = ("mtf_core.lowering.spmd", None)
 _LAZY["ClusterSpec"] = ("mtf_core.lowering.cluster", "ClusterSpec")
 
-# Mesh TensorFlow's mixed-precision variables and op helpers (issue 10).
+# Mesh TensorFlow's mixed-precision variables and op helpers.
 from mtf_core.dtypes import VariableDType  # noqa: E402
 
 # Op arguments outside what an op accepts (a reduction, a probability, ...).

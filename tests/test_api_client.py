@@ -15,7 +15,7 @@ from api_cases import ServerThread, free_port, mlp_doc, service_settings
 
 import mtf_core as mtf
 from api.cli import EXIT_NOTHING_FITS, EXIT_OK, main
-from layout_planner.remote import (
+from api.client import (
     PlannerClient,
     PlannerUnavailableError,
     RemotePlannerError,
@@ -197,7 +197,7 @@ def test_service_cli_and_client_never_load_tensorflow(tmp_path):
 import sys
 from api.cli import main
 from api.main import create_app
-import layout_planner.remote
+import api.client
 assert main(["export", "--model", "mnist", "-o", {str(tmp_path / "g.json")!r}]) == 0
 assert main(["plan", {str(tmp_path / "g.json")!r}, "--mesh", "x:2"]) == 0
 create_app()

@@ -1,12 +1,15 @@
-"""Planning on a planner service over HTTP: :class:`PlannerClient` and
-``mtf.auto_layout(..., server=URL)``.
+"""The planner service's client: :class:`PlannerClient`, and
+``mtf.auto_layout``, which plans here or, given ``server=URL``, on a service.
 
-The service (``mtf-planner serve``, package :mod:`api`) answers with
+The service (``mtf-planner serve``, :mod:`api.main`) answers with
 ``LayoutPlan.to_dict()``; :func:`plan_remote` rebuilds the same
 :class:`~layout_planner.plan.LayoutPlan` that local planning returns (equal
-but for the solver's timings and thread count).  This module sits in the
-planner, not in :mod:`api`, so that planning code can call a server without
-importing the web app.
+but for the solver's timings and thread count).  The client lives beside the
+service, not in the planner, because the planner knows nothing of HTTP.  It
+imports neither FastAPI nor the service's modules, and httpx only when it
+talks to a server, so planning locally through ``mtf.auto_layout`` (which
+``mtf_core`` reaches through :mod:`mtf_core.extensions`) needs no web
+packages installed.
 
 >>> # client = PlannerClient("http://127.0.0.1:8080", token="...")
 >>> # plan = mtf.auto_layout(graph, "x:2;y:4", outputs=[loss], server=client.base_url)
@@ -17,16 +20,18 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
-
+from layout_planner import planner
 from layout_planner.errors import PlannerError
-from layout_planner.options import PlanOptions
+from layout_planner.options import PlanOptions, resolve_options
 from layout_planner.plan import LayoutPlan
 from mtf_core.errors import MtfError
 from mtf_core.graph import Graph, Tensor
 from mtf_core.serialization import graph_to_dict
+
+if TYPE_CHECKING:
+    import httpx
 
 #: Environment variable with the bearer token ``auto_layout(server=...)`` sends.
 TOKEN_ENV = "MTF_PLANNER_TOKEN"
@@ -78,6 +83,8 @@ class PlannerClient:
             )
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
             raise PlannerError(f"retries is {retries!r}; expected an integer >= 0")
+        import httpx
+
         self.base_url = base_url.rstrip("/")
         token = token if token is not None else os.environ.get(TOKEN_ENV) or None
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -104,6 +111,8 @@ class PlannerClient:
         self, method: str, path: str, json: Any = None, **params: Any
     ) -> httpx.Response:
         """One call with retries; raises RemotePlannerError for other 4xx/5xx."""
+        import httpx
+
         wait = self.backoff_s
         last: str = ""
         for attempt in range(self.retries + 1):
@@ -250,3 +259,26 @@ def plan_remote(
         return LayoutPlan.from_dict(server.plan(body)["plan"])
     with PlannerClient(server) as client:
         return LayoutPlan.from_dict(client.plan(body)["plan"])
+
+
+def auto_layout(
+    graph: Graph,
+    mesh_shape: Any,
+    outputs: Sequence[Tensor] = (),
+    *args: Any,
+    server: str | PlannerClient | None = None,
+    **kwargs: Any,
+) -> LayoutPlan:
+    """``mtf.auto_layout``: :func:`layout_planner.planner.auto_layout` (same
+    arguments, see there), or, with ``server`` (a service URL or a
+    :class:`PlannerClient`), the same request planned on that service; the
+    plan is the same (``num_workers``, ``seed`` and ``verify`` are then the
+    server's).
+
+    >>> # plan = mtf.auto_layout(graph, "x:2;y:4", [loss], server="http://127.0.0.1:8080")
+    """
+    if server is None:
+        return planner.auto_layout(graph, mesh_shape, outputs, *args, **kwargs)
+    return plan_remote(
+        server, graph, mesh_shape, outputs, resolve_options(*args, **kwargs)
+    )

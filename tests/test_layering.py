@@ -1,0 +1,118 @@
+"""The one-way dependency rule, as far as imports can show it: the contracts
+`lint-imports` checks, and what a fresh interpreter loads."""
+
+from __future__ import annotations
+
+import configparser
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import mtf_core as mtf
+from mtf_core import extensions
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: (importer, imported) pairs that must never occur, directly or indirectly.
+FORBIDDEN = [
+    *(
+        (low, web)
+        for low in ("mtf_core", "cost_models", "layout_planner")
+        for web in ("httpx", "fastapi", "starlette", "uvicorn", "psycopg")
+    ),
+    *(
+        ("mtf_core", up)
+        for up in ("ortools", "networkx", "layout_planner", "cost_models", "api")
+    ),
+    ("cost_models", "ortools"),
+    ("layout_planner", "api"),
+    ("cost_models", "layout_planner"),
+]
+
+
+def _contracts() -> list[dict[str, list[str]]]:
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / ".importlinter")
+    out = []
+    for section in cfg.sections():
+        if not section.startswith("importlinter:contract:"):
+            continue
+        c = {k: cfg[section][k].split() for k in cfg[section]}
+        out.append({**c, "type": c["type"]})
+    return out
+
+
+def _covered(importer: str, imported: str) -> bool:
+    for c in _contracts():
+        if c["type"] == ["forbidden"]:
+            if importer in c["source_modules"] and imported in c["forbidden_modules"]:
+                return True
+        elif c["type"] == ["layers"]:
+            layers = c["layers"]
+            if importer in layers and imported in layers:
+                if layers.index(importer) > layers.index(imported):
+                    return True
+    return False
+
+
+@pytest.mark.parametrize("importer, imported", FORBIDDEN)
+def test_every_forbidden_direction_has_an_import_linter_contract(importer, imported):
+    assert _covered(importer, imported), f"no contract forbids {importer} -> {imported}"
+
+
+def test_import_linter_keeps_every_contract():
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "lint-imports")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert "0 broken" in out.stdout
+
+
+def test_mtf_auto_layout_plans_locally_without_web_packages_or_the_service():
+    code = """
+import sys
+import mtf_core as mtf
+assert "layout_planner" not in sys.modules, "mtf_core imported the planner"
+g = mtf.Graph(); m = mtf.Mesh(g, "m")
+y = mtf.reduce_sum(mtf.zeros(m, "a:8,b:4") * 2.0, output_shape="a:8")
+plan = mtf.auto_layout(g, "x:2", [y], objective="memory")
+print(plan.status.value)
+print(sorted(n for n in ("httpx", "fastapi", "starlette", "uvicorn", "psycopg",
+                         "api.main", "api.service") if n in sys.modules))
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    status, loaded = out.stdout.strip().splitlines()[-2:]
+    assert status == "optimal" and loaded == "[]"
+
+
+def test_mtf_names_from_upper_packages_come_through_the_extensions_seam():
+    import api.client
+    import layout_planner.auto_mtf
+    import layout_planner.planner
+    from layout_planner.options import PlanOptions
+
+    assert {"auto_layout", "auto_mtf", "PlanOptions"} <= extensions.names()
+    assert mtf.auto_layout is api.client.auto_layout
+    assert mtf.auto_mtf is layout_planner.auto_mtf
+    assert mtf.PlanOptions is PlanOptions
+    # the planner itself takes no server: HTTP is the client's business
+    import inspect
+
+    assert (
+        "server" not in inspect.signature(layout_planner.planner.auto_layout).parameters
+    )
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_extension'"):
+        mtf.no_such_extension  # noqa: B018
+    with pytest.raises(AttributeError, match="no installed package provides it"):
+        extensions.load("no_such_extension")
+    with pytest.raises(extensions.ExtensionError, match="not a Python identifier"):
+        extensions.register("not a name", 1)
