@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test lint setup clean bench bench-venv-mtf
+.PHONY: run test lint setup clean bench bench-venv-mtf conformance
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,17 @@ lint: $(STAMP)
 
 test: lint
 	TF_CPP_MIN_LOG_LEVEL=2 $(VENV)/bin/pytest -n 2 --dist loadfile -q
+
+# Mesh TensorFlow 0.1.21's own tests (from its PyPI wheel, unpacked under
+# .cache/) run on mtf_core; prints a table and "N passed, M failed", and fails
+# if fewer than CONFORMANCE_MIN pass.  See docs/compatibility.md.
+CONFORMANCE_MIN ?= 0
+$(VENV)/.compat-stamp: pyproject.toml $(STAMP)
+	$(PY) -m pip install -q -e '.[dev,compat]'
+	touch $@
+
+conformance: $(VENV)/.compat-stamp
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m conformance --min-passed $(CONFORMANCE_MIN)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

@@ -213,3 +213,6 @@ from mtf_core.ops.selection import (  # noqa: E402
     stride_tensor_1d,
     top_1,
 )
+
+# Mesh TF's mtf.utils (variable placement) and the TF1 loop (issue 10).
+from mtf_core import utils  # noqa: E402

@@ -27,20 +27,32 @@ class Graph:
         self.operations: list[Operation] = []
         self.all_variables: list[Variable] = []
         self.trainable_variables: list[Variable] = []
-        self._names: set[str] = set()
-        self._counts: dict[str, itertools.count[int]] = {}
+        self._names_in_use: dict[str, int] = {}  # lower-cased name -> uses
         self.meshes: list[Mesh] = []
 
-    def unique_name(self, name: str) -> str:
-        if name not in self._names:
-            self._names.add(name)
+    def unique_name(self, name: str, mark_as_used: bool = True) -> str:
+        """``name``, or ``name_N`` if taken; as in TensorFlow (and Mesh TF),
+        names differing only in case count as taken.
+
+        >>> g = Graph()
+        >>> [g.unique_name(n) for n in ("a", "A", "a_1", "a")]
+        ['a', 'A_1', 'a_1_1', 'a_2']
+        """
+        key = name.lower()
+        uses = self._names_in_use.get(key, 0)
+        if mark_as_used:
+            self._names_in_use[key] = uses + 1
+        if uses == 0:
             return name
-        counter = self._counts.setdefault(name, itertools.count(1))
-        while True:
-            candidate = f"{name}_{next(counter)}"
-            if candidate not in self._names:
-                self._names.add(candidate)
-                return candidate
+        # Skip suffixes already taken, including names a caller chose
+        # ("a_1" given explicitly makes the next "a" become "a_2").
+        base = key
+        while key in self._names_in_use:
+            key = f"{base}_{uses}"
+            uses += 1
+        if mark_as_used:
+            self._names_in_use[key] = 1
+        return f"{name}_{uses - 1}"
 
     @property
     def tensors(self) -> list[Tensor]:
@@ -57,14 +69,27 @@ class Graph:
 
 
 class Mesh:
-    """A named mesh of processors a tensor lives on (shape given at lowering)."""
+    """A named mesh of processors a tensor lives on (shape given at lowering).
 
-    def __init__(self, graph: Graph, name: str) -> None:
+    ``variable_placer`` (Mesh TF's third argument, e.g.
+    ``mtf.utils.BalancedVariablePlacer``) chooses the devices of the master
+    variables that TF1 graph-mode programs create.
+    """
+
+    def __init__(self, graph: Graph, name: str, variable_placer: Any = None) -> None:
         if not isinstance(graph, Graph):
             raise GraphError(f"Mesh needs an mtf.Graph, got {graph!r}")
         self.graph = graph
         self.name = name
+        self.variable_placer = variable_placer
         graph.meshes.append(self)
+
+    @property
+    def variable_placer_fn(self) -> Any:
+        """The placer's TF device function, or ``"cpu:0"`` without a placer."""
+        if self.variable_placer is not None:
+            return self.variable_placer.device_function
+        return "cpu:0"
 
     def __repr__(self) -> str:
         return f"Mesh({self.name!r})"

@@ -17,7 +17,7 @@ import math
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, overload
+from typing import Any, SupportsIndex, overload
 
 from mtf_core.errors import ShapeError
 
@@ -99,15 +99,59 @@ def dimension_name(d: Any) -> str:
     return dim.name
 
 
+class Dims(tuple[Dimension, ...]):
+    """A shape's dimensions: an immutable tuple that also adds and compares
+    with lists, since Mesh TF programs treat ``shape.dims`` as a list
+    (``x.shape.dims[:-1] + [new_dim]``).
+
+    >>> d = Dims([Dimension("a", 2)])
+    >>> [str(x) for x in d + [Dimension("b", 3)]]
+    ['a:2', 'b:3']
+    >>> d == [Dimension("a", 2)]
+    True
+    """
+
+    __slots__ = ()
+
+    def __add__(self, other: Any) -> Dims:
+        if isinstance(other, (tuple, list)):
+            return Dims(tuple.__add__(self, tuple(other)))
+        return NotImplemented
+
+    def __radd__(self, other: Any) -> Dims:
+        if isinstance(other, (tuple, list)):
+            return Dims(tuple(other) + tuple(self))
+        return NotImplemented
+
+    @overload
+    def __getitem__(self, key: SupportsIndex) -> Dimension: ...
+    @overload
+    def __getitem__(self, key: slice) -> Dims: ...
+    def __getitem__(self, key: SupportsIndex | slice) -> Dimension | Dims:
+        if isinstance(key, slice):
+            return Dims(tuple.__getitem__(self, key))
+        return tuple.__getitem__(self, key)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, list):
+            return tuple(self) == tuple(other)
+        return tuple.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    __hash__ = tuple.__hash__
+
+
 @dataclass(frozen=True, init=False)
 class Shape:
     """An ordered tuple of named dimensions with distinct names."""
 
-    dims: tuple[Dimension, ...]
+    dims: Dims
 
     def __init__(self, dims: Iterable[DimensionLike] | str | Shape = ()) -> None:
         if isinstance(dims, Shape):
-            converted: tuple[Dimension, ...] = dims.dims
+            converted: Dims = dims.dims
         elif isinstance(dims, str):
             converted = _parse_shape_string(dims)
         else:
@@ -117,7 +161,7 @@ class Shape:
                 if cd is None:
                     raise ShapeError("a shape cannot contain None")
                 out.append(cd)
-            converted = tuple(out)
+            converted = Dims(out)
         names = [d.name for d in converted]
         if len(set(names)) != len(names):
             dup = sorted({n for n in names if names.count(n) > 1})
@@ -220,17 +264,17 @@ class Shape:
         return math.prod(d.size for d in self.dims[:axis])
 
 
-def _parse_shape_string(text: str) -> tuple[Dimension, ...]:
+def _parse_shape_string(text: str) -> Dims:
     text = text.strip()
     if not text:
-        return ()
+        return Dims()
     parts = [p for p in _SEPARATORS.split(text) if p]
     dims = []
     for p in parts:
         d = convert_to_dimension(p)
         assert d is not None
         dims.append(d)
-    return tuple(dims)
+    return Dims(dims)
 
 
 ShapeLike = Shape | str | Iterable[DimensionLike]

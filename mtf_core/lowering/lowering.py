@@ -172,3 +172,13 @@ class Lowering:
 
     def variable_slices(self, var: Any) -> list[Any]:
         return self.variables.slices(var)
+
+    def copy_masters_to_slices(self) -> Any:
+        """Sets every variable's slices from its master variable (Mesh TF's
+        TF1 loop runs this after restoring a checkpoint); a ``tf.group`` in
+        graph mode, done at once (``None``) eagerly."""
+        return self.variables.masters.copy_to_slices()
+
+    def copy_slices_to_masters(self) -> Any:
+        """Sets every master variable from its slices (before a save)."""
+        return self.variables.masters.copy_from_slices()

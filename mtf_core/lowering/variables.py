@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from mtf_core.errors import LoweringError, ShapeError
 from mtf_core.graph import Graph, Mesh, Tensor
+from mtf_core.lowering.masters import MasterVariables
 
 
 def default_initializer(name: str) -> Any:
@@ -53,6 +54,7 @@ class VariableStore:
         self.graph = graph
         self.mesh_to_impl = dict(mesh_to_impl)
         self._slices: dict[Any, list[tf.Variable]] = {}
+        initial = {}
         for var in graph.all_variables:
             if var.mesh not in self.mesh_to_impl:
                 continue
@@ -62,6 +64,12 @@ class VariableStore:
             full = tf.cast(tf.convert_to_tensor(full), var.dtype)
             laid = impl.import_tf_tensor(full, var.shape)
             self._slices[var] = impl.make_variables(laid, var.name, var.trainable)
+            initial[var] = full
+        # Mesh TF's master variables: made now in TF1 graph mode, where a
+        # Saver built after the lowering must see them; on first use eagerly.
+        self.masters = MasterVariables(
+            self, initial if not tf.executing_eagerly() else None
+        )
 
     def __contains__(self, var: Any) -> bool:
         return _variable_op(var) in self._slices
@@ -78,6 +86,14 @@ class VariableStore:
     @property
     def variables(self) -> list[Any]:
         return list(self._slices)
+
+    def export_tensor(self, var: Any) -> Any:
+        """The full value of ``var`` as one ``tf.Tensor`` (its slices' dtype)."""
+        var = _variable_op(var)
+        impl = self.mesh_to_impl[var.mesh]
+        return impl.export_to_tf_tensor(
+            impl.read_variables(self.slices(var)), var.shape
+        )
 
     def export(self, var: Any) -> np.ndarray:
         """The full value of ``var`` as a NumPy array."""

@@ -1,0 +1,68 @@
+"""Mesh TF's ``mtf.utils``: variable placement and graph-mode helpers.
+
+``mtf.utils`` (:mod:`mtf_core.utils`) loads these on first use, since they
+need TensorFlow.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from mtf_core.errors import ArgumentError
+
+_VARIABLE_OP_TYPES = ("Variable", "VariableV2", "VarHandleOp")
+
+
+@contextlib.contextmanager
+def outside_all_rewrites() -> Iterator[None]:
+    """Builds ops outside any enclosing control dependencies (Mesh TF uses it
+    to create variables from inside a ``while_loop`` or a ``cond``)."""
+    with tf.control_dependencies(None):
+        yield
+
+
+class BalancedVariablePlacer:
+    """A TF device function that puts each new variable on the device with the
+    fewest bytes of variables so far (``mtf.Mesh(graph, name, placer)``).
+
+    Non-variable ops go to the device of the last variable placed, so a
+    variable's initializer stays beside it.
+    """
+
+    def __init__(
+        self, devices: Sequence[str], init_usage: Sequence[int] | None = None
+    ) -> None:
+        devices = list(devices)
+        if not devices:
+            raise ArgumentError("BalancedVariablePlacer needs at least one device")
+        usage = list(init_usage) if init_usage else [0] * len(devices)
+        if len(usage) != len(devices):
+            raise ArgumentError(
+                f"BalancedVariablePlacer: {len(devices)} devices but "
+                f"{len(usage)} initial usages {usage}; expected one per device"
+            )
+        # (bytes, position, device): ties go to the earlier device.
+        self._heap = [(u, i, d) for i, (u, d) in enumerate(zip(usage, devices))]
+        heapq.heapify(self._heap)
+        self._last_device = devices[0]
+
+    def device_function(self, op: Any) -> str:
+        """The device for TF op ``op`` (a ``tf.Operation`` or NodeDef)."""
+        if op.type not in _VARIABLE_OP_TYPES:
+            return self._last_device
+        shape = tf.TensorShape(op.get_attr("shape"))
+        if shape.num_elements() is None:
+            raise ArgumentError(
+                f"variable {op.name} has shape {shape}, not fully defined; "
+                "BalancedVariablePlacer needs its size"
+            )
+        nbytes = shape.num_elements() * tf.as_dtype(op.get_attr("dtype")).size
+        used, pos, device = heapq.heappop(self._heap)
+        heapq.heappush(self._heap, (used + nbytes, pos, device))
+        self._last_device = device
+        return device

@@ -1,0 +1,106 @@
+"""``import mtf_core.compat``: ``mesh_tensorflow`` names resolve to mtf_core."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import textwrap
+
+import pytest
+
+import mtf_core
+
+
+@pytest.fixture()
+def compat():
+    import mtf_core.compat as compat
+
+    compat.install()
+    yield compat
+    compat.uninstall()
+
+
+def test_mesh_tensorflow_names_are_mtf_cores(compat):
+    import mesh_tensorflow as mtf
+
+    assert mtf.Shape is mtf_core.Shape
+    assert mtf.einsum is mtf_core.einsum
+    assert mtf.layers is mtf_core.layers
+    assert mtf.ops is mtf_core
+    import mesh_tensorflow.ops_with_redefined_builtins as owrb
+
+    assert owrb is mtf_core
+
+
+def test_submodule_alias_is_the_module_itself_with_its_own_spec(compat):
+    import mesh_tensorflow.optimize as opt
+
+    assert opt is mtf_core.optimize
+    # The alias leaves the module's own spec, so it still reloads as itself.
+    assert opt.__spec__.name == "mtf_core.optimize"
+    assert sys.modules["mesh_tensorflow.optimize"] is mtf_core.optimize
+
+
+def test_lowering_modules_alias_the_tf_side(compat):
+    from mesh_tensorflow import placement_mesh_impl, test_utils
+
+    from mtf_core.lowering import numpy_converter, placement
+
+    assert placement_mesh_impl is placement
+    assert test_utils is numpy_converter
+    assert placement_mesh_impl.PlacementMeshImpl is mtf_core.PlacementMeshImpl
+
+
+def test_unknown_mesh_tf_submodule_is_a_clear_module_not_found(compat):
+    with pytest.raises(ModuleNotFoundError, match="tpu_variables.*no counterpart"):
+        importlib.import_module("mesh_tensorflow.tpu_variables")
+
+
+def test_missing_attribute_names_mesh_tensorflow(compat):
+    import mesh_tensorflow as mtf
+
+    with pytest.raises(AttributeError, match="no attribute 'no_such_op'"):
+        mtf.no_such_op  # noqa: B018
+
+
+def test_mesh_tf_package_loads_from_path_and_runs_on_mtf_core(compat, tmp_path):
+    pkg = tmp_path / "mesh_tensorflow" / "transformer"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "toy.py").write_text(
+        textwrap.dedent(
+            """
+            import mesh_tensorflow as mtf
+
+            def shape():
+                return mtf.Shape([mtf.Dimension("a", 2)]).dims + [
+                    mtf.Dimension("b", 3)]
+            """
+        )
+    )
+    compat.add_mesh_tf_path(tmp_path / "mesh_tensorflow")
+    from mesh_tensorflow.transformer import toy
+
+    assert toy.__file__.startswith(str(tmp_path))
+    dims = toy.shape()
+    assert [str(d) for d in dims] == ["a:2", "b:3"]
+    assert isinstance(dims[0], mtf_core.Dimension)
+
+
+def test_add_mesh_tf_path_rejects_a_missing_directory(compat, tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        compat.add_mesh_tf_path(tmp_path / "nope")
+
+
+def test_auto_mtf_mesh_shape_iterator_matches_mesh_tf_contract(compat):
+    from mesh_tensorflow.auto_mtf import api
+
+    shapes = list(api._mesh_shape_iterator(512))
+    assert len(shapes) == 30 and [2] * 9 in shapes and [16, 8, 4] in shapes
+    assert all(sorted(s, reverse=True) == s for s in shapes)
+    assert sorted(api._mesh_shape_iterator(512, 2)) == sorted(
+        [[512], [256, 2], [128, 4], [64, 8], [32, 16]]
+    )
+    assert list(api._mesh_shape_iterator(1)) == [[1]]
+    # The public functions are the planner's.
+    assert api.layout is importlib.import_module("layout_planner.auto_mtf").layout
