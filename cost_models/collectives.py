@@ -11,9 +11,14 @@ allreduce     2 (n-1)/n * nbytes / bw   (ring)             2 (n-1) * latency
 allgather     (n-1) * nbytes / bw       (ring; n*nbytes    (n-1) * latency
               out)
 alltoall      (n-1)/n * nbytes / bw     (pairwise)         (n-1) * latency
+reducescatter (n-1)/n * nbytes / bw     (ring)             (n-1) * latency
 shift         nbytes / bw                                  latency
 broadcast     nbytes / bw               (pipelined)        ceil(log2 n) * latency
 ============  ===========================================  =================
+
+A calibrated profile (``hw.rates`` set) uses the same terms with the rates
+fitted per collective kind and backend (:mod:`cost_models.op_classes`):
+``rate[kind_bytes] * bandwidth term + rate[kind_steps] * latency steps``.
 
 What these ignore: contention between concurrent collectives on other axes,
 overlap with compute, the reduction arithmetic, topology beyond "the slowest
@@ -27,6 +32,7 @@ import math
 from typing import Any
 
 from cost_models.hardware import CostModelError, HardwareProfile, LinkSpec
+from cost_models.op_classes import collective_features, priced
 from mtf_core.comm import CollectiveSpec
 from mtf_core.shapes import convert_to_shape
 
@@ -59,6 +65,15 @@ def allgather_time_s(nbytes: float, n: int, link: LinkSpec) -> float:
 
 def alltoall_time_s(nbytes: float, n: int, link: LinkSpec) -> float:
     """Pairwise all-to-all: each device keeps 1/n of its ``nbytes``, sends the rest."""
+    _check(nbytes, n)
+    if n == 1:
+        return 0.0
+    return (n - 1) / n * nbytes / link.bandwidth_bytes_per_s + (n - 1) * link.latency_s
+
+
+def reduce_scatter_time_s(nbytes: float, n: int, link: LinkSpec) -> float:
+    """Ring reduce-scatter: each device contributes ``nbytes`` and keeps the
+    sum of its ``1/n`` shard (half of a ring allreduce)."""
     _check(nbytes, n)
     if n == 1:
         return 0.0
@@ -99,6 +114,14 @@ def collective_time_s(
     n = math.prod(sizes[a] for a in spec.mesh_axes)
     if n == 1:
         return 0.0
+    if spec.kind == "reducescatter":
+        # Priced by the link's alpha-beta terms, calibrated profile or not
+        # (no calibration measures reduce-scatters yet).
+        link = hw.slowest_link(spec.mesh_axes, shape)
+        return reduce_scatter_time_s(spec.bytes_per_device, n, link)
+    rates = hw.rates
+    if rates is not None:
+        return priced(collective_features(spec, n), rates)
     link = hw.slowest_link(spec.mesh_axes, shape)
     b = spec.bytes_per_device
     if spec.kind == "allreduce":

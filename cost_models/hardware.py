@@ -121,9 +121,17 @@ class HardwareProfile:
     devices_per_host: int | None = None
     intra_host_link: LinkSpec | None = None
     inter_host_link: LinkSpec | None = None
+    calibration: Calibration | None = None
 
     def __post_init__(self) -> None:
         owner = f"hardware {self.name!r}"
+        if self.calibration is not None and not isinstance(
+            self.calibration, Calibration
+        ):
+            raise HardwareError(
+                f"{owner}: calibration is {self.calibration!r}; expected a "
+                "Calibration or None"
+            )
         object.__setattr__(
             self, "peak_flops", _positive(owner, "peak_flops", self.peak_flops)
         )
@@ -200,6 +208,20 @@ class HardwareProfile:
         """The same profile with another per-device memory capacity."""
         return replace(self, memory_bytes=memory_bytes)
 
+    def for_backend(self, backend: str) -> HardwareProfile:
+        """The same profile priced for ``backend`` (``"placement"`` or
+        ``"spmd"``); a profile without calibration is returned unchanged (the
+        roofline does not tell the backends apart)."""
+        if self.calibration is None:
+            return self
+        return replace(self, calibration=self.calibration.for_backend(backend))
+
+    @property
+    def rates(self) -> Mapping[str, float] | None:
+        """The active backend's calibrated coefficients (seconds per unit of
+        each feature of :mod:`cost_models.op_classes`), or None."""
+        return None if self.calibration is None else self.calibration.rates
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form; :meth:`from_dict` reads it back (and calibrate writes it)."""
         return {
@@ -212,6 +234,11 @@ class HardwareProfile:
             "devices_per_host": self.devices_per_host,
             "intra_host_link": _link_or_none(self.intra_host_link),
             "inter_host_link": _link_or_none(self.inter_host_link),
+            **(
+                {"calibration": self.calibration.to_dict()}
+                if self.calibration is not None
+                else {}
+            ),
         }
 
     @classmethod
@@ -222,6 +249,7 @@ class HardwareProfile:
             "intra_host_link",
             "inter_host_link",
             "measured",
+            "calibration",
         }
         required = {
             "name",
@@ -254,7 +282,98 @@ class HardwareProfile:
             devices_per_host=d.get("devices_per_host"),
             intra_host_link=link("intra_host_link"),
             inter_host_link=link("inter_host_link"),
+            calibration=(
+                None
+                if d.get("calibration") is None
+                else Calibration.from_dict(d["calibration"])
+            ),
         )
+
+
+BACKENDS = ("placement", "spmd")
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Fitted per-op-class rates of a profile, per lowering backend.
+
+    ``coefficients`` holds, per backend, seconds per unit of each feature
+    named in :data:`cost_models.op_classes.FEATURES` (per-op overhead, matmul
+    flops and bytes, elementwise bytes, ..., each collective kind's bytes and
+    steps); ``backend`` is the one this profile prices.  Stored as sorted
+    pairs so that the profile stays hashable.
+    """
+
+    backend: str
+    coefficients: tuple[tuple[str, tuple[tuple[str, float], ...]], ...]
+
+    def __post_init__(self) -> None:
+        pairs = (
+            self.coefficients.items()
+            if isinstance(self.coefficients, Mapping)
+            else self.coefficients
+        )
+        canonical = []
+        for backend, coefs in pairs:
+            if backend not in BACKENDS:
+                raise HardwareError(
+                    f"calibration: backend {backend!r}; expected one of {BACKENDS}"
+                )
+            items = coefs.items() if isinstance(coefs, Mapping) else coefs
+            clean = []
+            for k, v in items:
+                if isinstance(v, bool) or not isinstance(v, (int, float)):
+                    raise HardwareError(
+                        f"calibration[{backend!r}][{k!r}] is {v!r}; expected a "
+                        "finite number >= 0"
+                    )
+                if not math.isfinite(v) or v < 0:
+                    raise HardwareError(
+                        f"calibration[{backend!r}][{k!r}] is {v!r}; expected a "
+                        "finite number >= 0"
+                    )
+                clean.append((str(k), float(v)))
+            canonical.append((str(backend), tuple(sorted(clean))))
+        canonical.sort()
+        if not canonical:
+            raise HardwareError("calibration: no backend has coefficients")
+        object.__setattr__(self, "coefficients", tuple(canonical))
+        if self.backend not in dict(canonical):
+            raise HardwareError(
+                f"calibration: backend {self.backend!r} has no coefficients; "
+                f"calibrated backends are {[b for b, _ in canonical]}"
+            )
+
+    @property
+    def rates(self) -> Mapping[str, float]:
+        return _rates(self)
+
+    def for_backend(self, backend: str) -> Calibration:
+        return Calibration(backend, self.coefficients)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "coefficients": {b: dict(c) for b, c in self.coefficients},
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Calibration:
+        _check_keys("calibration", d, {"backend", "coefficients"})
+        coefs = d["coefficients"]
+        if not isinstance(coefs, Mapping) or not all(
+            isinstance(v, Mapping) for v in coefs.values()
+        ):
+            raise HardwareError(
+                f"calibration: coefficients is {coefs!r}; expected a mapping from "
+                "backend to a mapping from feature name to seconds per unit"
+            )
+        return cls(str(d["backend"]), tuple(coefs.items()))
+
+
+@functools.lru_cache(maxsize=64)
+def _rates(cal: Calibration) -> Mapping[str, float]:
+    return dict(dict(cal.coefficients)[cal.backend])
 
 
 @functools.lru_cache(maxsize=4096)
@@ -370,7 +489,14 @@ def get_hardware(
             return PRESETS[hardware]
         if hardware.endswith(".json") and os.path.isfile(hardware):
             with open(hardware) as f:
-                return HardwareProfile.from_dict(json.load(f))
+                data = json.load(f)
+            if _needs_fit(data):
+                # Raw measurements from ``python -m mtf_core.lowering.calibrate``
+                # (which cannot import the cost model): fit the rates now.
+                from cost_models.calibration import fit_profile
+
+                data = fit_profile(data)
+            return HardwareProfile.from_dict(data)
         raise HardwareError(
             f"unknown hardware {hardware!r}; expected one of {sorted(PRESETS)}, a "
             "HardwareProfile, a profile dict or the path of a profile .json file"
@@ -378,6 +504,15 @@ def get_hardware(
     raise HardwareError(
         f"hardware {hardware!r} is not a preset name, HardwareProfile or dict; "
         f"known presets: {sorted(PRESETS)}"
+    )
+
+
+def _needs_fit(data: Any) -> bool:
+    measured = data.get("measured") if isinstance(data, Mapping) else None
+    return (
+        isinstance(measured, Mapping)
+        and bool(measured.get("sweep"))
+        and data.get("calibration") is None
     )
 
 

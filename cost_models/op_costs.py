@@ -13,6 +13,11 @@ a random op draws the *full* tensor on every device (so that layouts never
 change the numbers), so it writes the full bytes.
 Ignored: caches and fusion (every op reads and writes its tensors once),
 kernel launch overhead, lower efficiency of small matmuls.
+
+A *calibrated* profile (``hw.rates`` set) prices the op instead by its
+per-class features (:mod:`cost_models.op_classes`): per-op overhead plus
+measured seconds per flop and per byte of its class, added, not maxed.
+The flops per device are the same either way.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from collections.abc import Iterable
 
 from cost_models.hardware import HardwareProfile
 from cost_models.layout_cache import CachedLayoutContext
+from cost_models.op_classes import op_features, priced
 from mtf_core.comm import LayoutContext
 from mtf_core.graph import Operation, Tensor
 from mtf_core.ops.elementwise import Identity
@@ -100,6 +106,11 @@ def op_compute(
     """``(flops_per_device, compute_time_s)`` of ``op`` (``flops``: ``op.flops()``,
     if the caller knows it already)."""
     flops = flops_per_device(op, ctx, sizes, flops)
+    rates = hw.rates
+    if rates is not None:
+        if sizes is None:
+            sizes = LayoutSizes(ctx)
+        return flops, priced(op_features(op, ctx, sizes, flops), rates)
     return flops, max(
         flops / hw.peak_flops,
         hbm_bytes_per_device(op, ctx, sizes) / hw.hbm_bandwidth_bytes_per_s,

@@ -12,7 +12,16 @@ What it measures, on the devices the lowering would use:
   (least squares), so the cost model's formula reproduces what was measured;
 * a point-to-point copy between two devices (recorded under ``measured``);
 * ``memory_bytes``: physical memory divided among the devices (CPU) or the
-  device's memory limit as TensorFlow reports it (GPU).
+  device's memory limit as TensorFlow reports it (GPU);
+* the **sweep** (:func:`measure_sweep`): short real training-step graphs of
+  one op class each (:mod:`mtf_core.lowering.calibration_sweep`), compiled
+  with ``compile_function`` on every backend asked for and run with all
+  devices at once, as a real step runs them; each measurement keeps its graph
+  (JSON), mesh, rules, backend and fastest step, under ``measured.sweep``.
+
+``cost_models.calibration.fit_profile`` fits per-op-class rates from the
+sweep (``mtf-planner calibrate`` measures and fits in one go; a profile with a
+sweep but no fitted rates is fitted when ``cost_models.get_hardware`` reads it).
 
 The JSON has the keys of ``cost_models.hardware.HardwareProfile.to_dict()``
 (plus ``measured``, the raw timings); ``cost_models.get_hardware(path)`` reads
@@ -35,19 +44,42 @@ import numpy as np
 import tensorflow as tf
 
 from mtf_core.errors import LoweringError
+from mtf_core.graph import Graph, Operation, Tensor
 from mtf_core.lowering.devices import logical_cpu_devices, logical_gpu_devices
 from mtf_core.lowering.placement import LaidOutTensor, PlacementMeshImpl
+from mtf_core.shapes import convert_to_shape
+
+#: The lowering backends a sweep can measure.
+BACKENDS = ("placement", "spmd")
 
 
-def _best_seconds(fn: Callable[[], Any], repeats: int) -> float:
+#: How a step is timed: ``"wall"`` (wall-clock seconds) or ``"cpu"`` (this
+#: process's CPU seconds divided by the cores the devices can use: what the
+#: wall time would be on an otherwise idle host when the step keeps every core
+#: busy, as 8 logical devices on a few cores do; it stays put when other
+#: processes share the machine, where the wall time does not).
+CLOCKS = ("wall", "cpu")
+
+
+def usable_cores(devices: int) -> int:
+    """Cores ``devices`` logical CPU devices of this process can keep busy."""
+    return max(1, min(len(os.sched_getaffinity(0)), devices))
+
+
+def _best_seconds(
+    fn: Callable[[], Any], repeats: int, clock: str = "wall", cores: int = 1
+) -> float:
     """Fastest of ``repeats`` timed calls (after one warm-up call)."""
+    if clock not in CLOCKS:
+        raise LoweringError(f"clock {clock!r}; expected one of {list(CLOCKS)}")
     fn()
     best = float("inf")
+    timer = time.perf_counter if clock == "wall" else time.process_time
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = timer()
         fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+        best = min(best, timer() - t0)
+    return best if clock == "wall" else best / cores
 
 
 def measure_matmul_flops(device: str, n: int = 512, repeats: int = 5) -> float:
@@ -180,6 +212,85 @@ def calibrate(
             "matmul_n": matmul_n,
         },
     }
+
+
+def measure_step(
+    graph: Graph,
+    mesh_shape: str,
+    rules: str,
+    devices: Sequence[str],
+    backend: str,
+    outputs: Sequence[Tensor] = (),
+    updates: Sequence[Operation] = (),
+    repeats: int = 5,
+    clock: str = "wall",
+) -> float:
+    """Fastest of ``repeats`` steps (after one warm-up step) of ``graph``
+    compiled under ``rules`` on ``backend`` ("placement" or "spmd"), timed
+    by ``clock`` (see :data:`CLOCKS`)."""
+    from mtf_core.lowering.spmd import SimdMeshImpl
+    from mtf_core.lowering.steps import compile_function
+
+    meshes = {op.mesh for op in graph.operations}
+    if len(meshes) != 1:
+        raise LoweringError(f"measure_step needs a graph on one mesh, got {meshes}")
+    (mesh,) = meshes
+    n = convert_to_shape(mesh_shape).size
+    if backend == "placement":
+        impl: Any = PlacementMeshImpl(mesh_shape, rules, list(devices)[:n])
+    elif backend == "spmd":
+        impl = SimdMeshImpl(mesh_shape, rules, list(devices)[:n])
+    else:
+        raise LoweringError(f"backend {backend!r}; expected one of {list(BACKENDS)}")
+    fn = compile_function(graph, {mesh: impl}, [], list(outputs), list(updates))
+    return _best_seconds(fn, repeats, clock, usable_cores(n))
+
+
+def measure_sweep(
+    devices: Sequence[str],
+    backends: Sequence[str] = BACKENDS,
+    repeats: int = 5,
+    progress: Callable[[str], None] | None = None,
+    clock: str = "wall",
+) -> list[dict[str, Any]]:
+    """Runs every calibration graph on every backend; one record per run:
+    ``{"point", "backend", "mesh_shape", "layout_rules", "graph" (JSON
+    document, with the exported outputs), "seconds", "repeats"}``.
+    ``progress(name)`` is called after each run (a progress bar)."""
+    from mtf_core.lowering.calibration_sweep import sweep_points
+    from mtf_core.serialization import graph_to_dict
+
+    records = []
+    for backend in backends:
+        for point in sweep_points(len(devices)):
+            graph, outputs, updates = point.build(len(devices))
+            mesh_shape = point.mesh(len(devices))
+            seconds = measure_step(
+                graph,
+                mesh_shape,
+                point.rules,
+                devices,
+                backend,
+                outputs,
+                updates,
+                repeats,
+                clock,
+            )
+            records.append(
+                {
+                    "point": point.name,
+                    "backend": backend,
+                    "mesh_shape": mesh_shape,
+                    "layout_rules": point.rules,
+                    "graph": graph_to_dict(graph, outputs=outputs),
+                    "seconds": seconds,
+                    "repeats": repeats,
+                    "clock": clock,
+                }
+            )
+            if progress is not None:
+                progress(f"{backend}/{point.name}")
+    return records
 
 
 def _memory_per_device(devices: Sequence[str]) -> int:

@@ -1,0 +1,318 @@
+"""Fidelity of the cost model: predicted against measured step times.
+
+For each workload and mesh it takes at least ``--layouts`` valid layouts (the
+planner's top-k under the profile, the data-parallel / model-parallel / 2-D
+presets where they apply, then random valid layouts), predicts each one's
+step with ``cost_models.evaluate`` on the given hardware profile (one rate set
+per backend), measures each one's step on 8 logical CPU devices (a fresh
+process per layout and backend: two warm-up steps, then the fastest of
+``--steps``), and reports per workload, mesh and backend:
+
+* rho: Spearman rank correlation of predicted and measured times;
+* regret: measured time of the layout predicted fastest / measured best;
+* top-3: whether the measured best is among the 3 predicted fastest;
+* within 25%: the fraction of layouts whose predicted time is within 25% of
+  the measured one, and the median and worst ``predicted / measured``.
+
+Workloads: ``lm`` (the 2-layer Transformer LM of the README: d_model 256,
+d_ff 1024, 8 heads, vocab 8192, batch 32, length 128), ``mlp`` (3 hidden
+layers of 1024, 512 features, batch 4096) and ``wide`` (2 layers, d_model
+1024, d_ff 4096, 16 heads, vocab 4096, batch 8, length 64), all trained
+with Adam.
+
+    .venv/bin/python bench/fidelity.py --hardware profile.json            # all
+    .venv/bin/python bench/fidelity.py --hardware profile.json --workloads lm \\
+        --meshes all:8 --backends placement --layouts 10 --no_write
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+MESHES = ["all:8", "x:2;y:4", "x:2;y:2;z:2"]
+BACKENDS = ["placement", "spmd"]
+WORKLOADS = ["lm", "mlp", "wide"]
+PRESETS = ["data-parallel", "model-parallel", "2d"]
+
+
+def build(workload: str) -> Any:
+    """The workload's training graph (Adam)."""
+    from mtf_core.models import (
+        MlpConfig,
+        TransformerConfig,
+        build_lm,
+        build_mlp_classifier,
+    )
+
+    if workload == "lm":
+        cfg = TransformerConfig(
+            num_layers=2,
+            d_model=256,
+            heads=8,
+            d_kv=32,
+            d_ff=1024,
+            vocab=8192,
+            batch=32,
+            length=128,
+        )
+        return build_lm(cfg, optimizer="adam", learning_rate=1e-3)
+    if workload == "mlp":
+        mcfg = MlpConfig(
+            batch=4096, features=512, hidden=1024, classes=16, num_hidden_layers=3
+        )
+        return build_mlp_classifier(mcfg, optimizer="adam", learning_rate=1e-3)
+    if workload == "wide":
+        cfg = TransformerConfig(
+            num_layers=2,
+            d_model=1024,
+            heads=16,
+            d_kv=64,
+            d_ff=4096,
+            vocab=4096,
+            batch=8,
+            length=64,
+        )
+        return build_lm(cfg, optimizer="adam", learning_rate=1e-3)
+    raise SystemExit(f"unknown workload {workload!r}; expected one of {WORKLOADS}")
+
+
+def feeds(model: Any) -> list[Any]:
+    """Random inputs of the right shapes and dtypes for the placeholders."""
+    import numpy as np
+
+    rng = np.random.RandomState(0)
+    out = []
+    for t in model.placeholders:
+        shape = t.shape.to_integer_list()
+        if t.dtype.startswith("int"):
+            hi = max(d.size for d in t.shape) if t.shape.ndims else 2
+            hi = getattr(model.config, "vocab", None) or getattr(
+                model.config, "classes", hi
+            )
+            out.append(rng.randint(0, hi, shape).astype(t.dtype))
+        else:
+            out.append(rng.standard_normal(shape).astype(t.dtype))
+    return out
+
+
+def child(workload: str, mesh: str, rules: str, backend: str, steps: int) -> dict:
+    """Measures one layout's step in this process."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import mtf_core as mtf
+
+    model = build(workload)
+    devices = mtf.logical_devices(8)
+    if backend == "spmd":
+        impl: Any = mtf.SimdMeshImpl(mesh, rules, devices)
+    else:
+        impl = mtf.PlacementMeshImpl(mesh, rules, devices)
+    fn = mtf.compile_function(
+        model.graph,
+        {model.mesh: impl},
+        model.placeholders,
+        [model.loss],
+        model.updates,
+    )
+    args = feeds(model)
+    for _ in range(2):
+        fn(*args)
+    times, cpu = [], []
+    for _ in range(steps):
+        t0, c0 = time.perf_counter(), time.process_time()
+        fn(*args)
+        times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    return {"seconds": min(times), "times": times, "cpu_s": min(cpu), "cpus": cpu}
+
+
+def measure(workload: str, mesh: str, rules: str, backend: str, steps: int) -> float:
+    """One layout's fastest step, in a fresh process."""
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        workload,
+        mesh,
+        rules,
+        backend,
+        str(steps),
+    ]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    if out.returncode != 0:
+        raise RuntimeError(f"child failed ({' '.join(cmd)}):\n{out.stderr[-3000:]}")
+    return float(json.loads(out.stdout.strip().splitlines()[-1])["seconds"])
+
+
+def candidate_layouts(model: Any, mesh: str, hw: Any, count: int, seed: int) -> list:
+    """``[(source, rules)]``: planner top-k, presets, then random valid ones."""
+    import mtf_core as mtf
+    from cost_models import evaluate
+    from mtf_core.errors import MtfError
+    from mtf_core.shapes import convert_to_shape
+
+    out: dict[str, str] = {}
+
+    def valid(rules: str) -> bool:
+        try:
+            cost = evaluate(model.graph, mesh, rules, hw, outputs=[model.loss])
+        except MtfError:
+            return False
+        return cost.fits
+
+    plan = mtf.auto_layout(
+        model.graph, mesh, outputs=[model.loss], hardware=hw, top_k=count
+    )
+    for c in plan.candidates:
+        out.setdefault(str(c.layout_rules), f"planner#{c.rank}")
+    shape = convert_to_shape(mesh)
+    if shape.ndims == 1:
+        base = {"data-parallel": "batch:all", "model-parallel": None, "2d": None}
+    else:
+        base = {}
+    for name, rules in base.items():
+        if rules and valid(rules):
+            out.setdefault(rules, name)
+    names = sorted(_splittable_dims(model.graph))
+    rng = random.Random(seed)
+    axes = shape.dimension_names
+    tries = 0
+    while len(out) < count and tries < 5000:
+        tries += 1
+        picks = rng.sample(names + [None] * len(axes), len(axes))
+        rules = ";".join(f"{d}:{a}" for d, a in zip(picks, axes) if d is not None)
+        if rules not in out and valid(rules):
+            out[rules] = "random"
+    return [(src, r) for r, src in out.items()]
+
+
+def _splittable_dims(graph: Any) -> set[str]:
+    names: set[str] = set()
+    blocked: set[str] = set()
+    for op in graph.operations:
+        names |= set(op.all_dim_names)
+        blocked |= set(op.unsplittable_dims())
+    return names - blocked
+
+
+def metrics(pred: list[float], meas: list[float]) -> dict[str, float]:
+    from scipy.stats import spearmanr
+
+    rho = float(spearmanr(pred, meas).statistic) if len(pred) > 2 else float("nan")
+    order = sorted(range(len(pred)), key=lambda i: pred[i])
+    best = min(meas)
+    ratios = [p / m for p, m in zip(pred, meas)]
+    return {
+        "rho": rho,
+        "regret": meas[order[0]] / best,
+        "top3": float(meas.index(best) in order[:3]),
+        "within25": sum(abs(r - 1) <= 0.25 for r in ratios) / len(ratios),
+        "median_ratio": sorted(ratios)[len(ratios) // 2],
+        "min_ratio": min(ratios),
+        "max_ratio": max(ratios),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--hardware", help="calibrated profile (.json); required")
+    p.add_argument("--workloads", nargs="+", default=WORKLOADS)
+    p.add_argument("--meshes", nargs="+", default=MESHES)
+    p.add_argument("--backends", nargs="+", default=BACKENDS)
+    p.add_argument("--layouts", type=int, default=10, help="layouts per mesh (>= 10)")
+    p.add_argument("--steps", type=int, default=5, help="timed steps per layout")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, help="also write every row here")
+    p.add_argument("--no_write", action="store_true", help="leave the docs alone")
+    p.add_argument("--child", nargs=5, metavar=("W", "MESH", "RULES", "B", "N"))
+    args = p.parse_args()
+    if args.child:
+        w, mesh, rules, backend, n = args.child
+        print(json.dumps(child(w, mesh, rules, backend, int(n))))
+        return
+    if not args.hardware:
+        p.error("--hardware is required (a profile from mtf-planner calibrate)")
+    from common import command_line, machine_summary, markdown_table, replace_section
+
+    from cost_models import evaluate, get_hardware
+
+    machine = machine_summary()
+    hw = get_hardware(args.hardware)
+    rows, table = [], []
+    for w in args.workloads:
+        model = build(w)
+        for mesh in args.meshes:
+            layouts = candidate_layouts(model, mesh, hw, args.layouts, args.seed)
+            for backend in args.backends:
+                hb = hw.for_backend(backend)
+                pred, meas = [], []
+                for src, rules in layouts:
+                    cost = evaluate(model.graph, mesh, rules, hb, outputs=[model.loss])
+                    seconds = measure(w, mesh, rules, backend, args.steps)
+                    pred.append(cost.time_s)
+                    meas.append(seconds)
+                    rows.append(
+                        dict(
+                            workload=w,
+                            mesh=mesh,
+                            backend=backend,
+                            source=src,
+                            rules=rules,
+                            predicted_s=cost.time_s,
+                            measured_s=seconds,
+                        )
+                    )
+                    print(
+                        f"{w:5s} {mesh:12s} {backend:9s} {src:14s} {rules:40s} "
+                        f"pred {cost.time_s * 1e3:8.1f} ms  meas {seconds * 1e3:8.1f}"
+                        f" ms  ratio {cost.time_s / seconds:5.2f}",
+                        flush=True,
+                    )
+                m = metrics(pred, meas)
+                table.append(
+                    [
+                        w,
+                        mesh,
+                        backend,
+                        len(pred),
+                        f"{m['rho']:.2f}",
+                        f"{m['regret']:.2f}",
+                        "yes" if m["top3"] else "no",
+                        f"{m['within25']:.0%}",
+                        f"{m['median_ratio']:.2f} ({m['min_ratio']:.2f}-"
+                        f"{m['max_ratio']:.2f})",
+                    ]
+                )
+                print(table[-1], flush=True)
+    headers = [
+        "workload",
+        "mesh",
+        "backend",
+        "layouts",
+        "Spearman rho",
+        "regret",
+        "top-3 hit",
+        "within 25%",
+        "predicted / measured: median (range)",
+    ]
+    text = markdown_table(headers, table)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    if not args.no_write:
+        body = f"{machine}; profile `{hw.name}`.\n\n    {command_line()}\n\n{text}\n"
+        replace_section("fidelity", body, title="Cost model fidelity")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,245 @@
+"""Fitting a profile's per-op-class rates from measured steps.
+
+A measured step is one row of a linear system: its features
+(:func:`step_features`: the exact per-device counts of
+:mod:`cost_models.op_classes`, summed over the ops and collectives the
+lowering runs) times the unknown rates equals its measured seconds.
+:func:`fit_rates` solves the rows by non-negative least squares on the
+relative error (a 2 ms step counts as much as a 2 s one), pulled weakly
+towards a prior (the roofline's rates, or the rates being refitted) so that a
+feature no row exercises keeps its prior.
+
+Two sources of rows, the same system:
+
+* calibration: ``mtf_core.lowering.calibrate`` measures short graphs of one
+  op class each (``measured.sweep`` in the profile JSON); :func:`fit_profile`
+  fits one rate set per backend from them;
+* runs: measured training steps of real plans (``POST /v1/measurements``,
+  ``mtf-train --report``); :func:`refit` adds them to a profile's rows, so
+  the next prediction moves towards what was measured.
+
+>>> rows = [({"ops": 10.0}, 0.01), ({"ops": 20.0}, 0.02)]
+>>> round(fit_rates(rows, {"ops": 1e-6})["ops"], 6)
+0.001
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from scipy.optimize import lsq_linear
+
+from cost_models.deferred import DeferredAllreduces
+from cost_models.gc_pause import gc_paused
+from cost_models.hardware import (
+    BACKENDS,
+    Calibration,
+    CostModelError,
+    HardwareProfile,
+    get_hardware,
+)
+from cost_models.op_classes import (
+    FEATURES,
+    collective_features,
+    op_features,
+    roofline_rates,
+)
+from cost_models.op_costs import LayoutSizes, flops_per_device
+from mtf_core.comm import CollectiveSpec
+from mtf_core.graph import Graph, Tensor
+
+#: Weight of the prior against one measured row (relative units).
+PRIOR_WEIGHT = 1e-3
+
+
+def step_features(
+    graph: Graph,
+    mesh_shape: Any,
+    layout_rules: Any,
+    outputs: Sequence[Tensor] = (),
+) -> dict[str, float]:
+    """The features of one step of ``graph`` under a layout: every op's
+    compute features and every collective's (deferred allreduces where the
+    lowering forces them, exported outputs last), summed.  For a calibrated
+    profile ``hw``, ``sum(hw.rates[f] * x)`` is ``evaluate(...).time_s``."""
+    from cost_models.costs import layout_context
+
+    with gc_paused():
+        ctx = layout_context(graph, mesh_shape, layout_rules)
+        sizes = LayoutSizes(ctx)
+        sim = DeferredAllreduces(ctx)
+        axis_size = {d.name: d.size for d in ctx.mesh_shape}
+        out: dict[str, float] = {}
+
+        def add(feats: Iterable[tuple[str, float]]) -> None:
+            for f, x in feats:
+                out[f] = out.get(f, 0.0) + x
+
+        specs: list[CollectiveSpec] = []
+        for op in graph.operations:
+            specs.extend(i.spec for i in sim.step(op, op.communication(ctx)))
+            add(op_features(op, ctx, sizes, flops_per_device(op, ctx, sizes)))
+        for t in outputs:
+            specs.extend(sim.force(t))
+        for spec in specs:
+            n = math.prod(axis_size[a] for a in spec.mesh_axes)
+            add(collective_features(spec, n))
+        return out
+
+
+def predict_s(features: Mapping[str, float], rates: Mapping[str, float]) -> float:
+    """Seconds the ``rates`` give a step with ``features``."""
+    return sum(rates.get(f, 0.0) * x for f, x in features.items())
+
+
+def fit_rates(
+    rows: Sequence[tuple[Mapping[str, float], float]],
+    prior: Mapping[str, float],
+    prior_weight: float = PRIOR_WEIGHT,
+) -> dict[str, float]:
+    """Non-negative rates minimizing the squared relative error of ``rows``
+    (``(features, seconds)``) plus ``prior_weight`` times the squared relative
+    distance to ``prior`` (which names every feature to fit)."""
+    names = sorted(prior)
+    if not rows:
+        return dict(prior)
+    for feats, seconds in rows:
+        if not (isinstance(seconds, (int, float)) and math.isfinite(seconds)):
+            raise CostModelError(f"measured seconds {seconds!r}; expected a number")
+        if seconds <= 0:
+            raise CostModelError(f"measured seconds {seconds!r}; expected > 0")
+        unknown = sorted(set(feats) - set(prior))
+        if unknown:
+            raise CostModelError(f"features {unknown} have no prior rate")
+    # Scale each column by its prior so the unknowns are O(1) multipliers.
+    scale = np.array([max(prior[f], 1e-30) for f in names])
+    a = np.array([[feats.get(f, 0.0) for f in names] for feats, _ in rows])
+    y = np.array([s for _, s in rows])
+    a = a * scale / y[:, None]
+    b = np.ones(len(rows))
+    reg = math.sqrt(prior_weight) * np.eye(len(names))
+    sol = lsq_linear(
+        np.vstack([a, reg]),
+        np.concatenate([b, math.sqrt(prior_weight) * np.ones(len(names))]),
+        bounds=(0.0, np.inf),
+        method="bvls",
+    )
+    return {f: float(m * s) for f, m, s in zip(names, sol.x, scale)}
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One measured step: the graph (JSON document, outputs included), the
+    layout, the backend and the fastest step's seconds."""
+
+    graph: Mapping[str, Any]
+    mesh_shape: str
+    layout_rules: str
+    backend: str
+    seconds: float
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Measurement:
+        for key in ("graph", "mesh_shape", "layout_rules", "backend", "seconds"):
+            if key not in d:
+                raise CostModelError(f"measurement: missing key {key!r}")
+        if d["backend"] not in BACKENDS:
+            raise CostModelError(
+                f"measurement: backend {d['backend']!r}; expected one of {BACKENDS}"
+            )
+        return cls(
+            d["graph"],
+            str(d["mesh_shape"]),
+            str(d["layout_rules"]),
+            str(d["backend"]),
+            float(d["seconds"]),
+        )
+
+    def features(self) -> dict[str, float]:
+        from mtf_core.serialization import graph_from_dict
+
+        loaded = graph_from_dict(self.graph)
+        return step_features(
+            loaded.graph, self.mesh_shape, self.layout_rules, loaded.outputs
+        )
+
+
+def rows_by_backend(
+    measurements: Iterable[Measurement | Mapping[str, Any]],
+) -> dict[str, list[tuple[dict[str, float], float]]]:
+    """``{backend: [(features, seconds), ...]}`` of ``measurements``."""
+    out: dict[str, list[tuple[dict[str, float], float]]] = {}
+    for m in measurements:
+        m = m if isinstance(m, Measurement) else Measurement.from_dict(m)
+        out.setdefault(m.backend, []).append((m.features(), m.seconds))
+    return out
+
+
+def fit_profile(
+    profile: Mapping[str, Any],
+    extra: Iterable[Measurement | Mapping[str, Any]] = (),
+    backend: str | None = None,
+) -> dict[str, Any]:
+    """``profile`` (a ``to_dict()``-style mapping with ``measured.sweep``)
+    with per-backend rates fitted from its sweep plus ``extra`` measurements;
+    ``measured.fit`` records each row's prediction and error."""
+    base = dict(profile)
+    measured = dict(base.get("measured") or {})
+    sweep = list(measured.get("sweep") or [])
+    extra = [
+        m if isinstance(m, Measurement) else Measurement.from_dict(m) for m in extra
+    ]
+    rows = rows_by_backend(list(sweep) + list(extra))
+    if not rows:
+        raise CostModelError(
+            "fit_profile: no measurements (measured.sweep is empty and no extra "
+            "measurements were given)"
+        )
+    base.pop("calibration", None)
+    roof = roofline_rates(get_hardware(base | {"measured": {}}))
+    old = profile.get("calibration") or {}
+    coefs: dict[str, dict[str, float]] = {}
+    report: dict[str, Any] = {}
+    for b, rs in sorted(rows.items()):
+        prior = {**roof, **(old.get("coefficients", {}).get(b, {}))}
+        rates = fit_rates(rs, {f: prior.get(f, 0.0) or roof[f] for f in FEATURES})
+        coefs[b] = rates
+        errs = [predict_s(f, rates) / s - 1.0 for f, s in rs]
+        report[b] = {
+            "rows": len(rs),
+            "max_abs_error": max(abs(e) for e in errs),
+            "errors": errs,
+        }
+    chosen = backend or ("placement" if "placement" in coefs else sorted(coefs)[0])
+    base["calibration"] = {"backend": chosen, "coefficients": coefs}
+    measured["fit"] = report
+    base["measured"] = measured
+    return base
+
+
+def refit(
+    hw: HardwareProfile | Mapping[str, Any] | str,
+    measurements: Iterable[Measurement | Mapping[str, Any]],
+    sweep: Sequence[Mapping[str, Any]] = (),
+) -> HardwareProfile:
+    """``hw`` with its rates refitted from ``measurements`` (and the sweep it
+    was calibrated from, if given), starting from its current rates (or the
+    roofline's, for an uncalibrated profile such as ``cpu-host``)."""
+    hw = get_hardware(hw)
+    d = hw.to_dict()
+    d["measured"] = {"sweep": list(sweep)}
+    fitted = fit_profile(d, measurements, backend=_backend(hw))
+    fitted.pop("measured", None)
+    return HardwareProfile.from_dict(fitted)
+
+
+def _backend(hw: HardwareProfile) -> str:
+    return (
+        hw.calibration.backend
+        if isinstance(hw.calibration, Calibration)
+        else "placement"
+    )

@@ -1,0 +1,219 @@
+"""Per-op-class features: what a calibrated profile prices an op and a collective by.
+
+A calibrated :class:`~cost_models.hardware.HardwareProfile` prices time as a
+dot product: ``seconds = sum(rate[f] * feature[f])`` over the features below,
+with ``rate`` fitted by least squares from measured steps
+(:mod:`cost_models.calibration`).  The features are per device and exact (the
+same slice bytes and flops the roofline reads); only the rates are measured.
+
+========================  =====================================================
+feature                   unit, counted for
+========================  =====================================================
+``ops``                   1 per op that makes TensorFlow work (per-op overhead:
+                          dispatch, scheduling, small kernels)
+``matmul_flops``          flops per device of contracting einsums and convs
+``matmul_bytes``          their input + output slice bytes (transposes, and
+                          small matmuls running below peak)
+``elementwise_bytes``     slice bytes read + written by cheap elementwise ops
+``transcendental_bytes``  the same for exp, log, tanh, rsqrt, ... (softmax's
+                          and layer norm's expensive part)
+``reduce_bytes``          reductions (reduce, single-input einsum, top-k, cumsum)
+``gather_bytes``          gathers, one-hot lookups and segment sums, one_hot
+``random_bytes``          random draws (the full tensor on every device)
+``movement_bytes``        concat, split, slice, pad, shift, stack, fed inputs
+``assign_bytes``          variable assignments
+``<kind>_bytes``          a collective's ring bandwidth term in bytes: allreduce
+                          ``2(n-1)/n*b``, allconcat ``(n-1)*b``, alltoall
+                          ``(n-1)/n*b``, shift and broadcast ``b``
+``<kind>_steps``          its latency steps: ``2(n-1)``, ``n-1``, ``n-1``, 1,
+                          ``ceil(log2 n)``
+========================  =====================================================
+
+With ``rate`` = ``1/peak_flops`` for flops, ``1/hbm_bandwidth`` for bytes,
+``1/bandwidth`` and ``latency`` for collectives (:func:`roofline_rates`) the
+collective terms are exactly the alpha-beta formulas of
+:mod:`cost_models.collectives`; the compute terms are a sum where the roofline
+takes a max (a calibrated CPU does both, one after the other).
+
+What the features ignore: fusion, caches, which op follows which, and the
+shape of a matmul beyond its flops and bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from mtf_core.comm import CollectiveSpec, LayoutContext
+from mtf_core.graph import Operation
+
+if TYPE_CHECKING:
+    from cost_models.hardware import HardwareProfile
+    from cost_models.op_costs import LayoutSizes
+
+COMPUTE_CLASSES = (
+    "matmul",
+    "elementwise",
+    "transcendental",
+    "reduce",
+    "gather",
+    "random",
+    "movement",
+    "assign",
+)
+COLLECTIVE_KINDS = ("allreduce", "allconcat", "alltoall", "shift", "broadcast")
+COMPUTE_FEATURES = ("ops", "matmul_flops") + tuple(
+    f"{c}_bytes" for c in COMPUTE_CLASSES
+)
+COLLECTIVE_FEATURES = tuple(
+    f"{k}_{t}" for k in COLLECTIVE_KINDS for t in ("bytes", "steps")
+)
+#: Every feature a calibrated profile has a rate for.
+FEATURES = COMPUTE_FEATURES + COLLECTIVE_FEATURES
+
+_TRANSCENDENTAL = frozenset(
+    "exp log sqrt rsqrt sigmoid tanh sin cos softplus silu gelu elu reciprocal".split()
+)
+# Ops that make no TensorFlow work of their own: constants are shared per
+# device, identity passes its input (the lowering adds no op for it).
+_FREE = frozenset({"Constant", "Identity", "StopGradient"})
+# Ops whose output is a view: overhead, no bytes (a reshape is metadata in TF,
+# a variable read aliases the variable's buffer).
+_VIEW = frozenset({"Reshape", "Variable", "CustomGradient"})
+_BY_TYPE = {
+    "Binary": "elementwise",
+    "Where": "elementwise",
+    "AddN": "elementwise",
+    "Cast": "elementwise",
+    "Broadcast": "elementwise",
+    "Reduce": "reduce",
+    "TopK": "reduce",
+    "Cumsum": "reduce",
+    "Gather": "gather",
+    "OneHot": "gather",
+    "Range": "gather",
+    "Random": "random",
+    "Concat": "movement",
+    "Split": "movement",
+    "Stack": "movement",
+    "Unstack": "movement",
+    "Slice": "movement",
+    "Pad": "movement",
+    "Shift": "movement",
+    "ImportTensor": "movement",
+    "Assign": "assign",
+    "Conv2d": "matmul",
+    "Conv2dBackpropInput": "matmul",
+    "Conv2dBackpropFilter": "matmul",
+}
+
+
+def op_class(op: Operation) -> str | None:
+    """The class an op is priced as (None: free, ``"view"``: overhead only)."""
+    t = op.op_type
+    if t in _FREE:
+        return None
+    if t in _VIEW:
+        return "view"
+    if t == "Einsum":
+        if getattr(op, "onehot_plan", None) is not None:
+            return "gather"  # lowered as a lookup or a segment sum
+        if len(op.inputs) == 1:
+            return "reduce"
+        return "matmul" if _contracts(op) else "elementwise"
+    if t == "Unary":
+        return (
+            "transcendental"
+            if getattr(op, "fn_name", "") in _TRANSCENDENTAL
+            else "elementwise"
+        )
+    return _BY_TYPE.get(t, "elementwise")
+
+
+def _contracts(op: Operation) -> bool:
+    """Whether an einsum sums a dim shared by two of its inputs (a matmul)."""
+    out = set(op.outputs[0].shape.dimension_names)
+    seen: set[str] = set()
+    for t in op.inputs:
+        names = set(t.shape.dimension_names) - out
+        if names & seen:
+            return True
+        seen |= names
+    return False
+
+
+def op_features(
+    op: Operation,
+    ctx: LayoutContext,
+    sizes: LayoutSizes,
+    flops_per_device: float,
+) -> tuple[tuple[str, float], ...]:
+    """The compute features of ``op`` on one device under ``ctx``."""
+    cls = op_class(op)
+    if cls is None:
+        return ()
+    if cls == "view":
+        return (("ops", 1.0),)
+    if cls == "random":
+        nbytes = float(sum(t.size_bytes for t in op.outputs))
+    elif cls == "gather" and op.op_type == "Einsum":
+        # A lookup reads the ids and the rows it gathers: its output's size
+        # (the one-hot operand is never materialized).
+        plan: Any = getattr(op, "onehot_plan")  # noqa: B009 (Einsum only)
+        ids = op.inputs[plan.hot].operation.inputs[0]
+        nbytes = float(sizes.slice_bytes(ids) + 2 * sizes.slice_bytes(op.outputs[0]))
+    else:
+        nbytes = float(sum(sizes.slice_bytes(t) for t in op.inputs + op.outputs))
+    feats: list[tuple[str, float]] = [("ops", 1.0), (f"{cls}_bytes", nbytes)]
+    if cls == "matmul":
+        feats.append(("matmul_flops", float(flops_per_device)))
+    return tuple(feats)
+
+
+def collective_features(spec: CollectiveSpec, n: int) -> tuple[tuple[str, float], ...]:
+    """The features of one collective over a group of ``n`` processors."""
+    if n <= 1:
+        return ()
+    b = float(spec.bytes_per_device)
+    k = spec.kind
+    if k == "allreduce":
+        return (
+            ("allreduce_bytes", 2 * (n - 1) / n * b),
+            ("allreduce_steps", 2.0 * (n - 1)),
+        )
+    if k == "allconcat":
+        return (("allconcat_bytes", (n - 1) * b), ("allconcat_steps", float(n - 1)))
+    if k == "alltoall":
+        return (("alltoall_bytes", (n - 1) / n * b), ("alltoall_steps", float(n - 1)))
+    if k == "shift":
+        return (("shift_bytes", b), ("shift_steps", 1.0))
+    if k == "broadcast":
+        steps = float(math.ceil(math.log2(n)))
+        return (("broadcast_bytes", b), ("broadcast_steps", steps))
+    from cost_models.hardware import CostModelError
+
+    raise CostModelError(
+        f"unknown collective kind {k!r}; expected one of {COLLECTIVE_KINDS}"
+    )
+
+
+def priced(
+    features: tuple[tuple[str, float], ...], rates: Mapping[str, float]
+) -> float:
+    """``sum(rates[f] * x)`` over ``features`` (a missing rate counts 0)."""
+    return sum(rates.get(f, 0.0) * x for f, x in features)
+
+
+def roofline_rates(hw: HardwareProfile) -> dict[str, float]:
+    """Rates that make the features reproduce ``hw``'s uncalibrated formulas:
+    the prior a calibration fit starts from (and falls back to for features
+    its measurements never exercised)."""
+    link = hw.default_link
+    rates = {"ops": 1e-6, "matmul_flops": 1.0 / hw.peak_flops}
+    for c in COMPUTE_CLASSES:
+        rates[f"{c}_bytes"] = 1.0 / hw.hbm_bandwidth_bytes_per_s
+    for k in COLLECTIVE_KINDS:
+        rates[f"{k}_bytes"] = 1.0 / link.bandwidth_bytes_per_s
+        rates[f"{k}_steps"] = max(link.latency_s, 1e-7)
+    return rates
