@@ -1,7 +1,7 @@
 """Deferred (pending) allreduces, simulated exactly as the lowering runs them.
 
 An einsum or ``reduce_sum`` over a split dim leaves its allreduce(SUM) pending
-(:class:`mtf_core.lowering.lazy.LazyAllreduceSum`).  The lowering then:
+(:class:`mtf_core.lazy_sum.LazyAllreduceSum`).  The lowering then:
 
 * keeps ``x + y`` pending when ``x`` and ``y`` are both still pending over the
   same mesh axes and ``x``, ``y`` and the sum have equal shapes;

@@ -135,7 +135,7 @@ _LAZY = {
     "PlacementMeshImpl": ("mtf_core.lowering.placement", "PlacementMeshImpl"),
     "placement_mesh_impl": ("mtf_core.lowering.placement", None),
     "VariableStore": ("mtf_core.lowering.variables", "VariableStore"),
-    "compile_function": ("mtf_core.lowering.compiled", "compile_function"),
+    "compile_function": ("mtf_core.lowering.steps", "compile_function"),
     "CompiledFunction": ("mtf_core.lowering.compiled", "CompiledFunction"),
     "logical_devices": ("mtf_core.lowering.devices", "logical_cpu_devices"),
 }

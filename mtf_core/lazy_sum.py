@@ -1,4 +1,10 @@
-"""Pending allreduces (no TensorFlow import here, so ops can use it freely)."""
+"""Pending allreduces: an einsum (or gather, reduction, ...) that sums over a
+split dim leaves its result as a :class:`LazyAllreduceSum`, which the lowering
+reduces only when something needs the whole sum.
+
+It sits below both the op families (which make them in ``lower``) and the
+lowering (which forces them), and imports neither, nor TensorFlow.
+"""
 
 from __future__ import annotations
 

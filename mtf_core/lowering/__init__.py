@@ -1,1 +1,2 @@
-"""Lowering mtf graphs to TensorFlow. Submodules import TensorFlow; this package\n__init__ does not, so TF-free code can use :mod:`mtf_core.lowering.lazy`."""
+"""Lowering mtf graphs to TensorFlow.  Submodules import TensorFlow; this
+package's ``__init__`` does not."""

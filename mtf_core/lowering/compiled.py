@@ -1,4 +1,5 @@
-"""A lowered graph compiled into one ``tf.function``.
+"""A lowered graph compiled into one ``tf.function`` (the placement backend's
+step; :func:`mtf_core.lowering.steps.compile_function` picks the backend).
 
 The function takes a new value for each placeholder per call, runs the graph on
 the mesh and updates the per-device slice variables in place.  Variables live in
@@ -20,44 +21,8 @@ from mtf_core.errors import LoweringError
 from mtf_core.graph import Graph, Mesh, Operation, Tensor
 from mtf_core.lowering.lowering import Lowering
 from mtf_core.lowering.mesh_impl import MeshImpl
+from mtf_core.lowering.step_common import check_arity, init_step_state
 from mtf_core.lowering.variables import VariableStore
-from mtf_core.ops.creation import ImportTensor
-
-
-def init_step_state(
-    step: Any,
-    graph: Graph,
-    mesh_to_impl: Mapping[Mesh, Any],
-    inputs: Sequence[Tensor],
-    outputs: Sequence[Tensor],
-    updates: Sequence[Operation],
-    variables: VariableStore | None,
-) -> None:
-    """Sets the attributes every compiled step has (both backends), checking that
-    the inputs are placeholders and making the variable store if none is given."""
-    step.graph = graph
-    step.mesh_to_impl = dict(mesh_to_impl)
-    step.inputs = list(inputs)
-    step.outputs = list(outputs)
-    step.updates = list(updates)
-    for t in step.inputs:
-        if not (isinstance(t.operation, ImportTensor) and t.operation.is_placeholder):
-            raise LoweringError(
-                f"input {t.name} is not a placeholder (mtf.placeholder)"
-            )
-    step.variables = (
-        variables if variables is not None else VariableStore(graph, step.mesh_to_impl)
-    )
-    step.counters = None
-
-
-def check_arity(step: Any, values: Sequence[Any]) -> None:
-    """Raises unless ``values`` has one value per input placeholder of ``step``."""
-    if len(values) != len(step.inputs):
-        raise LoweringError(
-            f"compiled function takes {len(step.inputs)} inputs "
-            f"({[t.name for t in step.inputs]}), got {len(values)}"
-        )
 
 
 class CompiledFunction:
@@ -216,35 +181,3 @@ def _assign_after_read(lowering: Lowering, updates: Sequence[Operation]) -> None
             for prev, assign in zip(before, assigns):
                 assign._add_control_inputs([prev])
         last[var] = assigns
-
-
-def compile_function(
-    graph: Graph,
-    mesh_to_impl: Mapping[Mesh, MeshImpl],
-    inputs: Sequence[Tensor] = (),
-    outputs: Sequence[Tensor] = (),
-    updates: Sequence[Operation] = (),
-    variables: VariableStore | None = None,
-    graph_optimization: bool | None = None,
-) -> CompiledFunction:
-    """Compiles a training (or inference) step; see :class:`CompiledFunction`.
-
-    ``graph_optimization``: run TensorFlow's graph optimizer on the step
-    (default: only when some device is not a CPU; on CPU meshes it makes the
-    first call much slower and the others no faster)."""
-    if any(getattr(impl, "is_spmd", False) for impl in mesh_to_impl.values()):
-        # The SPMD backend traces one per-device program and launches it per device.
-        from mtf_core.lowering.spmd_compiled import SpmdCompiledFunction
-
-        return SpmdCompiledFunction(  # type: ignore[return-value]
-            graph, mesh_to_impl, inputs, outputs, updates, variables
-        )
-    return CompiledFunction(
-        graph,
-        mesh_to_impl,
-        inputs,
-        outputs,
-        updates,
-        variables,
-        graph_optimization=graph_optimization,
-    )

@@ -28,10 +28,10 @@ import tensorflow as tf
 
 from mtf_core.errors import LoweringError
 from mtf_core.graph import Graph, Mesh, Operation, Tensor
-from mtf_core.lowering.compiled import check_arity, init_step_state
 from mtf_core.lowering.counters import Counters
 from mtf_core.lowering.lowering import Lowering
 from mtf_core.lowering.spmd import SimdMeshImpl
+from mtf_core.lowering.step_common import check_arity, init_step_state
 from mtf_core.lowering.variables import VariableStore
 
 

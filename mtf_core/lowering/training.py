@@ -16,9 +16,10 @@ import numpy as np
 import tensorflow as tf
 
 from mtf_core.errors import ConfigError, LoweringError
-from mtf_core.lowering.compiled import CompiledFunction, compile_function
+from mtf_core.lowering.compiled import CompiledFunction
 from mtf_core.lowering.devices import logical_cpu_devices
 from mtf_core.lowering.placement import PlacementMeshImpl
+from mtf_core.lowering.steps import compile_function
 from mtf_core.models.base import ModelGraph
 from mtf_core.optimize import STEP_NAME
 from mtf_core.presets import LayoutChoice

@@ -21,7 +21,7 @@ from typing import Any
 from mtf_core.comm import CollectiveSpec, allreduce_collectives
 from mtf_core.errors import LayoutError, ShapeError
 from mtf_core.graph import Operation, Tensor, check_same_dtype, check_same_mesh
-from mtf_core.lowering.lazy import LazyAllreduceSum
+from mtf_core.lazy_sum import LazyAllreduceSum
 from mtf_core.shapes import Dimension, Shape
 
 PADDINGS = ("SAME", "VALID")

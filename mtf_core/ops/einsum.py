@@ -19,7 +19,7 @@ from typing import Any
 from mtf_core.comm import CollectiveSpec, allreduce_collectives
 from mtf_core.errors import ShapeError
 from mtf_core.graph import Operation, Tensor, check_same_dtype, check_same_mesh
-from mtf_core.lowering.lazy import LazyAllreduceSum
+from mtf_core.lazy_sum import LazyAllreduceSum
 from mtf_core.ops._local import einsum_equation
 from mtf_core.ops.onehot_einsum import (
     OneHotEinsumPlan,

@@ -21,7 +21,7 @@ from mtf_core.graph import (
     check_same_mesh,
     check_same_shape,
 )
-from mtf_core.lowering.lazy import LazyAllreduceSum
+from mtf_core.lazy_sum import LazyAllreduceSum
 from mtf_core.ops._local import align, tf_function
 from mtf_core.ops.creation import constant, zeros_like
 

@@ -29,14 +29,12 @@ in the plain einsum (``0 * inf``) but is never read here.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mtf_core import dtypes
 from mtf_core.graph import Tensor
 from mtf_core.ops._local import block_ids, masked_gather, maybe_transpose
-
-if TYPE_CHECKING:
-    from mtf_core.ops.indexing import OneHot
+from mtf_core.ops.one_hot import OneHot
 
 
 @dataclass(frozen=True)
@@ -68,8 +66,6 @@ def plan_onehot_einsum(
 ) -> OneHotEinsumPlan | None:
     """The lookup plan for ``einsum(inputs) -> output_names``, or None when
     the plain einsum must be used."""
-    from mtf_core.ops.indexing import OneHot  # indexing imports einsum lazily
-
     if len(inputs) != 2:
         return None
     for hot in (0, 1):

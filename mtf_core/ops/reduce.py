@@ -13,7 +13,7 @@ from typing import Any
 from mtf_core.comm import CollectiveSpec, allreduce_collectives
 from mtf_core.errors import ArgumentError, ShapeError
 from mtf_core.graph import Operation, Tensor
-from mtf_core.lowering.lazy import LazyAllreduceSum
+from mtf_core.lazy_sum import LazyAllreduceSum
 from mtf_core.ops import elementwise as ew
 from mtf_core.ops._local import align, maybe_transpose
 from mtf_core.shapes import Dimension, Shape, convert_to_shape, dimension_name

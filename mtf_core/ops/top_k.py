@@ -18,6 +18,8 @@ from mtf_core.errors import ShapeError
 from mtf_core.graph import Operation, Tensor
 from mtf_core.ops._local import inverse_permutation, maybe_transpose
 from mtf_core.ops.arguments import dim_of, sized_dim
+from mtf_core.ops.einsum import einsum
+from mtf_core.ops.one_hot import one_hot
 from mtf_core.ops.reshape import gather_collectives, lower_gathered, lower_resplit
 from mtf_core.shapes import Dimension, Shape
 
@@ -69,9 +71,6 @@ class TopK(Operation):
         return float(self.inputs[0].size)
 
     def gradient(self, grad_ys: Sequence[Tensor | None]) -> list[Tensor | None]:
-        from mtf_core.ops.einsum import einsum
-        from mtf_core.ops.indexing import one_hot
-
         dv = grad_ys[0]
         if dv is None:
             return [None]

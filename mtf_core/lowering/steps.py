@@ -1,0 +1,44 @@
+"""``compile_function``: a training (or inference) step, compiled for the
+backend its mesh implementation uses: :class:`~compiled.CompiledFunction`
+(placement) or :class:`~spmd_compiled.SpmdCompiledFunction` (SPMD).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from mtf_core.graph import Graph, Mesh, Operation, Tensor
+from mtf_core.lowering.compiled import CompiledFunction
+from mtf_core.lowering.mesh_impl import MeshImpl
+from mtf_core.lowering.spmd_compiled import SpmdCompiledFunction
+from mtf_core.lowering.variables import VariableStore
+
+
+def compile_function(
+    graph: Graph,
+    mesh_to_impl: Mapping[Mesh, MeshImpl],
+    inputs: Sequence[Tensor] = (),
+    outputs: Sequence[Tensor] = (),
+    updates: Sequence[Operation] = (),
+    variables: VariableStore | None = None,
+    graph_optimization: bool | None = None,
+) -> CompiledFunction:
+    """Compiles a training (or inference) step; see :class:`CompiledFunction`.
+
+    ``graph_optimization``: run TensorFlow's graph optimizer on the step
+    (default: only when some device is not a CPU; on CPU meshes it makes the
+    first call much slower and the others no faster)."""
+    if any(getattr(impl, "is_spmd", False) for impl in mesh_to_impl.values()):
+        # The SPMD backend traces one per-device program and launches it per device.
+        return SpmdCompiledFunction(  # type: ignore[return-value]
+            graph, mesh_to_impl, inputs, outputs, updates, variables
+        )
+    return CompiledFunction(
+        graph,
+        mesh_to_impl,
+        inputs,
+        outputs,
+        updates,
+        variables,
+        graph_optimization=graph_optimization,
+    )
