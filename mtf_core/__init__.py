@@ -190,7 +190,9 @@ _LAZY["SimdMeshImpl"] = ("mtf_core.lowering.spmd", "SimdMeshImpl")
 _LAZY["simd_mesh_impl"] = ("mtf_core.lowering.spmd", None)
 _LAZY["ClusterSpec"] = ("mtf_core.lowering.cluster", "ClusterSpec")
 
-# Mesh TensorFlow's mixed-precision variables and op helpers.
+# Mesh TensorFlow's mixed-precision variables, op helpers and decoding, its
+# mtf.utils (variable placement) and the TF1 loop (issue 10).
+from mtf_core import beam_search, utils  # noqa: E402
 from mtf_core.dtypes import VariableDType  # noqa: E402
 
 # Op arguments outside what an op accepts (a reduction, a probability, ...).
@@ -199,6 +201,7 @@ from mtf_core.layout import (  # noqa: E402
     tensor_dim_to_mesh_dim_size,
     tensor_dim_to_size_per_split,
 )
+from mtf_core.ops.control import WhileLoop, while_loop  # noqa: E402
 from mtf_core.ops.creation import import_fully_replicated  # noqa: E402
 from mtf_core.ops.elementwise import to_bfloat16, to_float, to_int32  # noqa: E402
 from mtf_core.ops.halo import halo_exchange, left_halo_exchange  # noqa: E402
@@ -213,6 +216,3 @@ from mtf_core.ops.selection import (  # noqa: E402
     stride_tensor_1d,
     top_1,
 )
-
-# Mesh TF's mtf.utils (variable placement) and the TF1 loop (issue 10).
-from mtf_core import utils  # noqa: E402

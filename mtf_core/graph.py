@@ -172,6 +172,26 @@ class Tensor:
 
         return elementwise.divide(other, self)
 
+    def __floordiv__(self, other: Any) -> Tensor:
+        from mtf_core.ops import elementwise
+
+        return elementwise.floordiv(self, other)
+
+    def __rfloordiv__(self, other: Any) -> Tensor:
+        from mtf_core.ops import elementwise
+
+        return elementwise.floordiv(other, self)
+
+    def __mod__(self, other: Any) -> Tensor:
+        from mtf_core.ops import elementwise
+
+        return elementwise.mod(self, other)
+
+    def __rmod__(self, other: Any) -> Tensor:
+        from mtf_core.ops import elementwise
+
+        return elementwise.mod(other, self)
+
     def __neg__(self) -> Tensor:
         from mtf_core.ops import elementwise
 

@@ -62,7 +62,7 @@ from mtf_core.layers.losses import (
     sparse_softmax_cross_entropy,
     weights_nonzero,
 )
-from mtf_core.layers.norms import batch_norm, layer_norm, rms_norm
+from mtf_core.layers.norms import batch_norm, corr, layer_norm, rms_norm
 
 __all__ = [
     "DenseInitializer",
@@ -79,6 +79,7 @@ __all__ = [
     "batch_norm",
     "conv1d",
     "conv2d",
+    "corr",
     "dense",
     "dense_product",
     "dense_relu_dense",

@@ -62,6 +62,7 @@ def _attention_named(
     memory_length_dim_name: str = "memory_length",
     dropout_rate: float = 0.0,
     name: str = "attention",
+    variable_dtype: Any = None,
 ) -> Tensor:
     """Multi-head dot-product attention over named dims.
 
@@ -72,6 +73,7 @@ def _attention_named(
     the ``[..., heads, length, memory_length]`` logits.  Weights have shapes
     ``[d_model, heads, d_kv]`` (q, k, v) and ``[heads, d_kv, d_model]`` (o),
     so a ``heads`` split needs one allreduce, at the output projection.
+    ``variable_dtype`` (a dtype or VariableDType) defaults to ``x``'s dtype.
     """
     heads = sized_dim(heads_dim, f"attention {name!r}")
     d_kv = sized_dim(kv_dim, f"attention {name!r}")
@@ -99,7 +101,7 @@ def _attention_named(
             x.mesh,
             wname,
             Shape(shape),
-            x.dtype,
+            x.dtype if variable_dtype is None else variable_dtype,
             initializer=normal_initializer(stddev, wname),
         )
 

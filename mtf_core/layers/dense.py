@@ -137,8 +137,9 @@ def dense(
         if reduced_dims is not None
         else [x.shape.dims[-1]]
     )
+    new_names = {n.name for n in new}
     for i, d in enumerate(reduced):
-        if d in new:
+        if d.name in new_names:
             # Same name in and out: rename the input's, so the kernel's two
             # dims differ (Mesh TensorFlow does the same).
             reduced[i] = Dimension(f"_{d.name}", d.size)

@@ -17,6 +17,8 @@ from mtf_core.layers.initializers import (
 )
 from mtf_core.ops import elementwise as ew
 from mtf_core.ops import reduce as red
+from mtf_core.ops.einsum import einsum
+from mtf_core.ops.reshape import rename_dimension
 from mtf_core.ops.variables import Assign, assign, get_variable
 from mtf_core.shapes import Shape
 
@@ -115,3 +117,27 @@ def batch_norm(
         assign(moving_var, moving_var * momentum + variance * (1.0 - momentum)),
     ]
     return norm_x * scale + bias, updates
+
+
+def corr(
+    x: Tensor, dim: Any, epsilon: float = 1e-20, name: str = "pearson_correlation"
+) -> Tensor:
+    """Pearson correlation between the positions of ``dim`` (the random
+    variables), over all other dims (the samples): ``[dim_1, dim_2]``."""
+    del name
+    d = dim_in(x, dim, "corr")
+    centered = x - red.reduce_mean(x, output_shape=[d])
+    a = rename_dimension(centered, d.name, f"{d.name}_1")
+    b = rename_dimension(centered, d.name, f"{d.name}_2")
+    da, db = (
+        a.shape.get_dim_by_name(f"{d.name}_1"),
+        b.shape.get_dim_by_name(f"{d.name}_2"),
+    )
+
+    def norm(z: Tensor, zd: Any) -> Tensor:
+        return ew.sqrt(red.reduce_sum(ew.square(z), output_shape=[zd])) + epsilon
+
+    pair = Shape([da, db])
+    return einsum([a, b], output_shape=pair) / einsum(
+        [norm(a, da), norm(b, db)], output_shape=pair
+    )
