@@ -116,12 +116,17 @@ def job_dict(job: JobRecord) -> dict[str, Any]:
 
 
 class ResponseCache:
-    """Exact request bytes -> the cached ``PlanOut`` bytes, in memory (LRU,
-    at most ``max_bytes`` of bodies).
+    """Request -> the cached ``PlanOut`` bytes, in memory (LRU, at most
+    ``max_bytes`` of bodies), under two keys: the exact request bytes
+    (:meth:`key`) and the canonical request (:meth:`request_key`, its
+    ``request_hash``).
 
     Stored plans never change, and the same bytes always mean the same
     request, so a repeated request skips parsing, hashing and the database:
-    the hot path of a CI fleet asking for the same plan again and again.
+    the hot path of a CI fleet asking for the same plan again and again.  The
+    same request in other bytes (keys in another order, other spacing, a mesh
+    written ``{"x": 2}`` instead of ``"x:2"``, a default spelled out) is
+    parsed and hashed, then answered from memory too, without the database.
     """
 
     def __init__(self, max_bytes: int) -> None:
@@ -133,6 +138,11 @@ class ResponseCache:
     @staticmethod
     def key(raw: bytes) -> bytes:
         return hashlib.sha256(raw).digest()
+
+    @staticmethod
+    def request_key(request_hash: str) -> bytes:
+        """The key of every request that means this one."""
+        return b"request:" + request_hash.encode()
 
     def get(self, key: bytes) -> bytes | None:
         with self._lock:
@@ -179,6 +189,7 @@ class PlannerService:
         self._running: set[str] = set()
         # Other replicas' jobs that requests here wait for: id -> its future.
         self._watched: dict[str, concurrent.futures.Future[PlanRecord]] = {}
+        self._watch_lock = threading.Lock()
         self._stop = threading.Event()
         self._maintenance = threading.Thread(
             target=self._maintain, daemon=True, name="jobs-maintenance"
@@ -199,7 +210,7 @@ class PlannerService:
     def stop(self) -> None:
         self._stop.set()
         self.pool.shutdown()
-        with self._lock:
+        with self._watch_lock:
             watched, self._watched = dict(self._watched), {}
         for fut in watched.values():
             if not fut.done():
@@ -232,7 +243,9 @@ class PlannerService:
                     self._beat()
                     self.reap()
                     self.last_maintenance = time.time()
-            except Exception:  # a database blip must not kill the thread
+            except StoreUnavailable as e:  # busy or down: next round
+                log.warning("job maintenance skipped a round: %s", e)
+            except Exception:  # a bug must not stop the heartbeats
                 log.exception("job maintenance failed; retrying")
 
     def _beat(self) -> None:
@@ -244,13 +257,13 @@ class PlannerService:
                 log.info("stopped job %s: it finished in the store", job_id)
 
     def _poll_watched(self) -> None:
-        with self._lock:
+        with self._watch_lock:
             watched = list(self._watched.items())
         for job_id, fut in watched:
             job = self.store.get_job(job_id)
             if job is not None and not job.finished:
                 continue
-            with self._lock:
+            with self._watch_lock:
                 self._watched.pop(job_id, None)
             record = None
             if job is not None and job.status == "done" and job.plan_id:
@@ -264,7 +277,8 @@ class PlannerService:
                 fut.set_exception(TaskFailed(why or "the job failed"))
 
     def _watch(self, job_id: str) -> concurrent.futures.Future[PlanRecord]:
-        with self._lock:
+        # Its own lock: submit() calls this holding self._lock.
+        with self._watch_lock:
             fut = self._watched.get(job_id)
             if fut is None:
                 fut = self._watched[job_id] = concurrent.futures.Future()
@@ -273,6 +287,20 @@ class PlannerService:
     # -- plans ----------------------------------------------------------------------------
     def spec(self, req: PlanRequest) -> PlanSpec:
         return plan_spec(req, self.settings)
+
+    def answer_from_memory(self, spec: PlanSpec, key: bytes) -> bytes | None:
+        """The cached ``PlanOut`` of this canonical request, if this replica
+        answered it before (in any bytes); remembered under ``key`` too."""
+        body = self.responses.get(self.responses.request_key(spec.request_hash))
+        if body is not None:
+            self.metrics.cache_hits.inc()
+            self.responses.put(key, body)
+        return body
+
+    def remember(self, key: bytes, spec: PlanSpec, body: bytes) -> None:
+        """Keeps a cached ``PlanOut`` under the request's bytes and its hash."""
+        self.responses.put(key, body)
+        self.responses.put(self.responses.request_key(spec.request_hash), body)
 
     def cached(self, spec: PlanSpec) -> PlanRecord | None:
         record = self.store.get_plan_by_hash(spec.request_hash)

@@ -1,6 +1,7 @@
 """The service killed (SIGKILL) in the middle of a job and started again:
-finished plans are all there, the unfinished job is marked failed (never lost
-silently), and the killed server's solve worker died with it."""
+finished plans are all there, the unfinished job is marked failed by the
+reaper once its heartbeat is stale (never lost silently, never left
+"running"), and the killed server's solve worker died with it."""
 
 from __future__ import annotations
 
@@ -20,7 +21,12 @@ pytestmark = [pytest.mark.solver, pytest.mark.slow]
 
 def start_server(data: Path, port: int) -> subprocess.Popen[bytes]:
     env = dict(
-        os.environ, MTF_PLANNER_WORKERS="1", MTF_PLANNER_INSTANCE_NAME="restart-test"
+        os.environ,
+        MTF_PLANNER_WORKERS="1",
+        MTF_PLANNER_INSTANCE_NAME="restart-test",
+        # A short bound, so that the dead run's job is reaped within seconds.
+        MTF_PLANNER_HEARTBEAT_S="0.5",
+        MTF_PLANNER_STALE_JOB_S="3",
     )
     log = open(data / f"server-{time.time_ns()}.log", "wb")  # noqa: SIM115 - the child writes it
     return subprocess.Popen(
@@ -104,9 +110,12 @@ def test_killed_mid_job_the_service_restarts_with_every_plan_and_the_job_failed(
                 again = c.get(f"/v1/plans/{plan['id']}").json()
                 assert again["plan"] == plan["plan"]
             assert c.get("/v1/plans").json()["total"] == 2
-            failed = c.get(f"/v1/jobs/{job['id']}").json()
+            failed = wait_job(c, job["id"], ("failed", "done", "cancelled"), 30)
             assert failed["status"] == "failed"
-            assert "stopped before this job finished" in failed["error"]
+            assert "stopped before it finished" in failed["error"]
+            assert "no heartbeat for 3 s" in failed["error"]
+            # Finished: it can no longer be cancelled.
+            assert c.delete(f"/v1/jobs/{job['id']}").status_code == 409
             # The same request, sent again, is solved (the first try was not cached).
             retry = c.post("/v1/jobs", json=long_job_request()).json()
             assert retry["id"] != job["id"] and retry["status"] in ("queued", "running")

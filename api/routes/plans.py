@@ -10,23 +10,14 @@ from fastapi.responses import JSONResponse
 
 from api.deps import JsonBody, ServiceDep, json_request_body, parse_body
 from api.errors import error_response, opaque_error
-from api.planning import PlanSpec
 from api.routes import error_responses
 from api.schemas import JobOut, PlanList, PlanOut, PlanRequest
-from api.service import PlannerService, QueueFull, job_dict, plan_body, plan_header
-from api.store import PlanRecord
+from api.service import QueueFull, job_dict, plan_body, plan_header
 from api.workers import TaskCancelled, TaskInvalid
 
 router = APIRouter(prefix="/v1", tags=["plans"])
 
 JSON = "application/json"
-
-
-def _lookup(
-    service: PlannerService, body: PlanRequest
-) -> tuple[PlanSpec, PlanRecord | None]:
-    spec = service.spec(body)
-    return spec, service.cached(spec)
 
 
 @router.post(
@@ -55,10 +46,19 @@ async def create_plan(raw: JsonBody, service: ServiceDep) -> Response:
         service.metrics.cache_hits.inc()
         return Response(hit, media_type=JSON)
     body = await parse_body(PlanRequest, raw)
-    spec, record = await run_in_threadpool(_lookup, service, body)
+    # The canonical request (sorted keys, parsed mesh, defaults filled), then
+    # memory, then the store: other bytes of a known request stay cheap.
+    if len(raw) > 64 * 1024:
+        spec = await run_in_threadpool(service.spec, body)
+    else:
+        spec = service.spec(body)
+    hit = service.answer_from_memory(spec, key)
+    if hit is not None:
+        return Response(hit, media_type=JSON)
+    record = await run_in_threadpool(service.cached, spec)
     if record is not None:
         cached = plan_body(record, cached=True)
-        service.responses.put(key, cached)
+        service.remember(key, spec, cached)
         return Response(cached, media_type=JSON)
     await run_in_threadpool(service.validate, spec)
     try:
@@ -87,7 +87,7 @@ async def create_plan(raw: JsonBody, service: ServiceDep) -> Response:
                     error="solve_failed",
                     headers={"Retry-After": "5"},
                 )
-            service.responses.put(key, plan_body(record, cached=True))
+            service.remember(key, spec, plan_body(record, cached=True))
             return Response(plan_body(record, cached=False), media_type=JSON)
     latest = await run_in_threadpool(service.store.get_job, job.id)
     assert latest is not None
