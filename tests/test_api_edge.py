@@ -86,7 +86,8 @@ def test_evaluate_needs_the_token_like_the_other_expensive_endpoints(client, doc
 
 @pytest.mark.parametrize("path", ["/v1/plans", "/v1/jobs", "/v1/evaluate"])
 @pytest.mark.parametrize(
-    "media", ["text/plain", "application/x-www-form-urlencoded", "", "multipart/form-data"]
+    "media",
+    ["text/plain", "application/x-www-form-urlencoded", "", "multipart/form-data"],
 )
 def test_json_endpoints_answer_415_to_other_content_types(client, doc, path, media):
     body = json.dumps({"graph": doc, "mesh_shape": "x:2", "layout_rules": ""})
@@ -110,7 +111,9 @@ def test_deeply_nested_json_is_refused_before_decoding(client, doc):
     for _ in range(20):
         deep = [deep]
     graph = {**doc, "metadata": {"name": "deep", "extra": deep}}
-    r = client.post("/v1/plans", json={"graph": graph, "mesh_shape": "x:2"}, headers=AUTH)
+    r = client.post(
+        "/v1/plans", json={"graph": graph, "mesh_shape": "x:2"}, headers=AUTH
+    )
     assert r.status_code == 422
     assert r.json()["error"] == "request_too_complex"
     assert "nests 23 levels deep" in r.json()["detail"]
@@ -119,12 +122,16 @@ def test_deeply_nested_json_is_refused_before_decoding(client, doc):
 
 def test_long_strings_and_too_many_values_are_refused_before_decoding(client, doc):
     graph = {**doc, "metadata": {"name": "n" * 5000}}
-    r = client.post("/v1/plans", json={"graph": graph, "mesh_shape": "x:2"}, headers=AUTH)
+    r = client.post(
+        "/v1/plans", json={"graph": graph, "mesh_shape": "x:2"}, headers=AUTH
+    )
     assert r.status_code == 422
     assert "a string of 5000 bytes" in r.json()["detail"]
     assert "max_json_string_chars" in r.json()["detail"]
     graph = {**doc, "metadata": {"name": "many", "numbers": [0] * 30_000}}
-    r = client.post("/v1/plans", json={"graph": graph, "mesh_shape": "x:2"}, headers=AUTH)
+    r = client.post(
+        "/v1/plans", json={"graph": graph, "mesh_shape": "x:2"}, headers=AUTH
+    )
     assert r.status_code == 422
     assert "max_json_tokens" in r.json()["detail"]
 
@@ -182,7 +189,10 @@ def test_hardware_numbers_out_of_range_are_a_422_on_every_endpoint(
 @pytest.mark.parametrize(
     "fields, needle",
     [
-        ({"time_limit_s": float("nan")}, "time_limit_s: Input should be a finite number"),
+        (
+            {"time_limit_s": float("nan")},
+            "time_limit_s: Input should be a finite number",
+        ),
         ({"time_limit_s": 1e400}, "time_limit_s: Input should be a finite number"),
         ({"max_memory_fraction": float("nan")}, "max_memory_fraction"),
         ({"memory_limit_bytes": 1e400}, "memory_limit_bytes"),

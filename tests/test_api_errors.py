@@ -74,8 +74,14 @@ def test_zero_or_negative_dimension_sizes_in_the_graph_are_a_422(client, doc, si
     "mesh, needle",
     [
         ("x:0", "size 0"),
-        ({"x": -2}, "mesh_shape.object.x: Input should be greater than or equal to 1 (got -2)"),
-        ({"x": True}, "mesh_shape.object.x: Input should be a valid integer (got True)"),
+        (
+            {"x": -2},
+            "mesh_shape.object.x: Input should be greater than or equal to 1 (got -2)",
+        ),
+        (
+            {"x": True},
+            "mesh_shape.object.x: Input should be a valid integer (got True)",
+        ),
         ({"x": 2.0}, "mesh_shape.object.x: Input should be a valid integer"),
         (5, "expected a mesh shape"),
         ("x", "has no size"),

@@ -9,11 +9,12 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from api_cases import mlp_doc, service_settings, wait_job
+from api_cases import long_job_request, mlp_doc, service_settings, wait_job
 from fastapi.testclient import TestClient
 
 import mtf_core as mtf
 from api.main import create_app
+from api.plan_detail import plan_detail
 from api.routes.dashboard import chart_data
 from cost_models import evaluate
 from layout_planner.plan import LayoutPlan
@@ -147,8 +148,16 @@ def test_plan_that_cannot_fit_says_by_how_much(client, doc):
     assert "nothing fits in 4 KiB per device" in out["plan"]["reason"]
     # The dashboard's chart still leads with the plan's own layout.
     chart = chart_data(out["plan"], {})
-    assert chart["labels"][0].startswith("chosen: ") and chart["chosen"] == 0
+    assert chart["labels"][0][0] == "smallest peak (does not fit):"
+    assert chart["chosen"] == 0 and chart["rows"][0]["fits"] is False
     assert chart["peak"][0] == out["peak_memory_bytes"] and chart["capacity"] == 4096
+    # ... and its page does not call that layout "chosen".
+    html = client.get(f"/plans/{out['id']}").text
+    assert "Chosen layout" not in html
+    assert (
+        '<h2 id="chosen-title">No layout fits: the one with the smallest peak memory'
+        in html
+    )
 
 
 def test_max_memory_fraction_scales_the_hardware_capacity(client, doc):
@@ -275,6 +284,47 @@ def test_dashboard_lists_plans_and_shows_a_plans_rules_dims_and_chart_data(clien
     )
     js = client.get("/static/chart.umd.min.js")
     assert js.status_code == 200 and "Chart.js v4" in js.text[:200]
+    assert '<h2 id="chosen-title">Chosen layout</h2>' in html
+    assert page.headers["content-security-policy"].startswith("default-src 'self'")
+
+
+def test_plan_page_shows_collectives_by_op_and_peak_memory_by_tensor(client):
+    doc = mlp_doc(hidden=1024, batch=256)
+    out = client.post(
+        "/v1/plans", json={"graph": doc, "mesh_shape": "x:4", "hardware": "cpu-host"}
+    ).json()
+    assert out["layout_rules"] == "hidden_0:x"
+    detail = plan_detail(doc, out["plan"])
+    evaluation = out["plan"]["evaluation"]
+    # Every collective of the evaluation is in one op's row, with its bytes,
+    # and the seconds add up to the plan's communication time.
+    assert sum(len(r["collectives"]) for r in detail["ops"]) == len(
+        evaluation["collectives"]
+    )
+    assert sum(r["bytes"] for r in detail["ops"]) == sum(
+        c["bytes_per_device"] for c in evaluation["collectives"]
+    )
+    assert sum(r["seconds"] for r in detail["ops"]) == pytest.approx(
+        out["plan"]["cost"]["comm_s"]
+    )
+    seconds = [r["seconds"] for r in detail["ops"]]
+    assert seconds == sorted(seconds, reverse=True)
+    # The peak live set's tensors add up to the peak, but for the largest
+    # collective's result buffer.
+    assert (
+        detail["peak_bytes"]
+        == evaluation["peak_memory_bytes"] - evaluation["collective_buffer_bytes"]
+    )
+    assert sum(t["share"] for t in detail["tensors"]) == pytest.approx(1.0)
+    assert detail["ops"] and all(r["collectives"] for r in detail["ops"])
+    split = [t for t in detail["tensors"] if t["layout"] == "hidden_0:x"]
+    assert split and all(t["bytes"] > 0 for t in split), detail["tensors"]
+    html = client.get(f"/plans/{out['id']}").text
+    assert html.count("<tr><td><code>") >= len(detail["tensors"])
+    for r in detail["ops"]:
+        assert f"<code>{r['op']}</code>" in html
+    assert 'id="peak-tensors"' in html and 'id="op-collectives"' in html
+    assert 'id="log-scale"' in html and 'id="diff-a"' in html
 
 
 def test_dashboard_form_plans_the_same_graph_on_another_mesh(client, doc):
@@ -295,3 +345,26 @@ def test_dashboard_form_plans_the_same_graph_on_another_mesh(client, doc):
     assert page.url.path == f"/plans/{job['plan_id']}"
     bad = client.post(f"/plans/{out['id']}/try", data={"mesh_shape": "x:0"})
     assert bad.status_code == 422 and "size 0" in bad.text
+    bad = client.post(f"/plans/{out['id']}/try", data={"num_devices": "eight"})
+    assert bad.status_code == 422 and "device count &#39;eight&#39;" in bad.text
+
+
+def test_job_page_shows_elapsed_time_and_cancels_a_running_job(client):
+    r = client.post("/v1/jobs", json=long_job_request())
+    job_id = r.json()["id"]
+    wait_job(client, job_id, ("running",))
+    page = client.get(f"/jobs/{job_id}")
+    assert page.status_code == 200
+    assert 'id="job-elapsed"' in page.text and "so far" in page.text
+    assert f'action="/jobs/{job_id}/cancel"' in page.text
+    r = client.post(
+        f"/jobs/{job_id}/cancel", data={"token": ""}, follow_redirects=False
+    )
+    assert r.status_code == 303 and r.headers["location"] == f"/jobs/{job_id}"
+    job = wait_job(client, job_id, ("cancelled", "failed", "done"))
+    assert job["status"] == "cancelled"
+    page = client.get(f"/jobs/{job_id}")
+    assert "in all" in page.text and "cancel-form" not in page.text
+    again = client.post(f"/jobs/{job_id}/cancel", data={"token": ""})
+    assert again.status_code == 409 and "only queued or running" in again.text
+    assert client.post("/jobs/nope/cancel", data={"token": ""}).status_code == 404

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -108,9 +109,42 @@ def test_plan_page_draws_the_charts_and_shows_the_chosen_rules(
     bars = page.evaluate(
         "() => Chart.getChart(document.getElementById('cost-chart')).data.labels"
     )
-    assert bars[0].startswith("chosen: ") and len(bars) == len(
-        plan["plan"]["candidates"]
-    ) + sum(b["cost"] is not None for b in plan["plan"]["baselines"])
+    assert len(bars) == len(plan["plan"]["candidates"]) + sum(
+        b["cost"] is not None for b in plan["plan"]["baselines"]
+    )
+    # Labels are never cut: their lines join back to the whole rules.
+    assert bars[0][0] == "chosen:"
+    assert ";".join(bars[0][1:]) == plan["layout_rules"]
+    assert all(len(line) <= 18 or ";" not in line for bar in bars for line in bar)
+
+    # The log scale toggle switches both charts' value axes.
+    scale = "id => Chart.getChart(document.getElementById(id)).scales.y.type"
+    assert page.evaluate(scale, "cost-chart") == "linear"
+    page.check("#log-scale")
+    for chart in ("cost-chart", "memory-chart"):
+        assert page.evaluate(scale, chart) == "logarithmic"
+    page.uncheck("#log-scale")
+    assert page.evaluate(scale, "memory-chart") == "linear"
+
+    # Two candidates side by side: the dims they place differently are marked.
+    page.select_option("#diff-a", "0")
+    page.select_option("#diff-b", "1")
+    first, second = plan["plan"]["candidates"][:2]
+    differ = {
+        d
+        for d in {d["name"] for d in plan["plan"]["dims"]}
+        if first["rules"].get(d) != second["rules"].get(d)
+    }
+    assert differ, "the two best layouts should differ somewhere"
+    marked = page.eval_on_selector_all(
+        "#diff tbody tr.differs", "rows => rows.map(r => r.dataset.dim)"
+    )
+    assert set(marked) == differ
+    assert page.inner_text("#diff-a-name") == "chosen"
+
+    # Collectives by op and memory by tensor are on the page.
+    assert page.locator("#op-collectives tbody tr").count() >= 1
+    assert page.locator("#peak-tensors tbody tr").count() >= 1
 
     dims = page.locator("#dims tbody tr")
     assert dims.count() == len(plan["plan"]["dims"])
@@ -154,4 +188,68 @@ def test_api_docs_page_renders_offline_from_vendored_swagger_ui(server, browser)
     paths = page.locator(".opblock-summary-path").all_inner_texts()
     assert "/v1/plans" in paths and "/v1/jobs/{job_id}" in paths
     assert failed == []  # nothing fetched from outside
+    page.close()
+
+
+#: Markup that runs a script wherever a value is put into a page unescaped:
+#: elements with event handlers, a script element, and both quotes to leave
+#: an attribute value.  No "/": in a path it would split the segment.
+XSS = """<img src=x onerror="window.__xss=1;alert(1)">'"><svg onload="alert(2)"><script>alert(3)"""
+
+
+def _no_script_ran(page, dialogs: list[str]) -> None:
+    assert dialogs == []
+    assert page.evaluate("() => window.__xss === undefined")
+    # The markup is shown as text, never made into elements.
+    assert page.locator("img[src=x]").count() == 0
+    assert page.locator("svg[onload]").count() == 0
+    assert page.evaluate(
+        "() => [...document.scripts].every(s => s.src || s.type === 'application/json')"
+    )
+
+
+def test_no_path_or_form_value_runs_a_script_in_the_browser(server, plan, browser):
+    page = browser.new_page()
+    dialogs: list[str] = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    quoted = urllib.parse.quote(XSS, safe="")
+
+    # Path parameters: the not-found pages echo the id (escaped).
+    for path in (f"/plans/{quoted}", f"/jobs/{quoted}"):
+        r = page.goto(server.url + path)
+        assert r is not None and r.status == 404
+        assert page.inner_text("#missing-id") == XSS
+        _no_script_ran(page, dialogs)
+
+    # Form fields: every one of the try form's fields (and the form of a
+    # plan that does not exist), posted by the browser itself.
+    fields = ("mesh_shape", "num_devices", "hardware", "objective", "token")
+    for plan_id in (plan["id"], XSS):
+        for field in fields:
+            page.goto(f"{server.url}/plans/{plan['id']}")
+            page.evaluate(
+                """([action, field, value]) => {
+                    const f = document.getElementById('try-form');
+                    f.action = action;
+                    let input = f.querySelector(`[name="${field}"]`);
+                    if (!input || input.tagName !== 'INPUT') {
+                        if (input) input.remove();
+                        input = document.createElement('input');
+                        input.name = field;
+                        f.appendChild(input);
+                    }
+                    input.value = value;
+                    if (field !== 'mesh_shape') f.querySelector('[name=mesh_shape]').value = '';
+                }""",
+                [f"/plans/{urllib.parse.quote(plan_id, safe='')}/try", field, XSS],
+            )
+            with page.expect_navigation():
+                page.click("#try-form button[type=submit]")
+            _no_script_ran(page, dialogs)
+            text = page.inner_text("main")
+            if plan_id == XSS:
+                assert page.inner_text("#missing-id") == XSS
+            elif field in ("mesh_shape", "num_devices", "hardware", "objective"):
+                # The form's error names the value, as text.
+                assert page.locator("#form-error").count() == 1, (field, text)
     page.close()
