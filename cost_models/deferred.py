@@ -111,6 +111,16 @@ class DeferredAllreduces:
             if all(p is not None for p in ps) and len(axes) == 1:
                 self._keep_pending(op.outputs[0], axes.pop())
                 return []
+        consume = getattr(op, "consume_pending", None)
+        if consume is not None:
+            # An op that takes its input's pending sum as it is (a
+            # reduce-scatter, mtf_core.ops.stored): what it issues instead.
+            p = self._live(op.inputs[0])
+            if p is not None:
+                got = consume(self.ctx, p.axes, p.bytes_per_device)
+                return [Issued(c, True) for c in got] + [
+                    Issued(c, False) for c in own if not c.pending
+                ]
         done: list[Issued] = []
         per_input = self._per_input(op, own)
         if per_input is not None:

@@ -303,7 +303,12 @@ def _deferred_units(
         member_set = set(members)
         dims: set[str] = set()
         for op in members:
-            if op in static.producers or op in static.propagators:
+            if (
+                op in static.producers
+                or op in static.propagators
+                # A consumer that reduce-scatters reads its own output layout.
+                or hasattr(op, "consume_pending")
+            ):
                 dims.update(op.all_dim_names)
         ex = tuple(t for t in exported if t.operation in member_set)
         units.append(

@@ -160,6 +160,28 @@ class PlacementMeshImpl(MeshImpl):
                     )
         return LaidOutTensor(out)
 
+    def reduce_scatter(
+        self, x: LaidOutTensor, mesh_axis: int, split_axis: int
+    ) -> LaidOutTensor:
+        """Sums ``x`` over ``mesh_axis`` leaving each device only its shard
+        (tensor axis ``split_axis`` cut in ``n``): every device cuts its
+        partial sum in ``n`` pieces and device ``j`` of a group adds up the
+        group's ``j``-th pieces (one ``add_n`` per shard destination)."""
+        n = self.shape[mesh_axis].size
+        if n == 1:
+            return x
+        self.record("reducescatter", [mesh_axis], x.slice_bytes)
+        out: list[Any] = [None] * self.size
+        for group in self.processor_groups([mesh_axis]):
+            pieces = []
+            for p in group:
+                with self.on(self.devices[p]):
+                    pieces.append(tf.split(x.slices[p], n, axis=split_axis))
+            for j, p in enumerate(group):
+                with self.on(self.devices[p]):
+                    out[p] = fast_tf.add_n([pieces[i][j] for i in range(n)])
+        return LaidOutTensor(out)
+
     def allsplit(
         self, x: LaidOutTensor, mesh_axis: int, split_axis: int
     ) -> LaidOutTensor:

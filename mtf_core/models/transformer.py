@@ -14,20 +14,22 @@ presets refer to: ``batch:all`` is data parallelism,
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from mtf_core import layers
-from mtf_core.errors import ConfigError
+from mtf_core import dtypes, layers
+from mtf_core.errors import ConfigError, DTypeError
 from mtf_core.graph import Graph, Mesh, Tensor
 from mtf_core.models.base import ModelGraph, add_training
 from mtf_core.ops import elementwise as ew
 from mtf_core.ops import reduce as red
 from mtf_core.ops.creation import placeholder
 from mtf_core.ops.reshape import rename_dimension
+from mtf_core.ops.stored import stored_names
 from mtf_core.optimize import Optimizer
-from mtf_core.shapes import Dimension
+from mtf_core.shapes import Dimension, Shape
 
 _ACTIVATIONS = {"relu": ew.relu, "gelu": ew.gelu, "silu": ew.silu}
 _NORMS = {"layer_norm": layers.layer_norm, "rms_norm": layers.rms_norm}
@@ -35,7 +37,17 @@ _NORMS = {"layer_norm": layers.layer_norm, "rms_norm": layers.rms_norm}
 
 @dataclass(frozen=True)
 class TransformerConfig:
-    """Sizes and options of a Transformer (pre-norm, learned positions)."""
+    """Sizes and options of a Transformer (pre-norm, learned positions).
+
+    Mixed precision: ``activation_dtype="bfloat16"`` computes (matmuls,
+    activations, their gradients and collectives) in bfloat16 while weights and
+    optimizer slots stay in ``master_dtype`` (float32); logits are cast to
+    float32 for the loss.  ``shardable_weights=True`` stores every weight with
+    ``d_model`` and another dim under a per-class storage name
+    (``d_model_stored_<class>``, class ``self_attention``, ``encdec_attention``,
+    ``ffn``, ``embedding`` or ``logits``) that a layout rule may put on the data
+    axis: ZeRO/FSDP sharding, see :mod:`mtf_core.ops.stored`.
+    """
 
     num_layers: int = 2
     d_model: int = 32
@@ -50,8 +62,28 @@ class TransformerConfig:
     label_smoothing: float = 0.0
     activation: str = "relu"
     norm: str = "layer_norm"
+    activation_dtype: str = "float32"
+    master_dtype: str = "float32"
+    shardable_weights: bool = False
 
     def __post_init__(self) -> None:
+        for f in ("activation_dtype", "master_dtype"):
+            v = getattr(self, f)
+            try:
+                name = dtypes.as_dtype_name(v)
+            except DTypeError:
+                name = ""
+            if name not in ("float32", "bfloat16", "float16"):
+                raise ConfigError(
+                    f"{f} {v!r} is not a training dtype; expected 'float32', "
+                    "'bfloat16' or 'float16'"
+                )
+            object.__setattr__(self, f, name)
+        if not isinstance(self.shardable_weights, bool):
+            raise ConfigError(
+                f"shardable_weights must be True or False, got "
+                f"{self.shardable_weights!r}"
+            )
         for f in ("num_layers", "d_model", "heads", "d_kv", "d_ff", "vocab"):
             _positive_int(f, getattr(self, f))
         _positive_int("length", self.length)
@@ -105,6 +137,13 @@ class TransformerConfig:
     def vocab_dim(self) -> Dimension:
         return Dimension("vocab", self.vocab)
 
+    @property
+    def variable_dtype(self) -> dtypes.VariableDType:
+        """Master and slices in ``master_dtype``, activations in ``activation_dtype``."""
+        return dtypes.VariableDType(
+            self.master_dtype, self.master_dtype, self.activation_dtype
+        )
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -133,10 +172,50 @@ def _positive_int(name: str, v: Any) -> None:
 # --------------------------------------------------------------------------
 
 
+#: Substrings of weight names and the storage class they belong to.
+_STORAGE_CLASSES = (
+    ("encdec_attention", "encdec_attention"),
+    ("self_attention", "self_attention"),
+    ("ffn", "ffn"),
+    ("embedding", "embedding"),
+    ("positions", "embedding"),
+    ("logits", "logits"),
+)
+
+
+def storage_class(name: str) -> str | None:
+    """The storage class of a weight named ``name`` (None: not shardable)."""
+    base = name.rsplit("/", 1)[-1]
+    return next((c for key, c in _STORAGE_CLASSES if key in base), None)
+
+
+def _storage_policy(name: str, shape: Shape) -> dict[str, str]:
+    # Only weights that have d_model and another dim (norm scales stay whole).
+    cls = storage_class(name)
+    if cls is None or shape.ndims < 2 or "d_model" not in shape.dimension_names:
+        return {}
+    return {"d_model": f"d_model_stored_{cls}"}
+
+
+def _storage(cfg: TransformerConfig, graph: Graph) -> Any:
+    """Stored weight names while building (and adding training), if asked."""
+    if cfg.shardable_weights:
+        return stored_names(graph, _storage_policy)
+    return contextlib.nullcontext()
+
+
 def _embed(cfg: TransformerConfig, ids: Tensor, name: str) -> Tensor:
-    x = layers.embedding(ids, cfg.vocab_dim, cfg.model_dim, name=f"{name}_embedding")
+    vd = cfg.variable_dtype
+    x = layers.embedding(
+        ids, cfg.vocab_dim, cfg.model_dim, vd, name=f"{name}_embedding"
+    )
     pos = layers.embedding_weights(
-        ids.mesh, cfg.length_dim, cfg.model_dim, name=f"{name}_positions", stddev=0.1
+        ids.mesh,
+        cfg.length_dim,
+        cfg.model_dim,
+        vd,
+        name=f"{name}_positions",
+        stddev=0.1,
     )
     return layers.dropout(x + pos, cfg.dropout_rate)
 
@@ -158,9 +237,10 @@ def _attend(
         cfg.heads_dim,
         cfg.kv_dim,
         memory=memory,
-        bias=bias,
+        bias=None if bias is None else ew.cast(bias, x.dtype),
         dropout_rate=cfg.dropout_rate,
         name=name,
+        variable_dtype=cfg.variable_dtype,
     )
     return x + layers.dropout(y, cfg.dropout_rate)
 
@@ -172,6 +252,8 @@ def _feed_forward(cfg: TransformerConfig, x: Tensor, name: str) -> Tensor:
         cfg.ff_dim,
         dropout_rate=cfg.dropout_rate,
         activation=_ACTIVATIONS[cfg.activation],
+        master_dtype=cfg.master_dtype,
+        slice_dtype=cfg.master_dtype,
         name=name,
     )
     return x + layers.dropout(y, cfg.dropout_rate)
@@ -181,7 +263,15 @@ def _logits_and_loss(
     cfg: TransformerConfig, x: Tensor, targets: Tensor
 ) -> tuple[Tensor, Tensor]:
     x = _norm(cfg, x, "final_norm")
-    logits = layers.dense(x, cfg.vocab_dim, use_bias=False, name="logits")
+    logits = layers.dense(
+        x,
+        cfg.vocab_dim,
+        use_bias=False,
+        master_dtype=cfg.master_dtype,
+        slice_dtype=cfg.master_dtype,
+        name="logits",
+    )
+    logits = ew.cast(logits, "float32")  # the loss in float32 (mixed precision)
     per_token = layers.sparse_softmax_cross_entropy(
         logits,
         targets,
@@ -221,15 +311,18 @@ def build_lm(
     graph = graph if graph is not None else Graph()
     mesh = Mesh(graph, "mesh")
     cfg = config
-    ph = _placeholders(mesh, cfg, ["inputs", "targets"])
-    x = _embed(cfg, ph["inputs"], "token")
-    causal = layers.attention_bias_causal(mesh, cfg.length_dim, cfg.memory_length_dim)
-    for i in range(cfg.num_layers):
-        x = _attend(cfg, x, f"layer_{i:03d}/self_attention", causal)
-        x = _feed_forward(cfg, x, f"layer_{i:03d}/ffn")
-    logits, loss = _logits_and_loss(cfg, x, ph["targets"])
-    model = ModelGraph(graph, mesh, ph, loss, logits, cfg)
-    return add_training(model, optimizer, learning_rate)
+    with _storage(cfg, graph):
+        ph = _placeholders(mesh, cfg, ["inputs", "targets"])
+        x = _embed(cfg, ph["inputs"], "token")
+        causal = layers.attention_bias_causal(
+            mesh, cfg.length_dim, cfg.memory_length_dim
+        )
+        for i in range(cfg.num_layers):
+            x = _attend(cfg, x, f"layer_{i:03d}/self_attention", causal)
+            x = _feed_forward(cfg, x, f"layer_{i:03d}/ffn")
+        logits, loss = _logits_and_loss(cfg, x, ph["targets"])
+        model = ModelGraph(graph, mesh, ph, loss, logits, cfg)
+        return add_training(model, optimizer, learning_rate)
 
 
 def build_encoder_decoder(
@@ -249,20 +342,23 @@ def build_encoder_decoder(
     graph = graph if graph is not None else Graph()
     mesh = Mesh(graph, "mesh")
     cfg = config
-    ph = _placeholders(mesh, cfg, ["inputs", "decoder_inputs", "targets"])
-    mem_ids = rename_dimension(ph["inputs"], "length", "memory_length")
-    padding = layers.attention_bias_padding(mem_ids, pad_id)
-    x = _embed(cfg, ph["inputs"], "encoder")
-    for i in range(cfg.num_layers):
-        x = _attend(cfg, x, f"encoder_{i:03d}/self_attention", padding)
-        x = _feed_forward(cfg, x, f"encoder_{i:03d}/ffn")
-    memory = _norm(cfg, x, "encoder_final_norm")
-    y = _embed(cfg, ph["decoder_inputs"], "decoder")
-    causal = layers.attention_bias_causal(mesh, cfg.length_dim, cfg.memory_length_dim)
-    for i in range(cfg.num_layers):
-        y = _attend(cfg, y, f"decoder_{i:03d}/self_attention", causal)
-        y = _attend(cfg, y, f"decoder_{i:03d}/encdec_attention", padding, memory)
-        y = _feed_forward(cfg, y, f"decoder_{i:03d}/ffn")
-    logits, loss = _logits_and_loss(cfg, y, ph["targets"])
-    model = ModelGraph(graph, mesh, ph, loss, logits, cfg)
-    return add_training(model, optimizer, learning_rate)
+    with _storage(cfg, graph):
+        ph = _placeholders(mesh, cfg, ["inputs", "decoder_inputs", "targets"])
+        mem_ids = rename_dimension(ph["inputs"], "length", "memory_length")
+        padding = layers.attention_bias_padding(mem_ids, pad_id)
+        x = _embed(cfg, ph["inputs"], "encoder")
+        for i in range(cfg.num_layers):
+            x = _attend(cfg, x, f"encoder_{i:03d}/self_attention", padding)
+            x = _feed_forward(cfg, x, f"encoder_{i:03d}/ffn")
+        memory = _norm(cfg, x, "encoder_final_norm")
+        y = _embed(cfg, ph["decoder_inputs"], "decoder")
+        causal = layers.attention_bias_causal(
+            mesh, cfg.length_dim, cfg.memory_length_dim
+        )
+        for i in range(cfg.num_layers):
+            y = _attend(cfg, y, f"decoder_{i:03d}/self_attention", causal)
+            y = _attend(cfg, y, f"decoder_{i:03d}/encdec_attention", padding, memory)
+            y = _feed_forward(cfg, y, f"decoder_{i:03d}/ffn")
+        logits, loss = _logits_and_loss(cfg, y, ph["targets"])
+        model = ModelGraph(graph, mesh, ph, loss, logits, cfg)
+        return add_training(model, optimizer, learning_rate)

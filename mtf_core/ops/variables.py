@@ -139,15 +139,25 @@ def get_variable(
             "initializer, trainable"
         )
     vd = dtypes.as_variable_dtype(dtype, master_dtype, slice_dtype, activation_dtype)
-    v = Variable(mesh, name, shape, vd, initializer, trainable).outputs[0]
+    shape = convert_to_shape(shape)
+    # Stored under other dim names (mtf_core.ops.stored) when a policy says so.
+    from mtf_core.ops.stored import StoredRead, storage_renames, storage_shape
+
+    renames = storage_renames(mesh.graph, name, shape)
+    stored = storage_shape(shape, renames)
+    v = Variable(mesh, name, stored, vd, initializer, trainable).outputs[0]
     if vd.activation_dtype != v.dtype:
-        return cast(v, vd.activation_dtype, name=f"{v.operation.name}/read")
+        v = cast(v, vd.activation_dtype, name=f"{v.operation.name}/read")
+    if renames:
+        return StoredRead(v, shape).outputs[0]
     return v
 
 
 def as_variable(var: Any) -> Variable:
     if isinstance(var, Tensor):
         var = var.operation
+    if getattr(var, "op_type", None) == "StoredRead":
+        var = var.inputs[0].operation  # a stored variable's read: its value
     if isinstance(var, CastOp) and isinstance(var.inputs[0].operation, Variable):
         # get_variable's value in another activation dtype: its variable.
         var = var.inputs[0].operation
