@@ -57,6 +57,12 @@ def test_no_server_errors_and_answers_match_the_schema(server, mode):
         "POST /v1/jobs",
         "POST /v1/evaluate",
         "DELETE /v1/jobs/{job_id}",
+        # The dashboard's pages and forms are in the schema too.
+        "GET /",
+        "GET /plans/{plan_id}",
+        "POST /plans/{plan_id}/try",
+        "GET /jobs/{job_id}",
+        "POST /jobs/{job_id}/cancel",
     } <= operations
     seen: set[str] = set()
 
@@ -76,4 +82,9 @@ def test_no_server_errors_and_answers_match_the_schema(server, mode):
     if mode is GenerationMode.POSITIVE:
         assert seen == operations
     else:  # only operations with parameters or a body can be sent invalid data
-        assert {"POST /v1/plans", "POST /v1/jobs", "POST /v1/evaluate"} <= seen
+        assert {
+            "POST /v1/plans",
+            "POST /v1/jobs",
+            "POST /v1/evaluate",
+            "POST /plans/{plan_id}/try",
+        } <= seen
