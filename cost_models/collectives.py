@@ -16,6 +16,10 @@ shift         nbytes / bw                                  latency
 broadcast     nbytes / bw               (pipelined)        ceil(log2 n) * latency
 ============  ===========================================  =================
 
+A calibrated profile (``hw.rates`` set) uses the same terms with the rates
+fitted per collective kind and backend (:mod:`cost_models.op_classes`):
+``rate[kind_bytes] * bandwidth term + rate[kind_steps] * latency steps``.
+
 What these ignore: contention between concurrent collectives on other axes,
 overlap with compute, the reduction arithmetic, topology beyond "the slowest
 link of the group", and protocol switches for small messages (the latency term
@@ -28,6 +32,7 @@ import math
 from typing import Any
 
 from cost_models.hardware import CostModelError, HardwareProfile, LinkSpec
+from cost_models.op_classes import collective_features, priced
 from mtf_core.comm import CollectiveSpec
 from mtf_core.shapes import convert_to_shape
 
@@ -114,6 +119,9 @@ def collective_time_s(
         # (no calibration measures reduce-scatters yet).
         link = hw.slowest_link(spec.mesh_axes, shape)
         return reduce_scatter_time_s(spec.bytes_per_device, n, link)
+    rates = hw.rates
+    if rates is not None:
+        return priced(collective_features(spec, n), rates)
     link = hw.slowest_link(spec.mesh_axes, shape)
     b = spec.bytes_per_device
     if spec.kind == "allreduce":
