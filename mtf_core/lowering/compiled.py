@@ -14,11 +14,10 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.core.protobuf import config_pb2
-from tensorflow.python.eager import context as tf_context
 
 from mtf_core.errors import LoweringError
 from mtf_core.graph import Graph, Mesh, Operation, Tensor
+from mtf_core.lowering import tf_private
 from mtf_core.lowering.lowering import Lowering
 from mtf_core.lowering.mesh_impl import MeshImpl
 from mtf_core.lowering.step_common import check_arity, init_step_state
@@ -56,6 +55,7 @@ class CompiledFunction:
             for t in self.inputs
         ]
         self._jit_compile = jit_compile
+        self._private = True  # set by _trace (tf_private.private_road())
         self.concrete: Any = None
 
     def _run(self, *values: Any) -> list[Any]:
@@ -73,7 +73,8 @@ class CompiledFunction:
         deps = []
         for op in self.updates:
             deps.extend(lowering.lowered_operations.get(op, []))
-        _assign_after_read(lowering, self.updates)
+        if self._private:
+            _assign_after_read(lowering, self.updates)
         with tf.control_dependencies(deps):
             # The step number last: it makes a function without outputs run
             # its updates too.
@@ -89,13 +90,17 @@ class CompiledFunction:
         return time.perf_counter() - t0
 
     def _trace(self) -> Any:
-        if self._jit_compile:
+        # The road is chosen once per trace: the ordering below depends on it.
+        self._private = tf_private.private_road()
+        if self._jit_compile or not self._private:
             # autograph=False: _run has no tensor-dependent control flow, and
             # autograph would slow tracing and wrap mtf errors in StagingError.
+            # On the public road, tf.function's automatic control dependencies
+            # order each variable's read before its assignments.
             fn = tf.function(
                 self._run,
                 input_signature=self._signature,
-                jit_compile=True,
+                jit_compile=self._jit_compile,
                 autograph=False,
             )
             return fn.get_concrete_function()
@@ -139,22 +144,11 @@ def _grappler(enabled: bool) -> Iterator[None]:
     optimizes the function once per configuration, so every call must use
     the same one).  On GPUs it is left on (its layout optimizer matters for
     convolutions there)."""
-    if enabled:
+    if enabled or not tf_private.private_road():
         yield
         return
-    ctx = tf_context.context()
-    saved = ctx.function_call_options
-    config = config_pb2.ConfigProto()
-    if saved.config_proto_serialized:
-        config.ParseFromString(saved.config_proto_serialized)
-    config.graph_options.rewrite_options.disable_meta_optimizer = True
-    ctx.function_call_options = tf_context.FunctionCallOptions(
-        executor_type=saved.executor_type, config_proto=config
-    )
-    try:
+    with tf_private.graph_optimizer_off():
         yield
-    finally:
-        ctx.function_call_options = saved
 
 
 def _assign_after_read(lowering: Lowering, updates: Sequence[Operation]) -> None:
@@ -179,5 +173,5 @@ def _assign_after_read(lowering: Lowering, updates: Sequence[Operation]) -> None
             before = [r.op for r in reads]
         if before is not None:
             for prev, assign in zip(before, assigns):
-                assign._add_control_inputs([prev])
+                tf_private.add_control_inputs(assign, [prev])
         last[var] = assigns

@@ -8,7 +8,9 @@ graph is being built, :data:`FAST_TF` makes the same op with
 takes the fast road only when the arguments are plainly what the op takes
 (graph tensors of one float or integer dtype, Python int lists for shapes and
 axes); anything else, and eager execution, goes to TensorFlow's own function,
-so the result is always the op TensorFlow would make.
+so the result is always the op TensorFlow would make.  The fast road is a
+private TensorFlow API (:mod:`tf_private`): on the public road (an unchecked
+TensorFlow version, or ``MTF_TF_PUBLIC_ONLY=1``) every call is TensorFlow's.
 
 Lowering code reaches TensorFlow as ``lowering.tf``, which is :data:`FAST_TF`;
 every name it does not speed up is TensorFlow's own (``FAST_TF.concat is
@@ -22,46 +24,48 @@ from contextvars import ContextVar
 from typing import Any
 
 import tensorflow as tf
-from tensorflow.core.framework import attr_value_pb2
-from tensorflow.python.framework import ops as tf_ops
-from tensorflow.python.framework import tensor_util
+
+from mtf_core.lowering import tf_private
+
+_AttrValue = tf.compat.v1.AttrValue
 
 _FLOATS = frozenset({tf.float16, tf.bfloat16, tf.float32, tf.float64})
 _NUMBERS = _FLOATS | {tf.int32, tf.int64}
-_INT32 = attr_value_pb2.AttrValue(type=tf.int32.as_datatype_enum)
-_TRUE = attr_value_pb2.AttrValue(b=True)
-_FALSE = attr_value_pb2.AttrValue(b=False)
-_type_attrs: dict[Any, attr_value_pb2.AttrValue] = {}
-_n_attrs: dict[int, attr_value_pb2.AttrValue] = {}
-_str_attrs: dict[str, attr_value_pb2.AttrValue] = {}
-_int_list_values: dict[tuple[int, ...], attr_value_pb2.AttrValue] = {}
+_INT32 = _AttrValue(type=tf.int32.as_datatype_enum)
+_TRUE = _AttrValue(b=True)
+_FALSE = _AttrValue(b=False)
+_type_attrs: dict[Any, Any] = {}
+_n_attrs: dict[int, Any] = {}
+_str_attrs: dict[str, Any] = {}
+_int_list_values: dict[tuple[int, ...], Any] = {}
 
 
-def _type(dtype: Any) -> attr_value_pb2.AttrValue:
+def _type(dtype: Any) -> Any:
     a = _type_attrs.get(dtype)
     if a is None:
-        a = _type_attrs[dtype] = attr_value_pb2.AttrValue(type=dtype.as_datatype_enum)
+        a = _type_attrs[dtype] = _AttrValue(type=dtype.as_datatype_enum)
     return a
 
 
-def _n(n: int) -> attr_value_pb2.AttrValue:
+def _n(n: int) -> Any:
     a = _n_attrs.get(n)
     if a is None:
-        a = _n_attrs[n] = attr_value_pb2.AttrValue(i=n)
+        a = _n_attrs[n] = _AttrValue(i=n)
     return a
 
 
-def _s(s: str) -> attr_value_pb2.AttrValue:
+def _s(s: str) -> Any:
     a = _str_attrs.get(s)
     if a is None:
-        a = _str_attrs[s] = attr_value_pb2.AttrValue(s=s.encode())
+        a = _str_attrs[s] = _AttrValue(s=s.encode())
     return a
 
 
 def _graph(xs: Sequence[Any], dtypes: frozenset[Any]) -> Any:
     """The graph being built when every ``x`` is a symbolic tensor of one dtype
-    in ``dtypes``; else None (take TensorFlow's road)."""
-    if tf.executing_eagerly():
+    in ``dtypes`` and the private road is open; else None (take TensorFlow's
+    road)."""
+    if tf.executing_eagerly() or not tf_private.private_road():
         return None
     dtype = None
     for x in xs:
@@ -73,11 +77,11 @@ def _graph(xs: Sequence[Any], dtypes: frozenset[Any]) -> Any:
                 return None
         elif x.dtype != dtype:
             return None
-    return tf_ops.get_default_graph()
+    return tf.compat.v1.get_default_graph()
 
 
 def _out(graph: Any, op_type: str, inputs: list[Any], attrs: dict[str, Any]) -> Any:
-    return graph._create_op_internal(op_type, inputs, attrs=attrs).outputs[0]
+    return tf_private.create_op(graph, op_type, inputs, attrs).outputs[0]
 
 
 #: ``(graph, {values: Const tensor})`` of the device whose ops are being made
@@ -98,8 +102,8 @@ def _int_list(graph: Any, values: Sequence[int]) -> Any:
             return hit
     value = _int_list_values.get(key)
     if value is None:
-        value = _int_list_values[key] = attr_value_pb2.AttrValue(
-            tensor=tensor_util.make_tensor_proto(list(key), tf.int32)
+        value = _int_list_values[key] = _AttrValue(
+            tensor=tf.make_tensor_proto(list(key), tf.int32)
         )
     const = _out(graph, "Const", [], {"value": value, "dtype": _INT32})
     if scope is not None and scope[0] is graph:
@@ -206,7 +210,9 @@ def read_variable(variable: Any) -> Any:
     adds an identity per read)."""
     if tf.executing_eagerly():
         return variable.value()
-    g = tf_ops.get_default_graph()
+    if not tf_private.private_road():
+        return tf.raw_ops.ReadVariableOp(resource=variable.handle, dtype=variable.dtype)
+    g = tf.compat.v1.get_default_graph()
     return _out(
         g, "ReadVariableOp", [variable.handle], {"dtype": _type(variable.dtype)}
     )
@@ -230,13 +236,11 @@ def assign_variable(variable: Any, value: Any, mode: str = "assign") -> Any:
         if tf.executing_eagerly():
             return fn(value)
         return fn(value, read_value=False)  # the op, as the fast road returns
-    g = tf_ops.get_default_graph()
+    g = tf.compat.v1.get_default_graph()
     attrs = {"dtype": _type(variable.dtype)}
     if mode == "assign":
         attrs["validate_shape"] = _FALSE
-    return g._create_op_internal(
-        _ASSIGN_OPS[mode], [variable.handle, value], attrs=attrs
-    )
+    return tf_private.create_op(g, _ASSIGN_OPS[mode], [variable.handle, value], attrs)
 
 
 class _Namespace:

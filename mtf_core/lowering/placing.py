@@ -6,7 +6,8 @@ backend would enter it once per op per device.  While a graph is being built
 notes which run of newly created ops belongs to which device and sets their
 devices in one pass at the end; the shape and axis constants the fast ops
 make (fast_tf.py) are shared by the ops of one device.  Executing eagerly, ops
-run as they are created, so it enters ``tf.device`` as usual.
+run as they are created, so it enters ``tf.device`` as usual; so does the
+public road (:mod:`tf_private`), since setting a made op's device is private.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 import tensorflow as tf
 
 from mtf_core.errors import LoweringError
+from mtf_core.lowering import tf_private
 from mtf_core.lowering.fast_tf import CONST_SCOPE
 
 
@@ -38,7 +40,7 @@ class DeferredPlacement:
 
     @contextmanager
     def on(self, device: str) -> Iterator[None]:
-        if tf.executing_eagerly() or not device:
+        if tf.executing_eagerly() or not device or not tf_private.private_road():
             with tf.device(device):
                 yield
             return
@@ -50,10 +52,7 @@ class DeferredPlacement:
         self._runs.append(run)
         # Shape constants are shared only where nothing else can attach to
         # them: no control dependencies or control-flow context around.
-        shareable = (
-            not graph._control_dependencies_stack
-            and graph._get_control_flow_context() is None
-        )
+        shareable = tf_private.may_share_constants(graph)
         consts = self._consts.setdefault(device, {}) if shareable else None
         token = CONST_SCOPE.set(None if consts is None else (graph, consts))
         try:
@@ -79,7 +78,7 @@ class DeferredPlacement:
                     "cannot place them"
                 )
             for op in ops[start:stop]:
-                op._set_device(self._merge(op.device, device))
+                tf_private.set_device(op, self._merge(op.device, device))
             if end is None:  # still open (flushed from inside on()): the rest later
                 run[0] = stop
                 self._runs.append(run)
