@@ -381,6 +381,8 @@ def test_a_busy_pool_is_a_503_with_retry_after_never_a_leak(tmp_path):
     settings = service_settings(tmp_path, db_pool_size=1, db_pool_timeout_s=0.2)
     with TestClient(create_app(settings)) as client:
         service = client.app.state.service
+        assert service.pool.wait_ready(120)
+        assert client.get("/readyz").status_code == 200
         with service.store._connection():  # the only connection is lent out
             r = client.get("/v1/plans")
             assert r.status_code == 503, r.text
@@ -388,7 +390,9 @@ def test_a_busy_pool_is_a_503_with_retry_after_never_a_leak(tmp_path):
             assert r.json()["error"] == "store_unavailable"
             assert "db_pool_size=1" in r.json()["detail"]
             assert client.get("/healthz").status_code == 200  # still alive
-            assert client.get("/readyz").status_code == 503  # but not ready
+            not_ready = client.get("/readyz")  # but not ready
+            assert not_ready.status_code == 503
+            assert not_ready.json()["store_ok"] is False
         assert client.get("/v1/plans").status_code == 200
         assert client.get("/readyz").status_code == 200
 

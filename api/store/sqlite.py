@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,18 @@ class SqliteStore(SqlStore):
         return conn
 
     def _migrate(self) -> None:
+        # Switching a new file to WAL can be refused at once ("database is
+        # locked", no busy wait) while another process does the same: retry.
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                return self._migrate_once()
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def _migrate_once(self) -> None:
         # BEGIN IMMEDIATE takes SQLite's write lock: processes starting
         # together on one file apply each migration once.
         conn = self._connect()
