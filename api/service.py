@@ -116,10 +116,10 @@ def job_dict(job: JobRecord) -> dict[str, Any]:
 
 
 class ResponseCache:
-    """Request -> the cached ``PlanOut`` bytes, in memory (LRU, at most
-    ``max_bytes`` of bodies), under two keys: the exact request bytes
-    (:meth:`key`) and the canonical request (:meth:`request_key`, its
-    ``request_hash``).
+    """Request -> the cached ``PlanOut`` bytes, in memory: each body once,
+    under its canonical request's hash (LRU, at most ``max_bytes`` of bodies),
+    and the digests of the exact request bytes that asked for it as aliases
+    (LRU, at most ``max_aliases``; a few dozen bytes each).
 
     Stored plans never change, and the same bytes always mean the same
     request, so a repeated request skips parsing, hashing and the database:
@@ -129,39 +129,55 @@ class ResponseCache:
     parsed and hashed, then answered from memory too, without the database.
     """
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, max_aliases: int = 100_000) -> None:
         self.max_bytes = max_bytes
+        self.max_aliases = max_aliases
         self._bytes = 0
-        self._items: collections.OrderedDict[bytes, bytes] = collections.OrderedDict()
+        self._bodies: collections.OrderedDict[str, bytes] = collections.OrderedDict()
+        self._aliases: collections.OrderedDict[bytes, str] = collections.OrderedDict()
         self._lock = threading.Lock()
 
     @staticmethod
     def key(raw: bytes) -> bytes:
+        """The key of these exact request bytes."""
         return hashlib.sha256(raw).digest()
 
-    @staticmethod
-    def request_key(request_hash: str) -> bytes:
-        """The key of every request that means this one."""
-        return b"request:" + request_hash.encode()
-
     def get(self, key: bytes) -> bytes | None:
+        """The body for request bytes seen before (by :meth:`key`)."""
         with self._lock:
-            body = self._items.get(key)
-            if body is not None:
-                self._items.move_to_end(key)
-            return body
+            request_hash = self._aliases.get(key)
+            if request_hash is None:
+                return None
+            self._aliases.move_to_end(key)
+            return self._touch(request_hash)
 
-    def put(self, key: bytes, body: bytes) -> None:
+    def get_request(self, request_hash: str) -> bytes | None:
+        """The body for a canonical request, in whatever bytes it came."""
+        with self._lock:
+            return self._touch(request_hash)
+
+    def _touch(self, request_hash: str) -> bytes | None:
+        body = self._bodies.get(request_hash)
+        if body is not None:
+            self._bodies.move_to_end(request_hash)
+        return body
+
+    def put(self, key: bytes, request_hash: str, body: bytes) -> None:
+        """Keeps ``body`` for the request ``request_hash``, asked for in the
+        bytes whose key is ``key``."""
         if len(body) > self.max_bytes // 4:
             return  # one huge plan must not flush everything else
         with self._lock:
-            if key in self._items:
-                return
-            self._items[key] = body
-            self._bytes += len(body)
-            while self._bytes > self.max_bytes:
-                _, old = self._items.popitem(last=False)
-                self._bytes -= len(old)
+            if request_hash not in self._bodies:
+                self._bodies[request_hash] = body
+                self._bytes += len(body)
+                while self._bytes > self.max_bytes:
+                    _, old = self._bodies.popitem(last=False)
+                    self._bytes -= len(old)
+            self._aliases[key] = request_hash
+            self._aliases.move_to_end(key)
+            while len(self._aliases) > self.max_aliases:
+                self._aliases.popitem(last=False)
 
 
 #: Why a reaped job failed (its replica stopped sending heartbeats).
@@ -291,16 +307,15 @@ class PlannerService:
     def answer_from_memory(self, spec: PlanSpec, key: bytes) -> bytes | None:
         """The cached ``PlanOut`` of this canonical request, if this replica
         answered it before (in any bytes); remembered under ``key`` too."""
-        body = self.responses.get(self.responses.request_key(spec.request_hash))
+        body = self.responses.get_request(spec.request_hash)
         if body is not None:
             self.metrics.cache_hits.inc()
-            self.responses.put(key, body)
+            self.responses.put(key, spec.request_hash, body)
         return body
 
     def remember(self, key: bytes, spec: PlanSpec, body: bytes) -> None:
         """Keeps a cached ``PlanOut`` under the request's bytes and its hash."""
-        self.responses.put(key, body)
-        self.responses.put(self.responses.request_key(spec.request_hash), body)
+        self.responses.put(key, spec.request_hash, body)
 
     def cached(self, spec: PlanSpec) -> PlanRecord | None:
         record = self.store.get_plan_by_hash(spec.request_hash)

@@ -97,3 +97,24 @@ def test_a_plan_stored_by_another_replica_is_found_by_its_hash(client, tmp_path)
         reordered = json.dumps(dict(reversed(list(body.items()))))
         again = post(other, reordered)
         assert again["cached"] is True and again["id"] == first["id"]
+
+
+def test_response_cache_keeps_each_body_once_and_bounds_bytes_and_aliases():
+    from api.service import ResponseCache
+
+    cache = ResponseCache(max_bytes=4000, max_aliases=5)
+    body = b"x" * 900
+    for i in range(5):  # five spellings of one request: one body, five aliases
+        cache.put(cache.key(b"spelling %d" % i), "req-a", body)
+    assert cache._bytes == 900
+    assert all(cache.get(cache.key(b"spelling %d" % i)) is body for i in range(5))
+    assert cache.get_request("req-a") is body
+    cache.put(cache.key(b"sixth"), "req-a", body)  # the oldest alias goes
+    assert cache.get(cache.key(b"spelling 0")) is None
+    for name in "bcde":  # 4 more bodies of 900 bytes: over 4000, "a" goes
+        cache.put(cache.key(name.encode()), f"req-{name}", b"y" * 900)
+    assert cache._bytes <= 4000
+    assert cache.get_request("req-a") is None
+    assert cache.get(cache.key(b"sixth")) is None  # an alias of a gone body
+    cache.put(cache.key(b"huge"), "req-huge", b"z" * 1001)  # > max_bytes / 4
+    assert cache.get_request("req-huge") is None
