@@ -251,3 +251,15 @@ def test_planner_shards_weights_over_the_data_axis_when_memory_requires() -> Non
     rules = dict(tight.layout_rules)
     assert rules["batch"] == "x"  # data parallel, with every weight class ...
     assert all(rules[f"d_model_stored_{c}"] == "x" for c in CLASSES)  # ... sharded
+
+
+def test_stored_weight_graphs_round_trip_through_json_at_the_same_cost() -> None:
+    cfg = CFG.replace(num_layers=1, shardable_weights=True, activation_dtype="bfloat16")
+    model = build_lm(cfg, optimizer="adam")
+    loaded = mtf.graph_from_json(mtf.graph_to_json(model.graph, outputs=[model.loss]))
+    kinds = {op.op_type for op in loaded.graph.operations}
+    assert {"StoredRead", "ReduceScatter"} <= kinds
+    a = evaluate(model.graph, MESH, ZERO, HW, outputs=[model.loss])
+    b = evaluate(loaded.graph, MESH, ZERO, HW, outputs=loaded.outputs)
+    assert a.collectives == b.collectives and a.time_s == b.time_s
+    assert "reducescatter" in {c.kind for c in a.collectives}

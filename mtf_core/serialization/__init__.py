@@ -21,6 +21,7 @@ from mtf_core.serialization import (
     builders_conv,
     builders_indexing,
     builders_slicing,
+    builders_stored,
 )
 from mtf_core.serialization.decode import LoadedGraph, graph_from_dict, graph_from_json
 from mtf_core.serialization.encode import graph_to_dict, graph_to_json
@@ -55,6 +56,7 @@ __all__ = [
     "builders_conv",
     "builders_indexing",
     "builders_slicing",
+    "builders_stored",
     "graph_from_dict",
     "graph_from_json",
     "graph_to_dict",
