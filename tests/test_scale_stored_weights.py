@@ -263,3 +263,21 @@ def test_stored_weight_graphs_round_trip_through_json_at_the_same_cost() -> None
     b = evaluate(loaded.graph, MESH, ZERO, HW, outputs=loaded.outputs)
     assert a.collectives == b.collectives and a.time_s == b.time_s
     assert "reducescatter" in {c.kind for c in a.collectives}
+
+
+@pytest.mark.tf
+def test_mtf_train_takes_the_dtypes_and_stored_weights(devices, tmp_path, capsys):
+    from mtf_core.train import cli
+
+    common = [
+        "--layers", "1", "--d_model", "16", "--heads", "4", "--d_kv", "4",
+        "--d_ff", "32", "--length", "8", "--batch", "8", "--vocab", "32",
+        "--corpus_bytes", "20000", "--no_progress", "--no_eval", "--steps", "2",
+        "--mesh", "x:2", "--checkpoint_dir", str(tmp_path / "ckpt"),
+    ]  # fmt: skip
+    layout = "batch:x;" + ";".join(f"d_model_stored_{c}:x" for c in CLASSES)
+    argv = [*common, "--activation_dtype", "bfloat16", "--shardable_weights"]
+    assert cli.main([*argv, "--layout", layout]) == 0
+    capsys.readouterr()
+    assert cli.main([*common, "--activation_dtype", "int8", "--layout", "batch:x"]) == 2
+    assert "'int8'" in capsys.readouterr().err

@@ -33,7 +33,18 @@ from mtf_core.train.data import (
     unigram_entropy,
 )
 
-_MODEL_FLAGS = ("num_layers", "d_model", "heads", "d_kv", "d_ff", "length", "batch")
+_MODEL_FLAGS = (
+    "num_layers",
+    "d_model",
+    "heads",
+    "d_kv",
+    "d_ff",
+    "length",
+    "batch",
+    "activation_dtype",
+    "master_dtype",
+    "shardable_weights",
+)
 
 
 def _train_parser(p: argparse.ArgumentParser) -> None:
@@ -52,6 +63,23 @@ def _train_parser(p: argparse.ArgumentParser) -> None:
         help="vocabulary size: pad, unknown and the most frequent characters",
     )
     m.add_argument("--dropout", type=float, default=0.0)
+    m.add_argument(
+        "--activation_dtype",
+        default="float32",
+        help="dtype of activations, their gradients and collectives (bfloat16: "
+        "mixed precision)",
+    )
+    m.add_argument(
+        "--master_dtype",
+        default="float32",
+        help="dtype of the stored weights and optimizer slots",
+    )
+    m.add_argument(
+        "--shardable_weights",
+        action="store_true",
+        help="store weights under d_model_stored_<class> names, which a layout "
+        "may put on the data axis (ZeRO/FSDP)",
+    )
     m.add_argument("--config", help="JSON file with TransformerConfig fields")
     lay = p.add_argument_group("layout")
     lay.add_argument(
