@@ -282,3 +282,11 @@ def test_beam_search_returns_finished_sequences_once_eos_wins(
     np.testing.assert_allclose(
         got_scores[:, 0], (lp0 + lp1) / ((5 + 2) / 6) ** 0.6, rtol=1e-5
     )
+
+
+def test_a_graph_with_a_while_loop_writes_but_refuses_to_load_clearly() -> None:
+    graph, mesh, _, y, _ = _counting_loop()
+    text = mtf.graph_to_json(graph)
+    assert '"WhileLoop"' in text and "LoopInput" not in text
+    with pytest.raises(mtf.SerializationError, match="condition and body are Python"):
+        mtf.graph_from_json(text)

@@ -22,6 +22,7 @@ from layout_cases import (
 )
 
 import mtf_core as mtf
+from mtf_core.ops.indexing import Gather
 
 pytestmark = pytest.mark.tf
 
@@ -327,7 +328,11 @@ def test_indexing_ops_reject_bad_input() -> None:
     with pytest.raises(mtf.ShapeError, match="does not match hidden:8"):
         mtf.gather(x, ids, "hidden:9")
     with pytest.raises(mtf.ShapeError, match="must not have the gathered"):
-        mtf.gather(x, mtf.zeros(mesh, "hidden:8", mtf.int32), "hidden")
+        Gather(x, mtf.zeros(mesh, "hidden:8", mtf.int32), HIDDEN)
+    # mtf.gather allows it (Mesh TensorFlow does): positions along a dim
+    # named like the gathered one, which the result keeps
+    picked = mtf.gather(x, mtf.zeros(mesh, "hidden:3", mtf.int32), "hidden")
+    assert picked.shape == mtf.convert_to_shape("hidden:3,batch:8")
     with pytest.raises(mtf.ShapeError, match="larger than reduced_dim"):
         mtf.top_k(x, "hidden", "k:9")
     with pytest.raises(mtf.ShapeError, match="already a dimension"):

@@ -58,7 +58,7 @@ def conv2d(
 
     name = name or "conv2d"
     out = sized_dim(output_dim, f"conv2d {name!r}")
-    if x.shape.ndims < 4:
+    if x.shape.ndims < 3:
         raise ShapeError(
             f"conv2d {name!r}: {x.name} [{x.shape}] must be [batch..., h, w, channels]"
         )
@@ -180,16 +180,20 @@ def _pool(x: Tensor, ksize: Sequence[int], reduce: Any, what: str) -> Tensor:
             f"{what}: {x.name} [{x.shape}] needs {len(ksize)} spatial dims and channels"
         )
     pooled = list(x.shape.dims[-1 - len(ksize) : -1])
-    window = []
     for d, k in zip(pooled, ksize):
         if k < 1 or d.size % k:
             raise ShapeError(
                 f"{what}: window {k} does not divide dimension {d} of {x.name}"
             )
+    # One pooled dim at a time: the rank grows by one at most (TensorFlow's
+    # CPU kernels stop at rank 8 or so).
+    for d, k in zip(pooled, ksize):
+        if k == 1:
+            continue
         w = Dimension(f"_{d.name}_window", k)
         x = replace_dimensions(x, d, [Dimension(d.name, d.size // k), w])
-        window.append(w)
-    return reduce(x, output_shape=x.shape - window)
+        x = reduce(x, reduced_dim=w)
+    return x
 
 
 def max_pool2d(

@@ -124,7 +124,7 @@ class Conv2d(_ConvBase):
     ) -> None:
         check_same_mesh([x, filters])
         check_same_dtype([x, filters], "conv2d")
-        if x.shape.ndims < 4 or filters.shape.ndims != 4:
+        if x.shape.ndims < 3 or filters.shape.ndims != 4:
             raise ShapeError(
                 f"conv2d: expected x [batch..., h, w, in_channels] and filters "
                 f"[fh, fw, in_channels, out_channels], got [{x.shape}] and "

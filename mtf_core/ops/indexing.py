@@ -212,7 +212,16 @@ def gather(
 
         as_float = gather(cast(weights, "float32"), indices, d, output_shape, name)
         return cast(as_float, "bool")
-    out = Gather(weights, indices, d, name).outputs[0]
+    if d.name in indices.shape.dimension_names:
+        # Positions along a dim named like the gathered one (Mesh TensorFlow
+        # allows it): gather under a temporary name, then take the name back.
+        from mtf_core.ops.reshape import rename_dimension
+
+        tmp = f"_{d.name}_gathered"
+        op = Gather(weights, rename_dimension(indices, d.name, tmp), d, name)
+        out = rename_dimension(op.outputs[0], tmp, d.name)
+    else:
+        out = Gather(weights, indices, d, name).outputs[0]
     if output_shape is None:
         return out
     shape = convert_to_shape(output_shape)

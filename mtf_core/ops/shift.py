@@ -129,7 +129,7 @@ class Shift(Operation):
 def _local_shift(tf: Any, s: Any, offset: int, axis: int, wrap: bool) -> Any:
     if wrap:
         return tf.roll(s, offset, axis)
-    size = s.shape[axis]
+    size = int(s.shape[axis])
     if abs(offset) >= size:
         return tf.zeros_like(s)
     if offset > 0:

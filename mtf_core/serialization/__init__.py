@@ -18,6 +18,7 @@ can ask them ``communication(ctx)``.
 # Importing the builder modules registers their builders.
 from mtf_core.serialization import (
     builders,
+    builders_control,
     builders_conv,
     builders_indexing,
     builders_slicing,
@@ -53,6 +54,7 @@ __all__ = [
     "OpSpec",
     "TensorSpec",
     "builders",
+    "builders_control",
     "builders_conv",
     "builders_indexing",
     "builders_slicing",
