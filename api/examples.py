@@ -1,16 +1,13 @@
 """Example models as graph documents, for ``mtf-planner export`` and seeding.
 
 Graphs are built with mtf_core's graph construction only (no lowering, so no
-TensorFlow): the models in :mod:`mtf_core.models` and ``examples/mnist.py``.
+TensorFlow): the models in :mod:`mtf_core.models` (``mnist`` is the network
+``examples/mnist.py`` trains).
 """
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Callable
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from mtf_core.errors import ConfigError
@@ -20,15 +17,9 @@ from mtf_core.models import (
     build_encoder_decoder,
     build_lm,
     build_mlp_classifier,
+    build_mnist,
 )
 from mtf_core.serialization import graph_to_dict
-
-#: Where examples/mnist.py may be: beside the package in a source checkout,
-#: or under the working directory (the Docker image's /app).
-MNIST_CANDIDATES = (
-    Path(__file__).resolve().parent.parent / "examples" / "mnist.py",
-    Path("examples") / "mnist.py",
-)
 
 _TRANSFORMER_FIELDS = {
     "layers": "num_layers",
@@ -76,25 +67,10 @@ def _mlp(optimizer: str, sizes: dict[str, Any], model: str) -> tuple[Any, list[A
     return m.graph, [m.loss]
 
 
-def _load_mnist_example() -> ModuleType:
-    found = [p for p in MNIST_CANDIDATES if p.is_file()]
-    if not found:
-        raise ConfigError(
-            "model 'mnist' needs examples/mnist.py (a source checkout); it is not at "
-            f"{[str(p) for p in MNIST_CANDIDATES]}"
-        )
-    spec = importlib.util.spec_from_file_location("mtf_examples_mnist", found[0])
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
 def _mnist(optimizer: str, sizes: dict[str, Any], model: str) -> tuple[Any, list[Any]]:
     picked = _pick({"batch": "batch_size", "hidden": "hidden_size"}, sizes, model)
     picked.setdefault("batch_size", 64)
-    m = _load_mnist_example().build_model(**picked)
+    m = build_mnist(**picked)
     return m.graph, [m.loss]
 
 
@@ -120,6 +96,6 @@ def example_graph(model: str, optimizer: str = "adam", **sizes: Any) -> dict[str
     graph, outputs = MODELS[model](optimizer, sizes, model)
     meta = {"name": model, "optimizer": optimizer}
     if model == "mnist":
-        meta["optimizer"] = "sgd with momentum (examples/mnist.py)"
+        meta["optimizer"] = "sgd with momentum (mtf_core.models.mnist)"
     meta.update({k: v for k, v in sizes.items() if v is not None})
     return graph_to_dict(graph, outputs=outputs, metadata=meta)
