@@ -110,6 +110,9 @@ class LayoutModel:
         p = self.program
         m = self.model
         self.x = [m.new_bool_var(p.x_labels[i]) for i in range(p.num_x)]
+        self._x_of_index = {v.index: i for i, v in enumerate(self.x)}
+        self.time_var: cp_model.IntVar | None = None
+        self.time_floor_ps = p.time_offset_ps
         self.z = [
             [m.new_bool_var(f"z{s}_{a}") for a in range(len(ds.choices))]
             for s, ds in enumerate(p.dimsets)
@@ -264,24 +267,74 @@ class LayoutModel:
         return Terms(idx, coefs, 0)
 
     def secondary_terms(self) -> Terms | None:
-        """``T * W + tiebreak`` as one objective, or None if it could overflow."""
-        time_terms = self.time_terms()
+        """``T' * W + tiebreak`` as one objective, or None if it could overflow.
+
+        ``T' = T - T_lo`` is an integer variable defined by ``T' = sum_{S,a}
+        (t[S,a] - min_a t[S,a]) z[S,a]``: its domain is the spread of the time
+        (the sum over sets of max - min), far smaller than the sum of every
+        coefficient that CP-SAT would otherwise bound the objective by, so
+        the product with ``W`` (just above the largest tie-break value) fits
+        in int64 on deep graphs and 3-axis meshes, and each rank takes one
+        solve instead of two.
+        """
         chunks = self.tiebreak_chunks()
         if len(chunks) > 1:
             return None
         tb = self.tiebreak_terms(chunks[0]) if chunks else Terms([], [], 0)
-        weight = sum(tb.coefs) + 1
-        # CP-SAT rejects an objective whose coefficients could overflow
-        # summed over every variable (not knowing that one z per set is 1).
-        t_all = abs(time_terms.offset) + sum(time_terms.coefs)
-        if (t_all + 1) * weight >= self.max_weight:
+        weight = self.tiebreak_max(chunks[0] if chunks else []) + 1
+        spread = self._time_spread()
+        # CP-SAT rejects an objective whose terms could overflow int64
+        # (|coefficient| times the variable's bound, summed).
+        if (spread + 1) * weight + sum(tb.coefs) >= self.max_weight:
             return None
+        t_var = self._time_variable(spread)
         return Terms(
-            time_terms.indices + tb.indices,
-            [c * weight for c in time_terms.coefs] + tb.coefs,
-            time_terms.offset * weight,
+            [t_var.index, *tb.indices],
+            [weight, *tb.coefs],
+            0,
             weight,
         )
+
+    def tiebreak_max(self, dims: Sequence[int]) -> int:
+        """The largest value :meth:`tiebreak_terms` can take (one axis per dim)."""
+        terms = self.tiebreak_terms(dims)
+        best: dict[int, int] = {}
+        owner = {xi: d for d in dims for xi in self.program.dim_x[d]}
+        for i, c in zip(terms.indices, terms.coefs):
+            d = owner[self._x_of_index[i]]
+            best[d] = max(best.get(d, 0), c)
+        return sum(best.values())
+
+    def _time_spread(self) -> int:
+        """``sum_S (max_a t[S,a] - min_a t[S,a])`` over valid assignments, and
+        the floor ``T_lo``, kept in :attr:`time_floor_ps`."""
+        floor = self.program.time_offset_ps
+        spread = 0
+        self._time_min: list[int] = []
+        for ds in self.program.dimsets:
+            valid = [t for t, bad in zip(ds.time_ps, ds.invalid) if not bad]
+            lo = min(valid, default=0)
+            self._time_min.append(lo)
+            floor += lo
+            spread += max(valid, default=0) - lo
+        self.time_floor_ps = floor
+        return spread
+
+    def _time_variable(self, spread: int) -> cp_model.IntVar:
+        """``T' = T - T_lo`` as a variable (see :meth:`secondary_terms`)."""
+        m = self.model
+        t_var = m.new_int_var(0, spread, "T_shifted")
+        idx: list[int] = []
+        coefs: list[int] = []
+        for s, ds in enumerate(self.program.dimsets):
+            lo = self._time_min[s]
+            for a, (t, bad) in enumerate(zip(ds.time_ps, ds.invalid)):
+                if not bad and t != lo:
+                    idx.append(self.z[s][a].index)
+                    coefs.append(t - lo)
+        m.add(t_var == Terms(idx, coefs, 0).on(m))
+        self.time_var = t_var
+        return t_var
 
     def _peak_upper_bound(self, max_buf: int) -> int:
         p = self.program
@@ -450,6 +503,9 @@ def solve_program(program: IntegerProgram, params: SolveParams) -> ProgramResult
         if program.num_x == 0:
             break
         lm.add_no_good(sol.x)
+        if lm.time_var is not None and lm.peak is None:
+            # No later rank is faster: a bound that spares CP-SAT the proof.
+            lm.model.add(lm.time_var >= sol.time_ps - lm.time_floor_ps)
     proto = lm.model.proto
     return ProgramResult(
         status=first_status,
@@ -494,7 +550,7 @@ def _solve_one(
         )
     time_ps = time_terms.value(values)
     if lm.peak is None and secondary is not None:
-        bound = float(first.bound // secondary.weight)
+        bound = float(first.bound // secondary.weight + lm.time_floor_ps)
     else:
         bound = first.bound
     return Solution(

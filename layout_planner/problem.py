@@ -26,6 +26,7 @@ always ``cost_models.evaluate``.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Mapping, Sequence
@@ -55,6 +56,9 @@ from mtf_core.graph import Graph, Tensor
 from mtf_core.layout import LayoutRules
 from mtf_core.shapes import Shape
 
+# Collectives of a layout change (mtf_core.comm.plan_layout_change).
+_LAYOUT_CHANGES = frozenset({"alltoall", "allconcat"})
+
 
 @dataclass
 class DimsetTable:
@@ -70,6 +74,9 @@ class DimsetTable:
     invalid: list[str | None]
     num_units: int = 0
     index: dict[Assignment, int] = field(default_factory=dict)
+    # Assignments under which some unit changes a layout in several steps
+    # (see LayoutProblem._price_entry): their axis images are priced too.
+    ordered: set[int] = field(default_factory=set)
 
 
 @dataclass(frozen=True)
@@ -210,34 +217,140 @@ class LayoutProblem:
             entry[1] += cls.count
         self._num_signatures = sum(len(g) for g in groups.values())
         self._num_pricings = 0
-        pricer = UnitPricer(self.mesh_shape, self.hw)
+        self._pricer = UnitPricer(self.mesh_shape, self.hw)
+        perms = self._axis_permutations()
         for dims in sorted(groups):
             table = self._table(dims)
             by_sig = [(unit, count) for unit, count in groups[dims].values()]
             table.num_units = sum(count for _, count in by_sig)
-            for k, asg in enumerate(table.assignments):
-                ctx = self.context(dict(zip(dims, asg)))
-                comm: dict[str, float] = {}
-                compute = 0.0
-                buffer = 0
-                try:
-                    for unit, count in by_sig:
-                        uc = pricer.cost(unit, ctx)
-                        self._num_pricings += 1
-                        compute += count * uc.compute_s
-                        for axis, s in uc.comm_s_by_axis:
-                            comm[axis] = comm.get(axis, 0.0) + count * s
-                        for c in uc.collectives:
-                            buffer = max(
-                                buffer, collective_buffer_bytes(c, self.mesh_shape)
-                            )
-                except LayoutError as e:
-                    table.invalid[k] = str(e)
-                    continue
-                table.compute_s[k] = compute
-                table.comm_s[k] = comm
-                table.time_s[k] = compute + sum(comm.values())
-                table.buffer_bytes[k] = buffer
+            images = _images(table, perms)
+            for k in range(len(table.assignments)):
+                if k not in images:
+                    self._price_entry(table, k, by_sig)
+            if images and not self._copy_images(table, images, by_sig):
+                for k in images:  # not symmetric after all: price them all
+                    self._price_entry(table, k, by_sig)
+
+    def _price_entry(
+        self, table: DimsetTable, k: int, by_sig: Sequence[tuple[Any, int]]
+    ) -> None:
+        """Prices assignment ``k`` of ``table``: every signature's unit, times
+        its count."""
+        ctx = self.context(dict(zip(table.dims, table.assignments[k])))
+        comm: dict[str, float] = {}
+        compute = 0.0
+        buffer = 0
+        ordered = False
+        try:
+            for unit, count in by_sig:
+                uc = self._pricer.cost(unit, ctx)
+                self._num_pricings += 1
+                compute += count * uc.compute_s
+                for axis, sec in uc.comm_s_by_axis:
+                    comm[axis] = comm.get(axis, 0.0) + count * sec
+                moves = 0
+                for c in uc.collectives:
+                    buffer = max(buffer, collective_buffer_bytes(c, self.mesh_shape))
+                    moves += c.kind in _LAYOUT_CHANGES
+                # A layout change of several steps goes axis by axis in mesh
+                # order, and each step's bytes depend on the steps before: its
+                # cost is not the same under a permutation of the axes.
+                ordered = ordered or moves > 1
+        except LayoutError as e:
+            table.invalid[k] = str(e)
+            return
+        if ordered:
+            table.ordered.add(k)
+        table.invalid[k] = None
+        table.compute_s[k] = compute
+        table.comm_s[k] = comm
+        table.time_s[k] = compute + sum(comm.values())
+        table.buffer_bytes[k] = buffer
+
+    def _axis_permutations(self) -> list[tuple[int, ...]]:
+        """The permutations of mesh axes (other than the identity) that only
+        exchange interchangeable axes: one size (> 1) and one link.  Every
+        collective's time reads only its axes' sizes and slowest link, and
+        every compute time only the sizes, so a unit costs the same under an
+        assignment and under its image (with comm keys renamed): an orbit is
+        priced once (:meth:`_copy_images` checks one image per table), unless
+        a unit changes a layout in several steps under it."""
+        mesh = self.mesh_shape
+        classes: dict[Any, list[int]] = {}
+        for i, d in enumerate(mesh):
+            if d.size > 1:
+                link = self.hw.link_for_axis(d.name, mesh)
+                classes.setdefault((d.size, link), []).append(i)
+        movable = [axes for axes in classes.values() if len(axes) > 1]
+        if not movable:
+            return []
+        perms: list[tuple[int, ...]] = [tuple(range(len(mesh)))]
+        for axes in movable:
+            grown = []
+            for base in perms:
+                for order in itertools.permutations(axes):
+                    p = list(base)
+                    for src, dst in zip(axes, order):
+                        p[src] = dst
+                    grown.append(tuple(p))
+            perms = grown
+        return [p for p in perms if p != tuple(range(len(mesh)))]
+
+    def _copy_images(
+        self,
+        table: DimsetTable,
+        images: dict[int, tuple[int, tuple[int, ...]]],
+        by_sig: Sequence[tuple[Any, int]],
+    ) -> bool:
+        """Fills each image ``k -> (canonical, perm)`` from its canonical
+        entry (comm keys renamed by ``perm``); an image of an invalid entry
+        is priced itself (its reason names its own axes).  Returns False,
+        having filled nothing, if one image priced directly disagrees."""
+        names = [d.name for d in self.mesh_shape]
+        order = {n: i for i, n in enumerate(names)}
+
+        def rename(key: str, perm: tuple[int, ...]) -> str:
+            moved = [names[perm[order[a]]] for a in key.split(",")]
+            return ",".join(sorted(moved, key=order.__getitem__))
+
+        check = next(
+            (
+                k
+                for k, (c, _) in images.items()
+                if not table.invalid[c] and c not in table.ordered
+            ),
+            None,
+        )
+        if check is not None:
+            canon, perm = images[check]
+            self._price_entry(table, check, by_sig)
+            want = {rename(a, perm): v for a, v in table.comm_s[canon].items()}
+            got = table.comm_s[check]
+            if (
+                table.invalid[check] is not None
+                or table.compute_s[check] != table.compute_s[canon]
+                or table.buffer_bytes[check] != table.buffer_bytes[canon]
+                or set(got) != set(want)
+                or any(abs(got[a] - want[a]) > 1e-12 * abs(want[a]) for a in want)
+            ):
+                return False
+        for k, (canon, perm) in images.items():
+            if k == check:
+                continue
+            if table.invalid[canon] is not None or canon in table.ordered:
+                self._price_entry(table, k, by_sig)
+                continue
+            table.compute_s[k] = table.compute_s[canon]
+            table.comm_s[k] = {
+                rename(a, perm): v for a, v in table.comm_s[canon].items()
+            }
+            # The same floats summed in the canonical's order: images are
+            # exactly as fast, which the symmetry breaking relies on.
+            table.time_s[k] = table.time_s[canon]
+            table.buffer_bytes[k] = table.buffer_bytes[canon]
+        if check is not None:
+            table.time_s[check] = table.time_s[images[check][0]]
+        return True
 
     def context(self, assignment: Mapping[str, int | None]) -> LayoutContext:
         """A LayoutContext for ``{dim: mesh axis index or None}``."""
@@ -502,6 +615,35 @@ class _Host:
 
     table: int
     members: list[tuple[int, np.ndarray]]
+
+
+def _images(
+    table: DimsetTable, perms: Sequence[tuple[int, ...]]
+) -> dict[int, tuple[int, tuple[int, ...]]]:
+    """For each assignment of ``table`` that is not the smallest of its orbit
+    under ``perms``: that smallest one (the canonical, priced) and the
+    permutation taking the canonical to it."""
+    if not perms:
+        return {}
+
+    def rank(asg: Assignment) -> tuple[int, ...]:
+        return tuple(-1 if a is None else a for a in asg)
+
+    out: dict[int, tuple[int, tuple[int, ...]]] = {}
+    for k, asg in enumerate(table.assignments):
+        best = rank(asg)
+        best_perm: tuple[int, ...] | None = None
+        for p in perms:
+            img = tuple(None if a is None else p[a] for a in asg)
+            if rank(img) < best:
+                best, best_perm = rank(img), p
+        canon = tuple(None if a < 0 else a for a in best)
+        if best_perm is not None and canon in table.index:
+            inverse = [0] * len(best_perm)
+            for src, dst in enumerate(best_perm):
+                inverse[dst] = src
+            out[k] = (table.index[canon], tuple(inverse))
+    return out
 
 
 def _invalid(reason: str | None) -> TableCost:

@@ -119,8 +119,9 @@ class SolveParams:
     seed: int = 0
     top_k: int = 1
     # Largest objective coefficient sum a single lexicographic objective may
-    # reach (CP-SAT works in int64); beyond it, phases are solved one by one.
-    max_objective_weight: int = 2**60
+    # reach (CP-SAT works in int64, and rejects a model whose terms could
+    # overflow it); beyond it, phases are solved one by one.
+    max_objective_weight: int = 2**62
 
 
 @dataclass(frozen=True)
