@@ -18,7 +18,17 @@ from typing import Any
 
 import numpy as np
 
-import mtf_core as mtf
+from mtf_core import dtypes
+from mtf_core.autodiff import gradients
+from mtf_core.graph import Graph, Mesh, Operation, Tensor
+from mtf_core.layers.losses import softmax_cross_entropy_with_logits
+from mtf_core.ops.creation import placeholder
+from mtf_core.ops.einsum import einsum
+from mtf_core.ops.one_hot import one_hot
+from mtf_core.ops.reduce import reduce_mean
+from mtf_core.ops.unary import relu
+from mtf_core.ops.variables import assign, get_variable
+from mtf_core.shapes import Dimension
 
 IMAGE_ROWS = 8
 IMAGE_COLS = 8
@@ -29,14 +39,14 @@ NUM_CLASSES = 10
 class MnistModel:
     """The mtf graph of one training step, and the tensors a caller feeds or reads."""
 
-    graph: mtf.Graph
-    mesh: mtf.Mesh
-    images: mtf.Tensor  # placeholder [batch, rows, cols]
-    labels: mtf.Tensor  # placeholder [batch], int32
-    logits: mtf.Tensor  # [batch, classes]
-    example_loss: mtf.Tensor  # [batch]: cross entropy per example
-    loss: mtf.Tensor  # scalar: mean cross entropy
-    updates: list[mtf.Operation] = field(default_factory=list)
+    graph: Graph
+    mesh: Mesh
+    images: Tensor  # placeholder [batch, rows, cols]
+    labels: Tensor  # placeholder [batch], int32
+    logits: Tensor  # [batch, classes]
+    example_loss: Tensor  # [batch]: cross entropy per example
+    loss: Tensor  # scalar: mean cross entropy
+    updates: list[Operation] = field(default_factory=list)
 
 
 def build_mnist(
@@ -53,30 +63,30 @@ def build_mnist(
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     if not 0.0 <= momentum < 1.0:
         raise ValueError(f"momentum must be in [0, 1), got {momentum}")
-    graph = mtf.Graph()
-    mesh = mtf.Mesh(graph, "mnist_mesh")
-    batch_dim = mtf.Dimension("batch", batch_size)
-    rows_dim = mtf.Dimension("rows", IMAGE_ROWS)
-    cols_dim = mtf.Dimension("cols", IMAGE_COLS)
-    hidden_dim = mtf.Dimension("hidden", hidden_size)
-    classes_dim = mtf.Dimension("classes", NUM_CLASSES)
+    graph = Graph()
+    mesh = Mesh(graph, "mnist_mesh")
+    batch_dim = Dimension("batch", batch_size)
+    rows_dim = Dimension("rows", IMAGE_ROWS)
+    cols_dim = Dimension("cols", IMAGE_COLS)
+    hidden_dim = Dimension("hidden", hidden_size)
+    classes_dim = Dimension("classes", NUM_CLASSES)
 
-    images = mtf.placeholder(mesh, [batch_dim, rows_dim, cols_dim], name="images")
-    labels = mtf.placeholder(mesh, [batch_dim], dtype=mtf.int32, name="labels")
-    w1 = mtf.get_variable(mesh, "w1", [rows_dim, cols_dim, hidden_dim])
-    w2 = mtf.get_variable(mesh, "w2", [hidden_dim, classes_dim])
-    hidden = mtf.relu(mtf.einsum(images, w1, output_shape=[batch_dim, hidden_dim]))
-    logits = mtf.einsum(hidden, w2, output_shape=[batch_dim, classes_dim])
-    example_loss = mtf.layers.softmax_cross_entropy_with_logits(
-        logits, mtf.one_hot(labels, classes_dim), classes_dim
+    images = placeholder(mesh, [batch_dim, rows_dim, cols_dim], name="images")
+    labels = placeholder(mesh, [batch_dim], dtype=dtypes.int32, name="labels")
+    w1 = get_variable(mesh, "w1", [rows_dim, cols_dim, hidden_dim])
+    w2 = get_variable(mesh, "w2", [hidden_dim, classes_dim])
+    hidden = relu(einsum(images, w1, output_shape=[batch_dim, hidden_dim]))
+    logits = einsum(hidden, w2, output_shape=[batch_dim, classes_dim])
+    example_loss = softmax_cross_entropy_with_logits(
+        logits, one_hot(labels, classes_dim), classes_dim
     )
-    loss = mtf.reduce_mean(example_loss)
+    loss = reduce_mean(example_loss)
 
-    updates: list[mtf.Operation] = []
-    for w, g in zip([w1, w2], mtf.gradients([loss], [w1, w2])):
+    updates: list[Operation] = []
+    for w, g in zip([w1, w2], gradients([loss], [w1, w2])):
         assert g is not None  # the loss depends on both weights
         if momentum:
-            v = mtf.get_variable(
+            v = get_variable(
                 mesh,
                 f"{w.operation.name}_velocity",
                 w.shape,
@@ -84,10 +94,10 @@ def build_mnist(
                 trainable=False,
             )
             v_new = v * momentum + g
-            updates.append(mtf.assign(v, v_new))
-            updates.append(mtf.assign(w, w - v_new * lr))
+            updates.append(assign(v, v_new))
+            updates.append(assign(w, w - v_new * lr))
         else:
-            updates.append(mtf.assign(w, w - g * lr))
+            updates.append(assign(w, w - g * lr))
     return MnistModel(graph, mesh, images, labels, logits, example_loss, loss, updates)
 
 
