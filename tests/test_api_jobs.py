@@ -90,3 +90,55 @@ def test_identical_requests_in_flight_share_one_job(client):
 def test_unknown_job_is_a_404(client):
     assert client.get("/v1/jobs/nope").status_code == 404
     assert client.delete("/v1/jobs/nope").status_code == 404
+
+
+def test_only_the_planners_input_errors_blame_the_request(caplog):
+    import json
+
+    import numpy as np
+
+    from api.worker_main import is_client_error
+    from api.workers import TaskFailed, TaskInvalid, WorkerPool
+    from cost_models.hardware import HardwareError
+    from layout_planner.errors import PlannerError, SolverError
+    from layout_planner.options import PlanOptions
+    from mtf_core.errors import LayoutError, SerializationError
+
+    try:
+        np.ones(2).reshape(3)
+    except ValueError as numpy_error:
+        assert not is_client_error(numpy_error)
+    assert not is_client_error(LayoutError("an internal layout went wrong"))
+    assert not is_client_error(SolverError("CP-SAT said MODEL_INVALID"))
+    for e in (PlannerError("x"), SerializationError("x"), HardwareError("x")):
+        assert is_client_error(e)
+
+    options = PlanOptions().to_dict()
+    task = {
+        "graph_json": json.dumps(mlp_doc()),
+        "mesh_shape": "x:2",
+        "num_devices": None,
+        "options": options,
+    }
+    pool = WorkerPool(1, 4)
+    pool.start()
+    try:
+        assert pool.wait_ready(120)
+        bad = pool.submit("bad-input", {**task, "options": {**options, "top_k": 0}})
+        with pytest.raises(TaskInvalid, match="top_k is 0"):
+            bad.result(timeout=60)
+        # A task the server should never send (no graph): a KeyError in the
+        # worker is our bug, not the client's: an error id, no internals.
+        bug = pool.submit(
+            "our-bug", {k: v for k, v in task.items() if k != "graph_json"}
+        )
+        with pytest.raises(TaskFailed) as failed:
+            bug.result(timeout=60)
+        error_id = failed.value.error_id
+        assert error_id and error_id in str(failed.value)
+        assert "KeyError" not in str(failed.value)
+        assert "graph_json" not in str(failed.value)
+        logged = [r.getMessage() for r in caplog.records if error_id in r.getMessage()]
+        assert logged and "KeyError" in logged[0]
+    finally:
+        pool.shutdown()
