@@ -122,3 +122,29 @@ def test_dtype_helpers_cast() -> None:
     assert mtf.to_bfloat16(x).dtype == "bfloat16"
     assert mtf.to_int32(mtf.to_float(x)).dtype == "int32"
     assert mtf.to_int32(x) is x
+
+
+def test_get_variable_returns_the_variable_of_an_existing_name() -> None:
+    from mtf_core.ops.variables import set_variable_scope_provider
+
+    g = mtf.Graph()
+    m = mtf.Mesh(g, "m")
+    w = mtf.get_variable(m, "w", "d:4,h:8")
+    again = mtf.get_variable(m, "w", "d:4,h:8", activation_dtype=mtf.bfloat16)
+    assert as_variable(again) is as_variable(w) and again.dtype == "bfloat16"
+    assert len(g.all_variables) == 1
+    with pytest.raises(
+        mtf.ShapeError, match="'w': the graph's variable .*\\[d:4,h:8\\]"
+    ):
+        mtf.get_variable(m, "w", "d:4")
+    # a scope provider (Mesh TF's tf.variable_scope) prefixes the names
+    scope = ["enc"]
+    set_variable_scope_provider(lambda: scope[0])
+    try:
+        a = mtf.get_variable(m, "w", "d:4")
+        scope[0] = "dec"
+        b = mtf.get_variable(m, "w", "d:4")
+    finally:
+        set_variable_scope_provider(None)
+    assert [v.name for v in g.all_variables] == ["w", "enc/w", "dec/w"]
+    assert as_variable(a) is not as_variable(b)

@@ -8,7 +8,8 @@ with the full shape (the value is then sliced, so layouts never change it).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from mtf_core import dtypes
@@ -140,17 +141,58 @@ def get_variable(
         )
     vd = dtypes.as_variable_dtype(dtype, master_dtype, slice_dtype, activation_dtype)
     shape = convert_to_shape(shape)
-    # Stored under other dim names (mtf_core.ops.stored) when a policy says so.
+    from mtf_core import recompute
     from mtf_core.ops.stored import StoredRead, storage_renames, storage_shape
 
+    again = recompute.provided(mesh.graph, name, shape)
+    if again is not None:  # a recomputed block asks for its weight again
+        return again
+    # Stored under other dim names (mtf_core.ops.stored) when a policy says so.
     renames = storage_renames(mesh.graph, name, shape)
     stored = storage_shape(shape, renames)
-    v = Variable(mesh, name, stored, vd, initializer, trainable).outputs[0]
+    full_name = _scoped(name)
+    known = _VARIABLES_BY_NAME.setdefault(mesh.graph, {})
+    existing = known.get(full_name)
+    if existing is None:
+        existing = known[full_name] = Variable(
+            mesh, full_name, stored, vd, initializer, trainable
+        )
+    elif existing.shape != stored or existing.mesh is not mesh:
+        raise ShapeError(
+            f"get_variable {full_name!r}: the graph's variable of that name has "
+            f"shape [{existing.shape}] on mesh {existing.mesh.name!r}; asked for "
+            f"[{stored}] on {mesh.name!r}"
+        )
+    v = existing.outputs[0]
     if vd.activation_dtype != v.dtype:
         v = cast(v, vd.activation_dtype, name=f"{v.operation.name}/read")
     if renames:
-        return StoredRead(v, shape).outputs[0]
+        v = StoredRead(v, shape).outputs[0]
+    recompute.record(mesh.graph, name, v)
     return v
+
+
+#: The variables ``get_variable`` made, per graph, by full name: asking for a
+#: name again returns the same variable, as in Mesh TensorFlow.
+_VARIABLES_BY_NAME: weakref.WeakKeyDictionary[Any, dict[str, Variable]] = (
+    weakref.WeakKeyDictionary()
+)
+_SCOPE_PROVIDER: list[Callable[[], str]] = []
+
+
+def set_variable_scope_provider(provider: Callable[[], str] | None) -> None:
+    """Installs ``provider() -> "outer/inner"``, the scope ``get_variable``
+    prefixes names with (Mesh TensorFlow programs name variables by
+    ``tf.variable_scope``; a compatibility layer that can read TensorFlow's
+    scope installs a provider); None removes it."""
+    _SCOPE_PROVIDER.clear()
+    if provider is not None:
+        _SCOPE_PROVIDER.append(provider)
+
+
+def _scoped(name: str) -> str:
+    scope = _SCOPE_PROVIDER[0]() if _SCOPE_PROVIDER else ""
+    return f"{scope}/{name}" if scope else name
 
 
 def as_variable(var: Any) -> Variable:
