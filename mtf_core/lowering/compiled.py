@@ -20,11 +20,11 @@ from mtf_core.graph import Graph, Mesh, Operation, Tensor
 from mtf_core.lowering import tf_private
 from mtf_core.lowering.lowering import Lowering
 from mtf_core.lowering.mesh_impl import MeshImpl
-from mtf_core.lowering.step_common import check_arity, init_step_state
+from mtf_core.lowering.step_common import CompiledStep
 from mtf_core.lowering.variables import VariableStore
 
 
-class CompiledFunction:
+class CompiledFunction(CompiledStep):
     """``fn(*placeholder_values) -> [output values]``, updates applied in place.
 
     Attributes:
@@ -45,7 +45,7 @@ class CompiledFunction:
         jit_compile: bool = False,
         graph_optimization: bool | None = None,
     ) -> None:
-        init_step_state(self, graph, mesh_to_impl, inputs, outputs, updates, variables)
+        super().__init__(graph, mesh_to_impl, inputs, outputs, updates, variables)
         if graph_optimization is None:
             graph_optimization = not _all_on_cpus(self.mesh_to_impl)
         self.graph_optimization = graph_optimization
@@ -65,7 +65,7 @@ class CompiledFunction:
             self.mesh_to_impl,
             feeds=dict(zip(self.inputs, values)),
             variables=self.variables,
-            targets=self.outputs + self.updates,
+            targets=[*self.outputs, *self.updates],
             seed=seed,
         )
         self.counters = lowering.counters
@@ -112,7 +112,7 @@ class CompiledFunction:
         return tf.compat.v1.wrap_function(self._run, self._signature)
 
     def __call__(self, *values: Any) -> list[np.ndarray]:
-        check_arity(self, values)
+        self.check_arity(values)
         self.trace()
         args = [
             tf.convert_to_tensor(v, dtype=spec.dtype)

@@ -28,14 +28,13 @@ import tensorflow as tf
 
 from mtf_core.errors import LoweringError
 from mtf_core.graph import Graph, Mesh, Operation, Tensor
-from mtf_core.lowering.counters import Counters
 from mtf_core.lowering.lowering import Lowering
 from mtf_core.lowering.spmd import SimdMeshImpl
-from mtf_core.lowering.step_common import check_arity, init_step_state
+from mtf_core.lowering.step_common import CompiledStep
 from mtf_core.lowering.variables import VariableStore
 
 
-class SpmdCompiledFunction:
+class SpmdCompiledFunction(CompiledStep):
     """``fn(*placeholder_values) -> [output values]``, updates applied in place.
 
     The same interface as :class:`mtf_core.lowering.compiled.CompiledFunction`.
@@ -66,8 +65,7 @@ class SpmdCompiledFunction:
                 f"{[m.name for m in mesh_to_impl]}"
             )
         self.impl: SimdMeshImpl = impls[0]
-        init_step_state(self, graph, mesh_to_impl, inputs, outputs, updates, variables)
-        self.counters: Counters | None = None
+        super().__init__(graph, mesh_to_impl, inputs, outputs, updates, variables)
         # Made now: variables made while tracing make tf.function trace twice.
         self._tokens = {p: self.impl.ordering_token(p) for p in self.impl.local_pnums}
         self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="mtf_step")
@@ -148,6 +146,6 @@ class SpmdCompiledFunction:
         return seconds
 
     def __call__(self, *values: Any) -> list[np.ndarray]:
-        check_arity(self, values)
+        self.check_arity(values)
         outs = self._launcher(*values)
         return [o.numpy() for o in outs]

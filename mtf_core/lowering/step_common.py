@@ -1,49 +1,75 @@
-"""What both compiled-step backends share: the step's attributes and the
-arity check (:mod:`compiled` for placement, :mod:`spmd_compiled` for SPMD;
-neither imports the other, :mod:`steps` chooses between them)."""
+"""What both compiled-step backends share: :class:`CompiledStep`, the base of
+:class:`~compiled.CompiledFunction` (placement) and
+:class:`~spmd_compiled.SpmdCompiledFunction` (SPMD).  Neither backend imports
+the other; :mod:`steps` chooses between them."""
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from mtf_core.errors import LoweringError
 from mtf_core.graph import Graph, Mesh, Operation, Tensor
+from mtf_core.lowering.counters import Counters
 from mtf_core.lowering.variables import VariableStore
 from mtf_core.ops.creation import ImportTensor
 
 
-def init_step_state(
-    step: Any,
-    graph: Graph,
-    mesh_to_impl: Mapping[Mesh, Any],
-    inputs: Sequence[Tensor],
-    outputs: Sequence[Tensor],
-    updates: Sequence[Operation],
-    variables: VariableStore | None,
-) -> None:
-    """Sets the attributes every compiled step has (both backends), checking that
-    the inputs are placeholders and making the variable store if none is given."""
-    step.graph = graph
-    step.mesh_to_impl = dict(mesh_to_impl)
-    step.inputs = list(inputs)
-    step.outputs = list(outputs)
-    step.updates = list(updates)
-    for t in step.inputs:
-        if not (isinstance(t.operation, ImportTensor) and t.operation.is_placeholder):
-            raise LoweringError(
-                f"input {t.name} is not a placeholder (mtf.placeholder)"
-            )
-    step.variables = (
-        variables if variables is not None else VariableStore(graph, step.mesh_to_impl)
-    )
-    step.counters = None
+class CompiledStep(abc.ABC):
+    """``step(*placeholder_values) -> [output values]``, updates applied in place.
 
+    Attributes:
+      graph, mesh_to_impl: what was compiled, on which backends.
+      inputs: the placeholders the step takes, in call order.
+      outputs: the tensors it returns; updates: the assignments it applies.
+      variables: the VariableStore (export/import full values for checkpoints).
+      counters: the collectives and flops recorded when the step was traced
+        (None before).
+    """
 
-def check_arity(step: Any, values: Sequence[Any]) -> None:
-    """Raises unless ``values`` has one value per input placeholder of ``step``."""
-    if len(values) != len(step.inputs):
-        raise LoweringError(
-            f"compiled function takes {len(step.inputs)} inputs "
-            f"({[t.name for t in step.inputs]}), got {len(values)}"
+    def __init__(
+        self,
+        graph: Graph,
+        mesh_to_impl: Mapping[Mesh, Any],
+        inputs: Sequence[Tensor],
+        outputs: Sequence[Tensor],
+        updates: Sequence[Operation],
+        variables: VariableStore | None,
+    ) -> None:
+        self.graph = graph
+        self.mesh_to_impl: dict[Mesh, Any] = dict(mesh_to_impl)
+        self.inputs = list(inputs)
+        self.outputs = list(outputs)
+        self.updates = list(updates)
+        for t in self.inputs:
+            if not (
+                isinstance(t.operation, ImportTensor) and t.operation.is_placeholder
+            ):
+                raise LoweringError(
+                    f"input {t.name} is not a placeholder (mtf.placeholder)"
+                )
+        self.variables = (
+            variables
+            if variables is not None
+            else VariableStore(graph, self.mesh_to_impl)
         )
+        self.counters: Counters | None = None
+
+    def check_arity(self, values: Sequence[Any]) -> None:
+        """Raises unless ``values`` has one value per input placeholder."""
+        if len(values) != len(self.inputs):
+            raise LoweringError(
+                f"compiled function takes {len(self.inputs)} inputs "
+                f"({[t.name for t in self.inputs]}), got {len(values)}"
+            )
+
+    @abc.abstractmethod
+    def trace(self) -> float:
+        """Traces (lowers) the step now, once; returns the seconds it took."""
+
+    @abc.abstractmethod
+    def __call__(self, *values: Any) -> list[np.ndarray]:
+        """Runs one step on ``values`` (one per input); returns the outputs."""

@@ -11,6 +11,7 @@ from mtf_core.graph import Graph, Mesh, Operation, Tensor
 from mtf_core.lowering.compiled import CompiledFunction
 from mtf_core.lowering.mesh_impl import MeshImpl
 from mtf_core.lowering.spmd_compiled import SpmdCompiledFunction
+from mtf_core.lowering.step_common import CompiledStep
 from mtf_core.lowering.variables import VariableStore
 
 
@@ -22,15 +23,16 @@ def compile_function(
     updates: Sequence[Operation] = (),
     variables: VariableStore | None = None,
     graph_optimization: bool | None = None,
-) -> CompiledFunction:
-    """Compiles a training (or inference) step; see :class:`CompiledFunction`.
+) -> CompiledStep:
+    """Compiles a training (or inference) step: a :class:`CompiledFunction`
+    (placement backend) or :class:`SpmdCompiledFunction` (SPMD).
 
     ``graph_optimization``: run TensorFlow's graph optimizer on the step
     (default: only when some device is not a CPU; on CPU meshes it makes the
     first call much slower and the others no faster)."""
     if any(getattr(impl, "is_spmd", False) for impl in mesh_to_impl.values()):
         # The SPMD backend traces one per-device program and launches it per device.
-        return SpmdCompiledFunction(  # type: ignore[return-value]
+        return SpmdCompiledFunction(
             graph, mesh_to_impl, inputs, outputs, updates, variables
         )
     return CompiledFunction(

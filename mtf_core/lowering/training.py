@@ -16,9 +16,9 @@ import numpy as np
 import tensorflow as tf
 
 from mtf_core.errors import ConfigError, LoweringError
-from mtf_core.lowering.compiled import CompiledFunction
 from mtf_core.lowering.devices import logical_cpu_devices
 from mtf_core.lowering.placement import PlacementMeshImpl
+from mtf_core.lowering.step_common import CompiledStep
 from mtf_core.lowering.steps import compile_function
 from mtf_core.models.base import ModelGraph
 from mtf_core.optimize import STEP_NAME
@@ -62,14 +62,14 @@ class Trainer:
         self.model = model
         self.layout = layout
         self.impl = mesh_impl_for(layout, devices)
-        self.fn: CompiledFunction = compile_function(
+        self.fn: CompiledStep = compile_function(
             model.graph,
             {model.mesh: self.impl},
             inputs=model.placeholders,
             outputs=[model.loss],
             updates=model.updates,
         )
-        self._eval: CompiledFunction | None = None
+        self._eval: CompiledStep | None = None
         steps = [v for v in model.graph.all_variables if v.name == STEP_NAME]
         self._step_var = steps[0] if steps else None
         self.global_step = self._read_step()
@@ -200,7 +200,8 @@ class LMSampler:
 
     def next_logits(self, contexts: np.ndarray, positions: np.ndarray) -> np.ndarray:
         (logits,) = self.fn(contexts.astype(np.int32))
-        return logits[np.arange(self.batch), positions]
+        picked: np.ndarray = logits[np.arange(self.batch), positions]
+        return picked
 
     def generate(
         self,
