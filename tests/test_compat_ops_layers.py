@@ -352,3 +352,40 @@ def test_attention_masks_and_local_block_bias(devices):
     np.testing.assert_array_equal(got[1], np.triu(np.full((4, 4), -1e9), 1))
     np.testing.assert_array_equal(got[2][0], [0, 0, -1e9, -1e9])
     np.testing.assert_array_equal(got[3], [[0, 0, 0, -1e9], [0, 0, 0, 0]])
+
+
+@pytest.mark.tf
+def test_conv2d_with_blocks_is_the_same_conv_of_the_whole_image(devices):
+    """Height cut into 4 blocks on a dim that the model layouts split: the
+    halo exchange brings each block its neighbours' rows."""
+    import tensorflow as tf
+
+    graph, mesh = _graph()
+    xv = np.random.RandomState(0).randn(8, 8, 6, 2).astype(np.float32)
+    x = mtf.import_tf_tensor(
+        mesh, xv.reshape(8, 4, 2, 6, 2), "batch:8,hidden:4,h:2,w:6,c:2"
+    )
+    y = layers.conv2d_with_blocks(
+        x, D("out", 3), (3, 3), h_blocks_dim=D("hidden", 4), name="blk"
+    )
+    assert y.shape == mtf.convert_to_shape("batch:8,hidden:4,h:2,w:6,out:3")
+    (dx,) = mtf.gradients([mtf.reduce_sum(mtf.square(y))], [x])
+    got, got_dx = assert_same_under_layouts(graph, mesh, devices, [y, dx])
+    _, low = lower(graph, mesh, ONE_DEVICE, devices, [y])
+    f = _vars(low, graph)["blk_filters"]
+    xt = tf.constant(xv)
+    with tf.GradientTape() as tape:
+        tape.watch(xt)
+        want = tf.nn.conv2d(xt, f, 1, "SAME")
+        loss = tf.reduce_sum(tf.square(want))
+    np.testing.assert_allclose(
+        got.reshape(8, 8, 6, 3), want.numpy(), rtol=1e-4, atol=1e-5
+    )
+    np.testing.assert_allclose(
+        got_dx.reshape(8, 8, 6, 2),
+        tape.gradient(loss, xt).numpy(),
+        rtol=1e-4,
+        atol=1e-4,
+    )
+    with pytest.raises(mtf.ShapeError, match="odd filter sizes"):
+        layers.conv2d_with_blocks(x, D("out", 3), (2, 3), h_blocks_dim=D("hidden", 4))

@@ -90,6 +90,69 @@ def conv2d(
     return y
 
 
+def conv2d_with_blocks(
+    x: Tensor,
+    output_dim: Any,
+    filter_size: Sequence[int] = (3, 3),
+    strides: Sequence[int] = (1, 1),
+    padding: str = "SAME",
+    h_blocks_dim: Any = None,
+    w_blocks_dim: Any = None,
+    filter_initializer: Any = None,
+    variable_dtype: Any = None,
+    name: str | None = None,
+) -> Tensor:
+    """:func:`conv2d` of an image cut into blocks: ``x [batch...,
+    h_blocks, w_blocks, h, w, channels]`` (the blocks dims may be split over
+    mesh axes, spatial partitioning).  Each block gets the margins its
+    filter needs from its neighbours by a :func:`halo_exchange` (zeros at the
+    image's edges), then convolves with "VALID" padding; the result is the
+    "SAME" convolution of the whole image, blocked the same way.  Odd filter
+    sizes and "SAME" padding only, as in Mesh TensorFlow.
+    """
+    from mtf_core.ops.halo import halo_exchange
+    from mtf_core.ops.slicing import pad
+
+    if h_blocks_dim is None and w_blocks_dim is None:
+        return conv2d(
+            x,
+            output_dim,
+            filter_size,
+            strides,
+            padding,
+            filter_initializer,
+            variable_dtype,
+            name,
+        )
+    fh, fw = (int(s) for s in filter_size)
+    if padding != "SAME" or fh % 2 == 0 or fw % 2 == 0:
+        raise ShapeError(
+            f"conv2d_with_blocks: needs padding 'SAME' and odd filter sizes, got "
+            f"{padding!r} and {(fh, fw)}"
+        )
+    h_dim, w_dim = x.shape.dims[-3:-1]
+    for blocks, size, halo in (
+        (h_blocks_dim, h_dim, fh // 2),
+        (w_blocks_dim, w_dim, fw // 2),
+    ):
+        if not halo:
+            continue
+        if blocks is None:
+            x = pad(x, [halo, halo], size.name)
+        else:
+            x = halo_exchange(x, blocks, size, halo)
+    return conv2d(
+        x,
+        output_dim,
+        (fh, fw),
+        strides,
+        "VALID",
+        filter_initializer,
+        variable_dtype,
+        name,
+    )
+
+
 def conv1d(
     x: Tensor, output_dim: Any, filter_size: int = 3, stride: int = 1, **kw_args: Any
 ) -> Tensor:
