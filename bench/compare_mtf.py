@@ -6,7 +6,13 @@ training-step time and auto-layout planning time as ratios.
 
   make bench-venv-mtf            # once: .venv-mtf with mesh-tensorflow 0.1.21
   .venv/bin/python bench/compare_mtf.py lower --layers 1 8
-  .venv/bin/python bench/compare_mtf.py auto --layers 8 32 64 --meshes "x:2;y:4" "x:2;y:2;z:2"
+  .venv/bin/python bench/compare_mtf.py auto --layers 8 64 128 --meshes "x:2;y:4" "x:2;y:2;z:2"
+
+``auto`` runs each measurement in a fresh process (its start is not timed)
+that has loaded TensorFlow and built the graph; the clock covers importing
+the planner and its solver (OR-tools) and the one call: Mesh TensorFlow's
+``auto_mtf.layout``, ours (the same call), and ours ``mtf.auto_layout`` with
+its defaults.  See bench/baseline/run_ours.py and run_mtf.py.
 
 Results go to docs/benchmarks.md between the markers of the section
 "Side by side with Mesh TensorFlow".
@@ -16,12 +22,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-from common import replace_section
+from common import command_line, replace_section
 
 ROOT = Path(__file__).resolve().parent.parent
 OURS = [str(ROOT / ".venv/bin/python"), str(ROOT / "bench/baseline/run_ours.py")]
@@ -49,6 +56,19 @@ def ratio(theirs: dict, ours: dict, key: str) -> str:
     return "n/a"
 
 
+def speedup(theirs: dict, ours: dict) -> str:
+    if "plan_s" in theirs and "plan_s" in ours:
+        return f"{theirs['plan_s'] / ours['plan_s']:.0f}x"
+    return "n/a"
+
+
+def mtf_rules(text: str) -> str:
+    """Mesh TensorFlow's ``LayoutRules{('d', 'x'), ...}`` (a set, printed in
+    hash order) as ``d:x;...`` in name order, like ours."""
+    pairs = re.findall(r"\('([^']+)', '([^']+)'\)", text)
+    return ";".join(f"{d}:{m}" for d, m in sorted(pairs)) if pairs else text
+
+
 def fmt(v: object) -> str:
     return f"{v:.3f}" if isinstance(v, float) else str(v)
 
@@ -65,6 +85,7 @@ def main() -> None:
     ap.add_argument("--timeout", type=int, default=900)
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
+    load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     rows = []
     for mesh in args.meshes:
         for layers in args.layers:
@@ -77,39 +98,66 @@ def main() -> None:
             )
             theirs = run(THEIRS + common, args.timeout)
             print(f"    {theirs}", flush=True)
-            print(
-                f"[{args.mode}] layers={layers} mesh={mesh}: mtf-planner ...",
-                flush=True,
-            )
-            ours = run(OURS + common, args.timeout)
-            print(f"    {ours}", flush=True)
+            calls = ["auto_mtf", "auto_layout"] if args.mode == "auto" else [None]
+            ours = {}
+            for call in calls:
+                print(
+                    f"[{args.mode}] layers={layers} mesh={mesh}: mtf-planner "
+                    f"{call or ''} ...",
+                    flush=True,
+                )
+                extra = ["--call", call] if call else []
+                ours[call] = run(OURS + common + extra, args.timeout)
+                print(f"    {ours[call]}", flush=True)
             rows.append((layers, mesh, theirs, ours))
+    load_after = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     if args.mode == "lower":
         head = "| layers | mesh | MTF lower s | ours lower s | lower speed-up | MTF step s | ours step s | step speed-up | MTF loss | ours loss |\n|---|---|---|---|---|---|---|---|---|---|\n"
         lines = []
-        for layers, mesh, t, o in rows:
+        for layers, mesh, t, by_call in rows:
+            o = by_call[None]
             lines.append(
                 f"| {layers} | `{mesh}` | {fmt(t.get('lower_s', t.get('error')))} | {fmt(o.get('lower_s', o.get('error')))} | {ratio(t, o, 'lower_s')} "
                 f"| {fmt(t.get('step_s', '-'))} | {fmt(o.get('step_s', '-'))} | {ratio(t, o, 'step_s')} | {fmt(t.get('loss', '-'))} | {fmt(o.get('loss', '-'))} |"
             )
         body = head + "\n".join(lines)
     else:
-        head = "| layers | mesh | MTF auto_mtf s | ours s | speed-up | MTF rules | our rules (objective memory) | ours status / gap |\n|---|---|---|---|---|---|---|---|\n"
+        head = (
+            "| layers | mesh | MTF `auto_mtf.layout` s | ours, same call s | "
+            "speed-up | ours `mtf.auto_layout` (defaults) s | speed-up | "
+            "MTF rules | our rules (memory; time) | ours (defaults) |\n"
+            "|---|---|---:|---:|---:|---:|---:|---|---|---|\n"
+        )
         lines = []
-        for layers, mesh, t, o in rows:
-            sp = (
-                f"{t['plan_s'] / o['plan_s']:.0f}x"
-                if "plan_s" in t and "plan_s" in o
-                else "n/a"
-            )
+        for layers, mesh, t, by_call in rows:
+            same, full = by_call["auto_mtf"], by_call["auto_layout"]
             lines.append(
-                f"| {layers} | `{mesh}` | {fmt(t.get('plan_s', t.get('error')))} | {fmt(o.get('plan_s', o.get('error')))} | {sp} "
-                f"| `{t.get('rules', '-')}` | `{o.get('rules', '-')}` | {o.get('status', '-')} / {o.get('gap', '-')} |"
+                f"| {layers} | `{mesh}` | {fmt(t.get('plan_s', t.get('error')))} "
+                f"| {fmt(same.get('plan_s', same.get('error')))} "
+                f"| {speedup(t, same)} "
+                f"| {fmt(full.get('plan_s', full.get('error')))} "
+                f"| {speedup(t, full)} "
+                f"| `{mtf_rules(t.get('rules', '-'))}` "
+                f"| `{same.get('rules', '-')}`; `{full.get('rules', '-')}` "
+                f"| {full.get('status', '-')}, gap {full.get('gap', '-')}, "
+                f"{full.get('candidates', '-')} candidates, "
+                f"verified {full.get('verified', '-')}, "
+                f"{full.get('solves', '-')} solves, in {full.get('solved_in', '-')} "
+                f"({full.get('ortools_loaded', '-')}) |"
             )
         body = head + "\n".join(lines)
-    cmd = "python bench/compare_mtf.py " + " ".join(sys.argv[1:])
+    cmd = command_line()
     section = f"mtf-{args.mode}"
-    text = f"Command: `{cmd}` (same machine, same run; {time.strftime('%Y-%m-%d')}).\n\n{body}\n"
+    load = ""
+    if load_before is not None and load_after is not None:
+        load = (
+            f"; load average {load_before:.1f} when it started, "
+            f"{load_after:.1f} when it ended, on {os.cpu_count()} cores"
+        )
+    text = (
+        f"Command: `{cmd}` (same machine, same run; "
+        f"{time.strftime('%Y-%m-%d')}{load}).\n\n{body}\n"
+    )
     print(text)
     if not args.no_write:
         replace_section(section, text)

@@ -97,7 +97,13 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--mesh", default="x:2;y:4")
     ap.add_argument("--layout", default="batch:x;d_ff:y;heads:y;vocab:y")
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--objective", default="memory")
+    ap.add_argument(
+        "--call",
+        choices=["auto_mtf", "auto_layout"],
+        default="auto_mtf",
+        help="auto mode: Mesh TensorFlow's auto_mtf.layout, or (ours only) "
+        "mtf.auto_layout with its defaults",
+    )
     return ap.parse_args()
 
 

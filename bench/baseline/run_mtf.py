@@ -1,9 +1,16 @@
-# ruff: noqa: I001  (import order matters here: ortools, then the compat shim, then MTF)
+# ruff: noqa: I001  (import order matters here: the compat shim, then MTF)
 """Runs Mesh TensorFlow 0.1.21 on the shared LM graph; prints one JSON line.
 
 Run with the baseline venv (``make bench-venv-mtf``):
   .venv-mtf/bin/python bench/baseline/run_mtf.py lower --layers 8 --mesh "x:2;y:4" --layout "batch:x;d_ff:y;heads:y;vocab:y"
   .venv-mtf/bin/python bench/baseline/run_mtf.py auto --layers 32 --mesh "x:2;y:4"
+
+``auto`` measures what ``run_ours.py auto`` does: TensorFlow is loaded (Mesh
+TensorFlow imports it), the graph is built, and the clock runs over importing
+``mesh_tensorflow.auto_mtf`` (which imports OR-tools) and the call.  OR-tools
+imported the ordinary way after TensorFlow crashes in CP-SAT's ``Solve``, so it
+is imported with ``RTLD_DEEPBIND``, the same cure our planner uses
+(``layout_planner.solver_process.cp_sat_import``).
 """
 
 from __future__ import annotations
@@ -16,10 +23,8 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from ortools.sat.python import cp_model  # noqa: E402,F401  (before TF: CP-SAT crashes if TF loads first)
 import mtf_compat  # noqa: E402,F401  (must precede mesh_tensorflow)
 import mesh_tensorflow as mtf  # noqa: E402
-import mesh_tensorflow.auto_mtf  # noqa: E402,F401
 import numpy as np  # noqa: E402
 import tensorflow.compat.v1 as tf  # noqa: E402
 from graph_common import LMConfig, build_timed, parse_args  # noqa: E402
@@ -38,10 +43,18 @@ def main() -> None:
     )
     graph = mesh.graph
     if args.mode == "auto":
+        assert "ortools" not in sys.modules
         t0 = time.perf_counter()
+        flags = sys.getdlopenflags()
+        sys.setdlopenflags(os.RTLD_NOW | os.RTLD_DEEPBIND)
+        try:
+            import mesh_tensorflow.auto_mtf  # noqa: F401  (imports OR-tools)
+        finally:
+            sys.setdlopenflags(flags)
         rules = mtf.auto_mtf.layout(graph, mesh_shape, [loss])
         out["plan_s"] = time.perf_counter() - t0
         out["rules"] = str(rules)
+        out["call"] = "auto_mtf"
         print(json.dumps(out))
         return
     n = mesh_shape.size
