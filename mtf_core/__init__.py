@@ -216,3 +216,11 @@ from mtf_core.ops.selection import (  # noqa: E402
     stride_tensor_1d,
     top_1,
 )
+_LAZY["MeshImpl"] = ("mtf_core.lowering.mesh_impl", "MeshImpl")
+from mtf_core.ops.slicewise import (  # noqa: E402
+    GenericGradOperation,
+    Print,
+    SlicewiseOperation,
+    depend,
+    slicewise,
+)

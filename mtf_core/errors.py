@@ -16,6 +16,11 @@ class ShapeError(MtfError, ValueError):
     """A dimension or shape is malformed, or shapes do not agree."""
 
 
+class ShapeTypeError(ShapeError, TypeError):
+    """A value of a type that cannot be a dimension or shape (e.g. ``5``);
+    a TypeError too, as in Mesh TensorFlow."""
+
+
 class LayoutError(MtfError, ValueError):
     """Layout rules are malformed or illegal for a tensor on a mesh."""
 

@@ -200,6 +200,17 @@ class Tensor:
     __hash__ = object.__hash__
 
 
+class DimNames(frozenset[str]):
+    """A frozenset of dimension names that also returns itself when called:
+    ``op.splittable_dims`` is a set, as in Mesh TF, and
+    ``op.splittable_dims()`` still works for mtf_core's callers."""
+
+    __slots__ = ()
+
+    def __call__(self) -> DimNames:
+        return self
+
+
 class Operation:
     """Base class of every operation.
 
@@ -283,12 +294,15 @@ class Operation:
             )
         return names
 
-    def unsplittable_dims(self) -> frozenset[str]:
+    @property
+    def unsplittable_dims(self) -> DimNames:
         """Dimension names this op cannot work on when split."""
-        return self._unsplittable
+        return DimNames(self._unsplittable)
 
-    def splittable_dims(self) -> frozenset[str]:
-        return self.all_dim_names - self._unsplittable
+    @property
+    def splittable_dims(self) -> DimNames:
+        """Dimension names this op can work on when split."""
+        return DimNames(self.all_dim_names - self._unsplittable)
 
     def flops(self) -> float:
         """Floating point operations of the whole (unsplit) op.

@@ -24,7 +24,7 @@ from typing import Any
 from mtf_core.errors import IndivisibleDimensionError, LayoutError
 from mtf_core.shapes import Shape, convert_to_shape
 
-_RULE_SEPARATORS = re.compile(r"[,;\s]+")
+_RULE_SEPARATORS = re.compile(r"[,;.\s]+")
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,12 @@ class TensorLayout:
     """For each tensor axis, the mesh axis it is split over (or None)."""
 
     tensor_axis_to_mesh_axis: tuple[int | None, ...]
+
+    def __post_init__(self) -> None:
+        # A list (as Mesh TF programs pass) compares and hashes as its tuple.
+        axes = self.tensor_axis_to_mesh_axis
+        if not isinstance(axes, tuple):
+            object.__setattr__(self, "tensor_axis_to_mesh_axis", tuple(axes))
 
     def __repr__(self) -> str:
         return f"TensorLayout({self.tensor_axis_to_mesh_axis})"
@@ -52,7 +58,7 @@ class TensorLayout:
     def mesh_axis_to_tensor_axis(self, mesh_ndims: int) -> tuple[int | None, ...]:
         out: list[int | None] = [None] * mesh_ndims
         for t, m in enumerate(self.tensor_axis_to_mesh_axis):
-            if m is not None:
+            if m is not None and m < mesh_ndims:  # axes past mesh_ndims: none
                 out[m] = t
         return tuple(out)
 
@@ -78,6 +84,11 @@ class LayoutRules:
                 )
             seen[t] = m
         object.__setattr__(self, "pairs", canonical)
+
+    @property
+    def _pairs(self) -> set[tuple[str, str]]:
+        """The rules as a set (Mesh TF's attribute, which its tests read)."""
+        return set(self.pairs)
 
     def __iter__(self) -> Iterator[tuple[str, str]]:
         return iter(self.pairs)
@@ -151,7 +162,7 @@ class LayoutRules:
 
 
 def convert_to_layout_rules(x: Any) -> LayoutRules:
-    """Accepts LayoutRules, ``"a:m1;b:m2"`` (``,`` ``;`` or spaces) or pairs."""
+    """Accepts LayoutRules, ``"a:m1;b:m2"`` (``,`` ``;`` ``.`` or spaces) or pairs."""
     if isinstance(x, LayoutRules):
         return x
     if x is None:

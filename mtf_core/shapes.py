@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, SupportsIndex, overload
 
-from mtf_core.errors import ShapeError
+from mtf_core.errors import ShapeError, ShapeTypeError
 
 _SEPARATORS = re.compile(r"[,;.\s]+")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-/]*$")
@@ -82,7 +82,7 @@ def convert_to_dimension(d: Any) -> Dimension | None:
             ) from None
     if isinstance(d, (tuple, list)) and len(d) == 2:
         return Dimension(d[0], d[1])
-    raise ShapeError(
+    raise ShapeTypeError(
         f"cannot convert {d!r} to a Dimension; expected Dimension, (name, size) "
         "or 'name:size'"
     )

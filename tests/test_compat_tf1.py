@@ -12,6 +12,11 @@ import mtf_core as mtf
 pytestmark = pytest.mark.tf
 
 
+@pytest.fixture(autouse=True)
+def _devices(devices):
+    """The process's logical CPUs are configured before any TF work."""
+
+
 def _graph_with_variable(placer=None):
     graph = mtf.Graph()
     mesh = mtf.Mesh(graph, "m", placer)

@@ -97,10 +97,15 @@ class _MeshTfModule(types.ModuleType):
         if name.startswith("__"):
             raise AttributeError(name)
         import mtf_core
+        from mtf_core.compat import names
 
+        if name in names.OVERRIDES:
+            return names.OVERRIDES[name]
         try:
             return getattr(mtf_core, name)
         except AttributeError:
+            if name in names.NAMES:
+                return names.NAMES[name]
             raise AttributeError(
                 f"module 'mesh_tensorflow' (mtf_core) has no attribute {name!r}"
             ) from None

@@ -19,9 +19,19 @@ from mtf_core.shapes import Shape, convert_to_shape
 
 
 class MeshImpl:
-    """A mesh shape, layout rules and the collectives that couple devices."""
+    """A mesh shape, layout rules and the collectives that couple devices.
 
-    def __init__(self, shape: Any, layout: Any) -> None:
+    ``layout_rules=`` is accepted for ``layout`` (Mesh TF's keyword).
+    """
+
+    #: Mesh TF's flag: lowered ops may carry control dependencies.
+    supports_control_dependencies = True
+
+    def __init__(
+        self, shape: Any, layout: Any = None, layout_rules: Any = None
+    ) -> None:
+        if layout is None:
+            layout = layout_rules if layout_rules is not None else []
         self.ctx = LayoutContext.make(shape, layout)
         self.shape: Shape = self.ctx.mesh_shape
         self.layout_rules: LayoutRules = self.ctx.rules
