@@ -63,6 +63,7 @@ def _attention_named(
     dropout_rate: float = 0.0,
     name: str = "attention",
     variable_dtype: Any = None,
+    recompute_scores: bool = False,
 ) -> Tensor:
     """Multi-head dot-product attention over named dims.
 
@@ -74,6 +75,9 @@ def _attention_named(
     ``[d_model, heads, d_kv]`` (q, k, v) and ``[heads, d_kv, d_model]`` (o),
     so a ``heads`` split needs one allreduce, at the output projection.
     ``variable_dtype`` (a dtype or VariableDType) defaults to ``x``'s dtype.
+    ``recompute_scores``: the attention probabilities (logits, softmax,
+    dropout) are recomputed in the backward pass instead of kept
+    (``mtf.recompute_grad``; Megatron's selective recomputation).
     """
     heads = sized_dim(heads_dim, f"attention {name!r}")
     d_kv = sized_dim(kv_dim, f"attention {name!r}")
@@ -113,11 +117,19 @@ def _attention_named(
     k = einsum([memory, wk], output_shape=(memory.shape - [io]) + Shape([heads, d_kv]))
     v = einsum([memory, wv], output_shape=(memory.shape - [io]) + Shape([heads, d_kv]))
     logits_shape = _heads_first(q.shape - [d_kv], heads, mem_len)
-    logits = einsum([q, k], output_shape=logits_shape)
-    if bias is not None:
-        logits = logits + bias
-    weights = red.softmax(logits, mem_len)
-    weights = dropout(weights, dropout_rate)
+
+    def scores(q: Tensor, k: Tensor) -> Tensor:
+        logits = einsum([q, k], output_shape=logits_shape)
+        if bias is not None:
+            logits = logits + bias
+        return dropout(red.softmax(logits, mem_len), dropout_rate)
+
+    if recompute_scores:
+        from mtf_core.autodiff import recompute_grad
+
+        weights = recompute_grad(scores, [q, k])
+    else:
+        weights = scores(q, k)
     o = einsum([weights, v], output_shape=q.shape)
     return einsum([o, wo], output_shape=x.shape)
 

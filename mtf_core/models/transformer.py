@@ -29,7 +29,12 @@ from mtf_core.ops.creation import placeholder
 from mtf_core.ops.reshape import rename_dimension
 from mtf_core.ops.stored import stored_names
 from mtf_core.optimize import Optimizer
+from mtf_core.recompute import recompute_block
 from mtf_core.shapes import Dimension, Shape
+
+#: Recomputation options per block class (see TransformerConfig).
+RECOMPUTE_ATTENTION = ("none", "block", "scores")
+RECOMPUTE_FFN = ("none", "block")
 
 _ACTIVATIONS = {"relu": ew.relu, "gelu": ew.gelu, "silu": ew.silu}
 _NORMS = {"layer_norm": layers.layer_norm, "rms_norm": layers.rms_norm}
@@ -47,6 +52,14 @@ class TransformerConfig:
     (``d_model_stored_<class>``, class ``self_attention``, ``encdec_attention``,
     ``ffn``, ``embedding`` or ``logits``) that a layout rule may put on the data
     axis: ZeRO/FSDP sharding, see :mod:`mtf_core.ops.stored`.
+
+    Recomputation (activation checkpointing), per block class:
+    ``recompute_attention`` is ``"none"`` (keep every activation), ``"block"``
+    (keep only each attention block's input; run the block again in the
+    backward pass) or ``"scores"`` (recompute only the attention
+    probabilities, Megatron's selective recomputation); ``recompute_ffn`` is
+    ``"none"`` or ``"block"``.  Not with dropout (a recomputed mask would
+    differ).
     """
 
     num_layers: int = 2
@@ -65,8 +78,26 @@ class TransformerConfig:
     activation_dtype: str = "float32"
     master_dtype: str = "float32"
     shardable_weights: bool = False
+    recompute_attention: str = "none"
+    recompute_ffn: str = "none"
 
     def __post_init__(self) -> None:
+        for f, allowed in (
+            ("recompute_attention", RECOMPUTE_ATTENTION),
+            ("recompute_ffn", RECOMPUTE_FFN),
+        ):
+            if getattr(self, f) not in allowed:
+                raise ConfigError(
+                    f"{f} {getattr(self, f)!r} is unknown; expected one of "
+                    f"{list(allowed)}"
+                )
+        recomputes = (self.recompute_attention, self.recompute_ffn) != ("none",) * 2
+        if recomputes and self.dropout_rate:
+            raise ConfigError(
+                f"recomputation with dropout_rate {self.dropout_rate!r}: a "
+                "recomputed block would draw another dropout mask; use "
+                "dropout_rate=0 or recompute none"
+            )
         for f in ("activation_dtype", "master_dtype"):
             v = getattr(self, f)
             try:
@@ -231,32 +262,45 @@ def _attend(
     bias: Tensor | None,
     memory: Tensor | None = None,
 ) -> Tensor:
-    h = _norm(cfg, x, f"{name}_norm")
-    y = layers.multihead_attention(
-        h,
-        cfg.heads_dim,
-        cfg.kv_dim,
-        memory=memory,
-        bias=None if bias is None else ew.cast(bias, x.dtype),
-        dropout_rate=cfg.dropout_rate,
-        name=name,
-        variable_dtype=cfg.variable_dtype,
-    )
-    return x + layers.dropout(y, cfg.dropout_rate)
+    def block(x: Tensor) -> Tensor:
+        h = _norm(cfg, x, f"{name}_norm")
+        y = layers.multihead_attention(
+            h,
+            cfg.heads_dim,
+            cfg.kv_dim,
+            memory=memory,
+            bias=None if bias is None else ew.cast(bias, x.dtype),
+            dropout_rate=cfg.dropout_rate,
+            name=name,
+            variable_dtype=cfg.variable_dtype,
+            recompute_scores=cfg.recompute_attention == "scores",
+        )
+        return x + layers.dropout(y, cfg.dropout_rate)
+
+    # Encoder-decoder attention reads the encoder's output too: recomputing
+    # it as a block of x alone would lose that gradient, so it keeps all.
+    if cfg.recompute_attention == "block" and memory is None:
+        return recompute_block(block, x)
+    return block(x)
 
 
 def _feed_forward(cfg: TransformerConfig, x: Tensor, name: str) -> Tensor:
-    h = _norm(cfg, x, f"{name}_norm")
-    y = layers.dense_relu_dense(
-        h,
-        cfg.ff_dim,
-        dropout_rate=cfg.dropout_rate,
-        activation=_ACTIVATIONS[cfg.activation],
-        master_dtype=cfg.master_dtype,
-        slice_dtype=cfg.master_dtype,
-        name=name,
-    )
-    return x + layers.dropout(y, cfg.dropout_rate)
+    def block(x: Tensor) -> Tensor:
+        h = _norm(cfg, x, f"{name}_norm")
+        y = layers.dense_relu_dense(
+            h,
+            cfg.ff_dim,
+            dropout_rate=cfg.dropout_rate,
+            activation=_ACTIVATIONS[cfg.activation],
+            master_dtype=cfg.master_dtype,
+            slice_dtype=cfg.master_dtype,
+            name=name,
+        )
+        return x + layers.dropout(y, cfg.dropout_rate)
+
+    if cfg.recompute_ffn == "block":
+        return recompute_block(block, x)
+    return block(x)
 
 
 def _logits_and_loss(
