@@ -135,6 +135,7 @@ class ResponseCache:
         self._bytes = 0
         self._bodies: collections.OrderedDict[str, bytes] = collections.OrderedDict()
         self._aliases: collections.OrderedDict[bytes, str] = collections.OrderedDict()
+        self._plans: dict[str, str] = {}  # plan id -> request hash, for GET
         self._lock = threading.Lock()
 
     @staticmethod
@@ -156,15 +157,35 @@ class ResponseCache:
         with self._lock:
             return self._touch(request_hash)
 
+    def get_plan(self, plan_id: str) -> bytes | None:
+        """The body of the stored plan ``plan_id`` (GET /v1/plans/{id})."""
+        with self._lock:
+            request_hash = self._plans.get(plan_id)
+            return None if request_hash is None else self._touch(request_hash)
+
     def _touch(self, request_hash: str) -> bytes | None:
         body = self._bodies.get(request_hash)
         if body is not None:
             self._bodies.move_to_end(request_hash)
         return body
 
-    def put(self, key: bytes, request_hash: str, body: bytes) -> None:
-        """Keeps ``body`` for the request ``request_hash``, asked for in the
-        bytes whose key is ``key``."""
+    def alias(self, key: bytes, request_hash: str) -> None:
+        """Remembers that the bytes whose key is ``key`` ask for ``request_hash``."""
+        with self._lock:
+            self._alias(key, request_hash)
+
+    def _alias(self, key: bytes, request_hash: str) -> None:
+        self._aliases[key] = request_hash
+        self._aliases.move_to_end(key)
+        while len(self._aliases) > self.max_aliases:
+            self._aliases.popitem(last=False)
+
+    def put(
+        self, key: bytes | None, request_hash: str, body: bytes, plan_id: str
+    ) -> None:
+        """Keeps ``body``, the cached ``PlanOut`` of plan ``plan_id``, for the
+        request ``request_hash``, asked for in the bytes whose key is ``key``
+        (None: by the plan's id)."""
         if len(body) > self.max_bytes // 4:
             return  # one huge plan must not flush everything else
         with self._lock:
@@ -174,10 +195,11 @@ class ResponseCache:
                 while self._bytes > self.max_bytes:
                     _, old = self._bodies.popitem(last=False)
                     self._bytes -= len(old)
-            self._aliases[key] = request_hash
-            self._aliases.move_to_end(key)
-            while len(self._aliases) > self.max_aliases:
-                self._aliases.popitem(last=False)
+            self._plans[plan_id] = request_hash
+            if len(self._plans) > self.max_aliases:
+                self._plans.clear()  # ids of gone bodies: cheap to relearn
+            if key is not None:
+                self._alias(key, request_hash)
 
 
 #: Why a reaped job failed (its replica stopped sending heartbeats).
@@ -310,12 +332,26 @@ class PlannerService:
         body = self.responses.get_request(spec.request_hash)
         if body is not None:
             self.metrics.cache_hits.inc()
-            self.responses.put(key, spec.request_hash, body)
+            self.responses.alias(key, spec.request_hash)
         return body
 
-    def remember(self, key: bytes, spec: PlanSpec, body: bytes) -> None:
-        """Keeps a cached ``PlanOut`` under the request's bytes and its hash."""
-        self.responses.put(key, spec.request_hash, body)
+    def remember(self, key: bytes, record: PlanRecord) -> bytes:
+        """The cached ``PlanOut`` of a stored plan, kept in memory under the
+        request's bytes (``key``), its hash and the plan's id."""
+        body = plan_body(record, cached=True)
+        self.responses.put(key, record.request_hash, body, record.id)
+        return body
+
+    def plan_body(self, plan_id: str) -> bytes | None:
+        """GET /v1/plans/{id}: from memory, else from the store (then kept)."""
+        body = self.responses.get_plan(plan_id)
+        if body is None:
+            record = self.store.get_plan(plan_id)
+            if record is None:
+                return None
+            body = plan_body(record, cached=True)
+            self.responses.put(None, record.request_hash, body, record.id)
+        return body
 
     def cached(self, spec: PlanSpec) -> PlanRecord | None:
         record = self.store.get_plan_by_hash(spec.request_hash)

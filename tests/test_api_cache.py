@@ -76,6 +76,11 @@ def test_the_same_request_in_other_bytes_is_answered_from_memory(client):
             assert again["request_hash"] == first["request_hash"]
             assert again["plan"] == first["plan"]
         assert lookups == []  # memory answered; the database was not asked
+        store.get_plan = lambda plan_id: lookups.append(plan_id)  # must not run
+        got = client.get(f"/v1/plans/{first['id']}")
+        assert got.status_code == 200 and got.json()["plan"] == first["plan"]
+        assert lookups == []  # GET by id: memory too
+        del store.get_plan
         # Another question (top_k 4) is not the same request.
         other = post(
             client, json.dumps({"graph": graph, "mesh_shape": "x:2;y:2", "top_k": 4})
@@ -105,16 +110,17 @@ def test_response_cache_keeps_each_body_once_and_bounds_bytes_and_aliases():
     cache = ResponseCache(max_bytes=4000, max_aliases=5)
     body = b"x" * 900
     for i in range(5):  # five spellings of one request: one body, five aliases
-        cache.put(cache.key(b"spelling %d" % i), "req-a", body)
+        cache.put(cache.key(b"spelling %d" % i), "req-a", body, "plan-a")
     assert cache._bytes == 900
     assert all(cache.get(cache.key(b"spelling %d" % i)) is body for i in range(5))
-    assert cache.get_request("req-a") is body
-    cache.put(cache.key(b"sixth"), "req-a", body)  # the oldest alias goes
+    assert cache.get_request("req-a") is body and cache.get_plan("plan-a") is body
+    cache.put(cache.key(b"sixth"), "req-a", body, "plan-a")  # the oldest alias goes
     assert cache.get(cache.key(b"spelling 0")) is None
     for name in "bcde":  # 4 more bodies of 900 bytes: over 4000, "a" goes
-        cache.put(cache.key(name.encode()), f"req-{name}", b"y" * 900)
+        cache.put(None, f"req-{name}", b"y" * 900, f"plan-{name}")
     assert cache._bytes <= 4000
-    assert cache.get_request("req-a") is None
+    assert cache.get_request("req-a") is None and cache.get_plan("plan-a") is None
+    assert cache.get_plan("plan-e") == b"y" * 900
     assert cache.get(cache.key(b"sixth")) is None  # an alias of a gone body
-    cache.put(cache.key(b"huge"), "req-huge", b"z" * 1001)  # > max_bytes / 4
+    cache.put(cache.key(b"huge"), "req-huge", b"z" * 1001, "p")  # > max_bytes / 4
     assert cache.get_request("req-huge") is None

@@ -57,9 +57,7 @@ async def create_plan(raw: JsonBody, service: ServiceDep) -> Response:
         return Response(hit, media_type=JSON)
     record = await run_in_threadpool(service.cached, spec)
     if record is not None:
-        cached = plan_body(record, cached=True)
-        service.remember(key, spec, cached)
-        return Response(cached, media_type=JSON)
+        return Response(service.remember(key, record), media_type=JSON)
     await run_in_threadpool(service.validate, spec)
     try:
         job, fut = await run_in_threadpool(service.submit, spec)
@@ -87,7 +85,7 @@ async def create_plan(raw: JsonBody, service: ServiceDep) -> Response:
                     error="solve_failed",
                     headers={"Retry-After": "5"},
                 )
-            service.remember(key, spec, plan_body(record, cached=True))
+            service.remember(key, record)
             return Response(plan_body(record, cached=False), media_type=JSON)
     latest = await run_in_threadpool(service.store.get_job, job.id)
     assert latest is not None
@@ -123,8 +121,11 @@ def list_plans(
     responses=error_responses(404, 422),
     summary="Get one plan",
 )
-def get_plan(plan_id: str, service: ServiceDep) -> Response:
-    record = service.store.get_plan(plan_id)
-    if record is None:
+async def get_plan(plan_id: str, service: ServiceDep) -> Response:
+    # Stored plans never change: memory first, on the event loop.
+    body = service.responses.get_plan(plan_id)
+    if body is None:
+        body = await run_in_threadpool(service.plan_body, plan_id)
+    if body is None:
         return error_response(404, f"there is no plan {plan_id!r}")
-    return Response(plan_body(record, cached=True), media_type=JSON)
+    return Response(body, media_type=JSON)
