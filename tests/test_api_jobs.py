@@ -55,6 +55,9 @@ def test_cancelling_a_running_job_kills_its_solve_and_frees_the_worker(client):
     assert r.status_code == 200, r.text
     assert r.json()["status"] == "cancelled"
     assert "cancelled" in r.json()["error"]
+    # Its worker is being replaced: the service is alive and still ready.
+    assert client.get("/healthz").status_code == 200
+    assert client.get("/readyz").status_code == 200
     # Cancelling again: it has finished.
     again = client.delete(f"/v1/jobs/{job['id']}")
     assert again.status_code == 409 and again.json()["error"] == "conflict"
