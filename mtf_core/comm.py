@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from mtf_core import dtypes
@@ -41,6 +42,33 @@ if TYPE_CHECKING:
     from mtf_core.graph import Operation
 
 
+class CollectiveKind(StrEnum):
+    """The collectives a lowering issues (and the cost model prices).
+
+    A ``StrEnum``: members equal their strings, so records read from JSON and
+    callers that pass ``"allreduce"`` keep working; an unknown kind is an
+    error where a record or spec is made, not a silently unpriced entry.
+    """
+
+    ALLREDUCE = "allreduce"
+    ALLCONCAT = "allconcat"
+    ALLTOALL = "alltoall"
+    ALLSPLIT = "allsplit"  # local: no communication
+    SHIFT = "shift"
+    BROADCAST = "broadcast"
+    REDUCE_SCATTER = "reducescatter"
+
+
+class Reduction(StrEnum):
+    """How an allreduce (or a reduction op) combines values."""
+
+    SUM = "SUM"
+    MAX = "MAX"
+    MIN = "MIN"
+    LOGICAL_OR = "LOGICAL_OR"
+    LOGICAL_AND = "LOGICAL_AND"
+
+
 @dataclass(frozen=True)
 class CollectiveSpec:
     """A collective an op will issue under a layout.
@@ -50,11 +78,15 @@ class CollectiveSpec:
     non-sum consumer (or an export) first needs the value.
     """
 
-    kind: str
+    kind: str  # a CollectiveKind (canonicalized)
     mesh_axes: tuple[str, ...]
     bytes_per_device: int
     pending: bool = False
-    reduction: str = "SUM"
+    reduction: str = "SUM"  # a Reduction (canonicalized)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", CollectiveKind(self.kind))
+        object.__setattr__(self, "reduction", Reduction(self.reduction))
 
 
 @dataclass
@@ -187,11 +219,14 @@ def allreduce_collectives(
 class LayoutStep:
     """One step of a layout change: ``kind`` over ``mesh_axis``."""
 
-    kind: str  # alltoall | allconcat | allsplit
+    kind: str  # CollectiveKind: alltoall | allconcat | allsplit
     mesh_axis: int
     split_axis: int | None  # tensor axis split (alltoall, allsplit)
     concat_axis: int | None  # tensor axis gathered (alltoall, allconcat)
     bytes_per_device: int  # local slice bytes going in (0 for allsplit)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", CollectiveKind(self.kind))
 
 
 def plan_layout_change(

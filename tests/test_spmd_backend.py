@@ -322,7 +322,7 @@ def test_every_primitive_records_what_placement_records(
 def test_reduce_scatter_and_broadcast_record_their_slice_bytes(results: dict) -> None:
     # a [2, 2, 4] float32 slice is 64 bytes; both run over mesh axis y
     assert results["primitives"]["spmd_extra_records"] == [
-        ["reduce_scatter", ["y"], 64],
+        ["reducescatter", ["y"], 64],
         ["broadcast", ["y"], 64],
     ]
 

@@ -10,17 +10,24 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
+from mtf_core.comm import CollectiveKind, Reduction
+
 
 @dataclass(frozen=True)
 class CollectiveRecord:
     """One collective the lowering issued."""
 
-    kind: str  # allreduce | allconcat | alltoall | shift | broadcast
+    kind: str  # a mtf_core.comm.CollectiveKind (canonicalized)
     mesh_axes: tuple[str, ...]
     bytes_per_device: int
     op_name: str
     op_type: str
-    reduction: str = ""
+    reduction: str = ""  # a mtf_core.comm.Reduction, or "" when none applies
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", CollectiveKind(self.kind))
+        if self.reduction:
+            object.__setattr__(self, "reduction", Reduction(self.reduction))
 
     @property
     def axes_key(self) -> str:

@@ -42,6 +42,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from mtf_core.comm import CollectiveKind
 from mtf_core.errors import LoweringError
 from mtf_core.lowering import cluster
 from mtf_core.lowering import spmd_collectives as coll
@@ -362,7 +363,10 @@ class SimdMeshImpl(MeshImpl):
         if n == 1:
             return x
         x = x.to_laid_out_tensor()
-        self.record("reduce_scatter", [mesh_axis], x.slice_bytes, reduction="SUM")
+        # The same kind the placement backend records and the cost model prices.
+        self.record(
+            CollectiveKind.REDUCE_SCATTER, [mesh_axis], x.slice_bytes, reduction="SUM"
+        )
         groups = self.axis_groups([mesh_axis])
 
         def fn(t: Any) -> Any:
