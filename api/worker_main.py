@@ -35,7 +35,14 @@ def solve_task(task: dict[str, Any], report: Report) -> dict[str, Any]:
     options = PlanOptions.from_dict(task["options"])
     report("solving", 0.2)
     mesh = task["mesh_shape"] if task["mesh_shape"] is not None else task["num_devices"]
-    plan = auto_layout(loaded.graph, mesh, loaded.outputs, options=options)
+    plan = auto_layout(
+        loaded.graph,
+        mesh,
+        loaded.outputs,
+        options=options,
+        # The mesh-shape search reports each shape it tries: 0.2 .. 0.9.
+        progress=lambda phase, fraction: report(phase, 0.2 + 0.7 * fraction),
+    )
     report("storing plan", 0.95)
     return {
         "plan": json_safe(plan.to_dict(), "plan"),

@@ -6,23 +6,34 @@ changes its link; ``ordered=False`` keeps one order per multiset, sizes
 non-increasing, for symmetric meshes).  The best plan wins by: fits in
 memory, then the objective (time, or peak then time), then fewer axes, then
 larger leading axes (``4x2`` before ``2x4``).
+
+The request's ``time_limit_s`` bounds the whole search: each shape's solve gets
+what is left of it, and when it runs out the search stops and returns the
+best shape tried so far, with status ``feasible`` and a ``reason`` that says
+how many of the shapes it tried.  (It may overrun by one shape's tables and
+the final plan's assembly.)
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from cost_models.hardware import HardwareProfile
 from layout_planner.analysis import GraphAnalysis
 from layout_planner.errors import PlannerError
 from layout_planner.plan import LayoutPlan, MeshTrial
+from layout_planner.plan_mesh import check_graph, plan_problem
 from layout_planner.problem import LayoutProblem
-from layout_planner.program import Objective, SolveParams
+from layout_planner.program import Objective, SolveParams, SolveStatus
 from mtf_core.graph import Graph, Tensor
 from mtf_core.shapes import Dimension, Shape
 
 AXIS_NAMES = ("x", "y", "z", "w")
+# The least solver time a shape (or the final plan) gets once the request's
+# budget is spent (the final plan must still be made).
+_MIN_SOLVE_S = 0.05
 
 
 def factorizations(
@@ -65,11 +76,14 @@ def search_mesh_shape(
     verify: bool = True,
     axis_names: Sequence[str] = AXIS_NAMES,
     ordered: bool = True,
+    progress: Callable[[str, float], None] | None = None,
 ) -> LayoutPlan:
-    """Plans every mesh shape of ``num_devices`` devices; returns the best plan,
-    with every shape tried in ``mesh_trials``."""
-    from layout_planner.planner import check_graph, plan_problem
-
+    """Plans every mesh shape of ``num_devices`` devices (within
+    ``params.time_limit_s`` for the whole search); returns the best plan, with
+    every shape tried in ``mesh_trials``.  ``progress(phase, fraction)`` is
+    called before each shape and before the final plan."""
+    t0 = time.monotonic()
+    deadline = t0 + params.time_limit_s
     if (
         isinstance(num_devices, bool)
         or not isinstance(num_devices, int)
@@ -85,12 +99,18 @@ def search_mesh_shape(
         )
     check_graph(graph, outputs)
     analysis = GraphAnalysis(graph, outputs)
-    trial_params = replace(params, top_k=1)
+    shapes = factorizations(num_devices, max_dims, ordered)
     best: tuple[tuple[float, ...], LayoutProblem] | None = None
     trials = []
-    for sizes in factorizations(num_devices, max_dims, ordered):
-        mesh = Shape([Dimension(axis_names[i], s) for i, s in enumerate(sizes)])
+    for i, sizes in enumerate(shapes):
+        left = deadline - time.monotonic()
+        if trials and left <= 0:
+            break
+        mesh = Shape([Dimension(axis_names[k], s) for k, s in enumerate(sizes)])
+        if progress is not None:
+            progress(f"mesh shape {i + 1} of {len(shapes)}: {mesh}", i / len(shapes))
         problem = LayoutProblem(graph, mesh, hardware, outputs, analysis)
+        trial_params = replace(params, top_k=1, time_limit_s=max(left, _MIN_SOLVE_S))
         plan = plan_problem(
             problem, objective, trial_params, verify=False, extras=False
         )
@@ -101,13 +121,40 @@ def search_mesh_shape(
         key = _rank_key(plan, objective, sizes)
         if best is None or key < best[0]:
             best = (key, problem)
+    stopped = len(trials) < len(shapes)
     if best is None:
+        tried = "; ".join(f"{t.mesh_shape}: {t.status.value}" for t in trials)
+        if stopped:
+            raise PlannerError(
+                f"no layout found within time_limit_s={params.time_limit_s:g} s: the "
+                f"mesh-shape search tried {len(trials)} of the {len(shapes)} shapes "
+                f"of {num_devices} devices ({tried}); raise time_limit_s or lower "
+                "max_mesh_dims"
+            )
         raise PlannerError(
-            f"no mesh shape of {num_devices} devices has a layout: "
-            + "; ".join(f"{t.mesh_shape}: {t.status.value}" for t in trials)
+            f"no mesh shape of {num_devices} devices has a layout: {tried}"
         )
-    final = plan_problem(best[1], objective, params, verify=verify)
-    return replace(final, mesh_trials=tuple(trials))
+    if progress is not None:
+        progress(f"planning on {best[1].mesh_shape}", len(trials) / len(shapes))
+    left = deadline - time.monotonic()
+    final = plan_problem(
+        best[1],
+        objective,
+        replace(params, time_limit_s=max(left, _MIN_SOLVE_S)),
+        verify=verify,
+    )
+    final = replace(final, mesh_trials=tuple(trials))
+    if stopped:
+        note = (
+            f"the mesh-shape search stopped at time_limit_s={params.time_limit_s:g} s "
+            f"after {len(trials)} of the {len(shapes)} shapes of {num_devices} "
+            f"devices; this is the best of those, not proven best of all (raise "
+            "time_limit_s, or lower max_mesh_dims, to try them all)"
+        )
+        status = SolveStatus.FEASIBLE if final.status.has_solution else final.status
+        reason = f"{final.reason}; {note}" if final.reason else note
+        final = replace(final, status=status, reason=reason)
+    return final
 
 
 def _rank_key(
