@@ -282,12 +282,3 @@ class EvaluateOut(BaseModel):
 
 class HardwareList(BaseModel):
     presets: dict[str, dict[str, Any]]
-
-
-class HealthOut(BaseModel):
-    status: Literal["ok", "degraded"]
-    store: str
-    workers: int
-    workers_alive: int
-    queue_depth: int
-    running: int
