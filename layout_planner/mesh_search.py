@@ -101,7 +101,7 @@ def search_mesh_shape(
     analysis = GraphAnalysis(graph, outputs)
     shapes = factorizations(num_devices, max_dims, ordered)
     best: tuple[tuple[float, ...], LayoutProblem] | None = None
-    trials = []
+    trials: list[MeshTrial] = []
     for i, sizes in enumerate(shapes):
         left = deadline - time.monotonic()
         if trials and left <= 0:
