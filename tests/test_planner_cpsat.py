@@ -16,9 +16,7 @@ pytestmark = pytest.mark.solver
 
 
 def test_every_cp_sat_status_maps_to_one_of_ours() -> None:
-    from ortools.sat.python import cp_model
-
-    from layout_planner.cpsat import _STATUS
+    from layout_planner.cpsat import _STATUS, cp_model
 
     names = {"OPTIMAL", "FEASIBLE", "INFEASIBLE", "MODEL_INVALID", "UNKNOWN"}
     assert {getattr(cp_model, n) for n in names} == set(_STATUS)
@@ -71,14 +69,16 @@ def test_worker_process_solves_the_same_plan(monkeypatch: pytest.MonkeyPatch) ->
     plan = mtf.auto_layout(model.graph, "x:2;y:2", [model.loss], top_k=3, verify=False)
     assert plan.solver.solved_in == "subprocess"
     monkeypatch.delenv("MTF_PLANNER_SOLVER")
-    if solver_process.solver_location() == "inprocess":
-        here = mtf.auto_layout(
-            model.graph, "x:2;y:2", [model.loss], top_k=3, verify=False
-        )
-        assert here.solver.solved_in == "inprocess"
-        assert [c.layout_rules for c in here.candidates] == [
-            c.layout_rules for c in plan.candidates
-        ]
+    # In process, whether or not this test worker loaded TensorFlow first:
+    # OR-tools is imported with RTLD_DEEPBIND (solver_process.cp_sat_import).
+    assert solver_process.solver_location() == "inprocess"
+    assert solver_process.how_loaded() == "deepbind"
+    here = mtf.auto_layout(model.graph, "x:2;y:2", [model.loss], top_k=3, verify=False)
+    assert here.solver.solved_in == "inprocess"
+    assert [c.layout_rules for c in here.candidates] == [
+        c.layout_rules for c in plan.candidates
+    ]
+    assert [c.cost for c in here.candidates] == [c.cost for c in plan.candidates]
     assert len(plan.candidates) == 3 and plan.status.value == "optimal"
 
 
