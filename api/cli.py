@@ -5,6 +5,7 @@
     mtf-planner plan lm.json --mesh "x:2;y:4" --hardware h100-nvlink-ib \\
         [--server http://127.0.0.1:8080] [--max-memory-fraction 0.9] [--json]
     mtf-planner seed --data-dir .data
+    mtf-planner calibrate --devices 8 -o cpu8.json
 
 ``plan`` exits 0 when the plan fits in memory, 3 when nothing fits (or no
 layout was found): a CI step fails when a model change stops fitting the
@@ -20,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from api import calibrate_cli
 from api.schemas import DEFAULT_TIME_LIMIT_S
 
 EXIT_OK = 0
@@ -112,6 +114,7 @@ def _parser() -> argparse.ArgumentParser:
     sd = sub.add_parser("seed", help="store plans for the example models")
     sd.add_argument("--data-dir")
     sd.add_argument("--database-url")
+    calibrate_cli.add_parser(sub)
     return p
 
 
@@ -340,6 +343,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "plan": cmd_plan,
         "export": cmd_export,
         "seed": cmd_seed,
+        "calibrate": calibrate_cli.cmd_calibrate,
     }
     try:
         return commands[args.command](args)

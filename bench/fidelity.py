@@ -34,6 +34,7 @@ import random
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -105,38 +106,46 @@ def feeds(model: Any) -> list[Any]:
     return out
 
 
-def child(workload: str, mesh: str, rules: str, backend: str, steps: int) -> dict:
-    """Measures one layout's step in this process."""
+def child(workload: str, mesh: str, rules: str, backends: str, steps: int) -> dict:
+    """Measures one layout's step on each backend (comma-separated) in this
+    process: per backend the fastest of ``steps`` steps after a warm-up, in
+    wall seconds and in CPU seconds / usable cores (see ``--clock``)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import mtf_core as mtf
+    from mtf_core.lowering.calibrate import usable_cores
 
-    model = build(workload)
-    devices = mtf.logical_devices(8)
-    if backend == "spmd":
-        impl: Any = mtf.SimdMeshImpl(mesh, rules, devices)
-    else:
-        impl = mtf.PlacementMeshImpl(mesh, rules, devices)
-    fn = mtf.compile_function(
-        model.graph,
-        {model.mesh: impl},
-        model.placeholders,
-        [model.loss],
-        model.updates,
-    )
-    args = feeds(model)
-    for _ in range(2):
+    cores = usable_cores(8)
+    out = {}
+    for backend in backends.split(","):
+        model = build(workload)
+        devices = mtf.logical_devices(8)
+        if backend == "spmd":
+            impl: Any = mtf.SimdMeshImpl(mesh, rules, devices)
+        else:
+            impl = mtf.PlacementMeshImpl(mesh, rules, devices)
+        fn = mtf.compile_function(
+            model.graph,
+            {model.mesh: impl},
+            model.placeholders,
+            [model.loss],
+            model.updates,
+        )
+        args = feeds(model)
         fn(*args)
-    times, cpu = [], []
-    for _ in range(steps):
-        t0, c0 = time.perf_counter(), time.process_time()
-        fn(*args)
-        times.append(time.perf_counter() - t0)
-        cpu.append(time.process_time() - c0)
-    return {"seconds": min(times), "times": times, "cpu_s": min(cpu), "cpus": cpu}
+        wall, cpu = [], []
+        for _ in range(steps):
+            t0, c0 = time.perf_counter(), time.process_time()
+            fn(*args)
+            wall.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
+        out[backend] = {"wall_s": min(wall), "cpu_s": min(cpu) / cores}
+    return out
 
 
-def measure(workload: str, mesh: str, rules: str, backend: str, steps: int) -> float:
-    """One layout's fastest step, in a fresh process."""
+def measure(
+    workload: str, mesh: str, rules: str, backends: list[str], steps: int
+) -> dict:
+    """One layout's fastest steps, in a fresh process."""
     cmd = [
         sys.executable,
         str(Path(__file__).resolve()),
@@ -144,14 +153,15 @@ def measure(workload: str, mesh: str, rules: str, backend: str, steps: int) -> f
         workload,
         mesh,
         rules,
-        backend,
+        ",".join(backends),
         str(steps),
     ]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
     if out.returncode != 0:
         raise RuntimeError(f"child failed ({' '.join(cmd)}):\n{out.stderr[-3000:]}")
-    return float(json.loads(out.stdout.strip().splitlines()[-1])["seconds"])
+    result: dict = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
 
 
 def candidate_layouts(model: Any, mesh: str, hw: Any, count: int, seed: int) -> list:
@@ -171,21 +181,17 @@ def candidate_layouts(model: Any, mesh: str, hw: Any, count: int, seed: int) -> 
         return cost.fits
 
     plan = mtf.auto_layout(
-        model.graph, mesh, outputs=[model.loss], hardware=hw, top_k=count
+        model.graph, mesh, outputs=[model.loss], hardware=hw, top_k=max(1, count // 2)
     )
     for c in plan.candidates:
         out.setdefault(str(c.layout_rules), f"planner#{c.rank}")
-    shape = convert_to_shape(mesh)
-    if shape.ndims == 1:
-        base = {"data-parallel": "batch:all", "model-parallel": None, "2d": None}
-    else:
-        base = {}
-    for name, rules in base.items():
-        if rules and valid(rules):
-            out.setdefault(rules, name)
+    for b in plan.baselines:
+        rules = None if b.layout_rules is None else str(b.layout_rules)
+        if rules is not None and valid(rules):
+            out.setdefault(rules, b.name)
     names = sorted(_splittable_dims(model.graph))
     rng = random.Random(seed)
-    axes = shape.dimension_names
+    axes = convert_to_shape(mesh).dimension_names
     tries = 0
     while len(out) < count and tries < 5000:
         tries += 1
@@ -206,6 +212,7 @@ def _splittable_dims(graph: Any) -> set[str]:
 
 
 def metrics(pred: list[float], meas: list[float]) -> dict[str, float]:
+    """Rank correlation, regret, top-3 hit and error of ``pred`` against ``meas``."""
     from scipy.stats import spearmanr
 
     rho = float(spearmanr(pred, meas).statistic) if len(pred) > 2 else float("nan")
@@ -233,6 +240,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=5, help="timed steps per layout")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="also write every row here")
+    p.add_argument("--jobs", type=int, default=1, help="layouts measured at once")
     p.add_argument("--no_write", action="store_true", help="leave the docs alone")
     p.add_argument("--child", nargs=5, metavar=("W", "MESH", "RULES", "B", "N"))
     args = p.parse_args()
@@ -248,52 +256,83 @@ def main() -> None:
 
     machine = machine_summary()
     hw = get_hardware(args.hardware)
-    rows, table = [], []
+    tasks = []
     for w in args.workloads:
         model = build(w)
         for mesh in args.meshes:
-            layouts = candidate_layouts(model, mesh, hw, args.layouts, args.seed)
-            for backend in args.backends:
-                hb = hw.for_backend(backend)
-                pred, meas = [], []
-                for src, rules in layouts:
-                    cost = evaluate(model.graph, mesh, rules, hb, outputs=[model.loss])
-                    seconds = measure(w, mesh, rules, backend, args.steps)
-                    pred.append(cost.time_s)
-                    meas.append(seconds)
-                    rows.append(
-                        dict(
-                            workload=w,
-                            mesh=mesh,
-                            backend=backend,
-                            source=src,
-                            rules=rules,
-                            predicted_s=cost.time_s,
-                            measured_s=seconds,
-                        )
-                    )
-                    print(
-                        f"{w:5s} {mesh:12s} {backend:9s} {src:14s} {rules:40s} "
-                        f"pred {cost.time_s * 1e3:8.1f} ms  meas {seconds * 1e3:8.1f}"
-                        f" ms  ratio {cost.time_s / seconds:5.2f}",
-                        flush=True,
-                    )
-                m = metrics(pred, meas)
+            for src, rules in candidate_layouts(
+                model, mesh, hw, args.layouts, args.seed
+            ):
+                preds = {
+                    b: evaluate(
+                        model.graph,
+                        mesh,
+                        rules,
+                        hw.for_backend(b),
+                        outputs=[model.loss],
+                    ).time_s
+                    for b in args.backends
+                }
+                tasks.append((w, mesh, src, rules, preds))
+    print(f"{len(tasks)} layouts, {machine}", flush=True)
+
+    def run(task: tuple) -> list[dict]:
+        w, mesh, src, rules, preds = task
+        got = measure(w, mesh, rules, args.backends, args.steps)
+        rows = [
+            dict(
+                workload=w,
+                mesh=mesh,
+                backend=b,
+                source=src,
+                rules=rules,
+                predicted_s=preds[b],
+                **got[b],
+            )
+            for b in args.backends
+        ]
+        for r in rows:
+            print(
+                f"{w:5s} {mesh:12s} {r['backend']:9s} {src:16s} {rules:44s} pred "
+                f"{r['predicted_s'] * 1e3:7.1f} ms  cpu {r['cpu_s'] * 1e3:7.1f} ms  "
+                f"wall {r['wall_s'] * 1e3:7.1f} ms",
+                flush=True,
+            )
+        return rows
+
+    with ThreadPoolExecutor(args.jobs) as pool:
+        rows = [r for rs in pool.map(run, tasks) for r in rs]
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    table = []
+    for w in args.workloads:
+        for mesh in args.meshes:
+            for b in args.backends:
+                sel = [
+                    r
+                    for r in rows
+                    if (r["workload"], r["mesh"], r["backend"]) == (w, mesh, b)
+                ]
+                if not sel:
+                    continue
+                pred = [r["predicted_s"] for r in sel]
+                m = metrics(pred, [r["cpu_s"] for r in sel])
+                mw = metrics(pred, [r["wall_s"] for r in sel])
                 table.append(
                     [
                         w,
                         mesh,
-                        backend,
-                        len(pred),
+                        b,
+                        len(sel),
                         f"{m['rho']:.2f}",
                         f"{m['regret']:.2f}",
                         "yes" if m["top3"] else "no",
                         f"{m['within25']:.0%}",
                         f"{m['median_ratio']:.2f} ({m['min_ratio']:.2f}-"
                         f"{m['max_ratio']:.2f})",
+                        f"{mw['rho']:.2f} / {mw['regret']:.2f} / {mw['within25']:.0%}",
                     ]
                 )
-                print(table[-1], flush=True)
     headers = [
         "workload",
         "mesh",
@@ -304,11 +343,10 @@ def main() -> None:
         "top-3 hit",
         "within 25%",
         "predicted / measured: median (range)",
+        "wall clock: rho / regret / within 25%",
     ]
     text = markdown_table(headers, table)
     print(text)
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
     if not args.no_write:
         body = f"{machine}; profile `{hw.name}`.\n\n    {command_line()}\n\n{text}\n"
         replace_section("fidelity", body, title="Cost model fidelity")

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -133,33 +133,48 @@ def fit_rates(
 
 @dataclass(frozen=True)
 class Measurement:
-    """One measured step: the graph (JSON document, outputs included), the
-    layout, the backend and the fastest step's seconds."""
+    """One measured step: the graph (JSON document, outputs included) or its
+    precomputed ``known_features``, the layout, the backend and the fastest
+    step's seconds."""
 
-    graph: Mapping[str, Any]
+    graph: Mapping[str, Any] | None
     mesh_shape: str
     layout_rules: str
     backend: str
     seconds: float
+    known_features: Mapping[str, float] | None = None
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Measurement:
-        for key in ("graph", "mesh_shape", "layout_rules", "backend", "seconds"):
+        for key in ("mesh_shape", "layout_rules", "backend", "seconds"):
             if key not in d:
                 raise CostModelError(f"measurement: missing key {key!r}")
+        if d.get("graph") is None and d.get("features") is None:
+            raise CostModelError("measurement: needs a 'graph' or its 'features'")
         if d["backend"] not in BACKENDS:
             raise CostModelError(
                 f"measurement: backend {d['backend']!r}; expected one of {BACKENDS}"
             )
+        feats = d.get("features")
+        if feats is not None:
+            unknown = sorted(set(feats) - set(FEATURES))
+            if unknown:
+                raise CostModelError(
+                    f"measurement: unknown features {unknown}; expected among "
+                    f"{list(FEATURES)}"
+                )
         return cls(
-            d["graph"],
+            d.get("graph"),
             str(d["mesh_shape"]),
             str(d["layout_rules"]),
             str(d["backend"]),
             float(d["seconds"]),
+            None if feats is None else {str(k): float(v) for k, v in feats.items()},
         )
 
     def features(self) -> dict[str, float]:
+        if self.known_features is not None:
+            return dict(self.known_features)
         from mtf_core.serialization import graph_from_dict
 
         loaded = graph_from_dict(self.graph)
@@ -183,13 +198,26 @@ def fit_profile(
     profile: Mapping[str, Any],
     extra: Iterable[Measurement | Mapping[str, Any]] = (),
     backend: str | None = None,
+    keep_graphs: bool = False,
 ) -> dict[str, Any]:
     """``profile`` (a ``to_dict()``-style mapping with ``measured.sweep``)
     with per-backend rates fitted from its sweep plus ``extra`` measurements;
-    ``measured.fit`` records each row's prediction and error."""
+    ``measured.fit`` records each row's error (predicted / measured - 1).
+    Each sweep record gets its ``features``; its ``graph`` is dropped unless
+    ``keep_graphs``."""
     base = dict(profile)
     measured = dict(base.get("measured") or {})
-    sweep = list(measured.get("sweep") or [])
+    sweep = []
+    for rec in measured.get("sweep") or []:
+        # Keep each point's features beside it: the graph can then be dropped
+        # (a model's JSON is large) and the profile still says what was fitted.
+        rec = dict(rec)
+        if rec.get("features") is None:
+            rec["features"] = Measurement.from_dict(rec).features()
+        if not keep_graphs:
+            rec.pop("graph", None)
+        sweep.append(rec)
+    measured["sweep"] = sweep
     extra = [
         m if isinstance(m, Measurement) else Measurement.from_dict(m) for m in extra
     ]
@@ -223,18 +251,39 @@ def fit_profile(
 
 def refit(
     hw: HardwareProfile | Mapping[str, Any] | str,
-    measurements: Iterable[Measurement | Mapping[str, Any]],
-    sweep: Sequence[Mapping[str, Any]] = (),
+    measurements: Iterable[
+        Measurement | Mapping[str, Any] | tuple[Mapping[str, float], float]
+    ],
+    prior_weight: float = PRIOR_WEIGHT,
+    backend: str | None = None,
 ) -> HardwareProfile:
-    """``hw`` with its rates refitted from ``measurements`` (and the sweep it
-    was calibrated from, if given), starting from its current rates (or the
-    roofline's, for an uncalibrated profile such as ``cpu-host``)."""
+    """``hw`` with the rates of ``backend`` (default: the profile's) refitted from ``measurements``
+    (:class:`Measurement` s, their dicts, or ``(features, seconds)`` rows of
+    that backend), starting from its current rates (the roofline's for an
+    uncalibrated profile such as ``cpu-host``).  Other backends keep theirs."""
     hw = get_hardware(hw)
-    d = hw.to_dict()
-    d["measured"] = {"sweep": list(sweep)}
-    fitted = fit_profile(d, measurements, backend=_backend(hw))
-    fitted.pop("measured", None)
-    return HardwareProfile.from_dict(fitted)
+    if backend is None:
+        backend = _backend(hw)
+    elif backend not in BACKENDS:
+        raise CostModelError(f"backend {backend!r}; expected one of {BACKENDS}")
+    if hw.calibration is not None and backend in dict(hw.calibration.coefficients):
+        hw = hw.for_backend(backend)
+    rows: list[tuple[Mapping[str, float], float]] = []
+    for m in measurements:
+        if isinstance(m, tuple):
+            rows.append(m)
+            continue
+        m = m if isinstance(m, Measurement) else Measurement.from_dict(m)
+        if m.backend == backend:
+            rows.append((m.features(), m.seconds))
+    roof = roofline_rates(hw)
+    current = dict(hw.rates or {})
+    prior = {f: current.get(f) or roof[f] for f in FEATURES}
+    rates = fit_rates(rows, prior, prior_weight)
+    old = dict(hw.calibration.coefficients) if hw.calibration is not None else {}
+    coefs = {b: tuple(c) for b, c in old.items()}
+    coefs[backend] = tuple(sorted(rates.items()))
+    return replace(hw, calibration=Calibration(backend, tuple(sorted(coefs.items()))))
 
 
 def _backend(hw: HardwareProfile) -> str:

@@ -22,6 +22,8 @@ feature                   unit, counted for
 ``random_bytes``          random draws (the full tensor on every device)
 ``movement_bytes``        concat, split, slice, pad, shift, stack, fed inputs
 ``assign_bytes``          variable assignments
+``large_bytes``           of all the bytes above, those of slices of at least
+                          1 MiB (they go to main memory, not the cache)
 ``<kind>_bytes``          a collective's ring bandwidth term in bytes: allreduce
                           ``2(n-1)/n*b``, allconcat ``(n-1)*b``, alltoall
                           ``(n-1)/n*b``, shift and broadcast ``b``
@@ -63,9 +65,12 @@ COMPUTE_CLASSES = (
     "assign",
 )
 COLLECTIVE_KINDS = ("allreduce", "allconcat", "alltoall", "shift", "broadcast")
-COMPUTE_FEATURES = ("ops", "matmul_flops") + tuple(
+COMPUTE_FEATURES = ("ops", "matmul_flops", "large_bytes") + tuple(
     f"{c}_bytes" for c in COMPUTE_CLASSES
 )
+#: A slice at least this large no longer stays in a core's cache between ops:
+#: its bytes also count as ``large_bytes`` (main-memory traffic).
+LARGE_SLICE_BYTES = 1 << 20
 COLLECTIVE_FEATURES = tuple(
     f"{k}_{t}" for k in COLLECTIVE_KINDS for t in ("bytes", "steps")
 )
@@ -166,9 +171,22 @@ def op_features(
     else:
         nbytes = float(sum(sizes.slice_bytes(t) for t in op.inputs + op.outputs))
     feats: list[tuple[str, float]] = [("ops", 1.0), (f"{cls}_bytes", nbytes)]
+    large = _large_bytes(op, cls, sizes)
+    if large:
+        feats.append(("large_bytes", large))
     if cls == "matmul":
         feats.append(("matmul_flops", float(flops_per_device)))
     return tuple(feats)
+
+
+def _large_bytes(op: Operation, cls: str, sizes: LayoutSizes) -> float:
+    if cls == "random":
+        tensors = [(t.size_bytes) for t in op.outputs]
+    elif cls == "gather" and op.op_type == "Einsum":
+        tensors = [sizes.slice_bytes(op.outputs[0])] * 2
+    else:
+        tensors = [sizes.slice_bytes(t) for t in op.inputs + op.outputs]
+    return float(sum(b for b in tensors if b >= LARGE_SLICE_BYTES))
 
 
 def collective_features(spec: CollectiveSpec, n: int) -> tuple[tuple[str, float], ...]:
@@ -210,7 +228,11 @@ def roofline_rates(hw: HardwareProfile) -> dict[str, float]:
     the prior a calibration fit starts from (and falls back to for features
     its measurements never exercised)."""
     link = hw.default_link
-    rates = {"ops": 1e-6, "matmul_flops": 1.0 / hw.peak_flops}
+    rates = {
+        "ops": 1e-6,
+        "matmul_flops": 1.0 / hw.peak_flops,
+        "large_bytes": 0.5 / hw.hbm_bandwidth_bytes_per_s,
+    }
     for c in COMPUTE_CLASSES:
         rates[f"{c}_bytes"] = 1.0 / hw.hbm_bandwidth_bytes_per_s
     for k in COLLECTIVE_KINDS:

@@ -173,8 +173,13 @@ def calibrate(
     repeats: int = 5,
     matmul_n: int = 512,
     memory_bytes: int | None = None,
+    sweep_backends: Sequence[str] = (),
+    clock: str = "wall",
+    progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Measures ``devices`` and returns a hardware profile dict (see module doc)."""
+    """Measures ``devices`` and returns a hardware profile dict (see module
+    doc); with ``sweep_backends``, the sweep too, on each of them, timed by
+    ``clock`` (``progress(name)`` after each sweep point)."""
     devices = list(devices)
     if len(devices) < 2:
         raise LoweringError(
@@ -210,8 +215,34 @@ def calibrate(
             "copy_s": [copy_small, copy_large],
             "copy_bandwidth_bytes_per_s": copy_bw,
             "matmul_n": matmul_n,
+            "sweep": measure_sweep(devices, sweep_backends, repeats, progress, clock)
+            if sweep_backends
+            else [],
         },
     }
+
+
+def sweep_size(devices: int, backends: Sequence[str]) -> int:
+    """How many steps :func:`measure_sweep` measures (for a progress bar)."""
+    from mtf_core.lowering.calibration_sweep import sweep_points
+
+    return len(sweep_points(devices)) * len(backends)
+
+
+def pick_devices(n: int, kind: str = "auto") -> tuple[list[str], str]:
+    """``n`` logical devices: ``kind`` "cpu", "gpu" (the first GPU split into
+    ``n``), or "auto" (a GPU when TensorFlow sees one, else the CPU).
+    Returns the device names and the kind used."""
+    if kind not in ("auto", "cpu", "gpu"):
+        raise LoweringError(f"device kind {kind!r}; expected auto, cpu or gpu")
+    has_gpu = bool(tf.config.list_physical_devices("GPU"))
+    if kind == "gpu" and not has_gpu:
+        raise LoweringError(
+            "no GPU is visible to TensorFlow; use the CPU (--device cpu)"
+        )
+    if kind == "gpu" or (kind == "auto" and has_gpu):
+        return logical_gpu_devices(n), "gpu"
+    return logical_cpu_devices(n), "cpu"
 
 
 def measure_step(
@@ -242,8 +273,13 @@ def measure_step(
         impl = SimdMeshImpl(mesh_shape, rules, list(devices)[:n])
     else:
         raise LoweringError(f"backend {backend!r}; expected one of {list(BACKENDS)}")
-    fn = compile_function(graph, {mesh: impl}, [], list(outputs), list(updates))
-    return _best_seconds(fn, repeats, clock, usable_cores(n))
+    inputs = [
+        op.outputs[0] for op in graph.operations if getattr(op, "is_placeholder", False)
+    ]
+    fn = compile_function(graph, {mesh: impl}, inputs, list(outputs), list(updates))
+    # Zeros are valid values for every placeholder (token ids and labels too).
+    feeds = [np.zeros(t.shape.to_integer_list(), dtype=t.dtype) for t in inputs]
+    return _best_seconds(lambda: fn(*feeds), repeats, clock, usable_cores(n))
 
 
 def measure_sweep(
@@ -320,6 +356,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="allreduce message sizes in bytes per device, comma-separated",
     )
     p.add_argument("--matmul-n", type=int, default=512, help="matmul side length")
+    p.add_argument(
+        "--sweep",
+        default="placement,spmd",
+        help="backends to run the op-class sweep on, comma-separated ('' for none)",
+    )
+    p.add_argument(
+        "--clock", choices=CLOCKS, default=None, help="wall, or cpu (CPU devices)"
+    )
     args = p.parse_args(argv)
     try:
         sizes = [int(v) for v in args.sizes.split(",") if v.strip()]
@@ -327,14 +371,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(f"--sizes {args.sizes!r} is not a comma-separated list of integers")
     if args.devices < 2:
         p.error(f"--devices must be at least 2, got {args.devices}")
-    devices = (
-        logical_gpu_devices(args.devices)
-        if args.gpu
-        else logical_cpu_devices(args.devices)
-    )
-    name = args.name or f"calibrated-{'gpu' if args.gpu else 'cpu'}x{args.devices}"
+    backends = [b.strip() for b in args.sweep.split(",") if b.strip()]
+    for b in backends:
+        if b not in BACKENDS:
+            p.error(f"--sweep names backend {b!r}; expected among {list(BACKENDS)}")
+    devices, kind = pick_devices(args.devices, "gpu" if args.gpu else "cpu")
+    name = args.name or f"calibrated-{kind}x{args.devices}"
+    clock = args.clock or ("cpu" if kind == "cpu" else "wall")
     profile = calibrate(
-        devices, name=name, sizes=sizes, repeats=args.repeats, matmul_n=args.matmul_n
+        devices,
+        name=name,
+        sizes=sizes,
+        repeats=args.repeats,
+        matmul_n=args.matmul_n,
+        sweep_backends=backends,
+        clock=clock,
     )
     with open(args.out, "w") as f:
         json.dump(profile, f, indent=2)

@@ -174,6 +174,45 @@ def _relayout(kind: str, rows: int, k: int) -> Callable:
     return build
 
 
+def _tiny_lm(n: int) -> tuple[Graph, list[Tensor], list[Operation]]:
+    from mtf_core.models import TransformerConfig, build_lm
+
+    cfg = TransformerConfig(
+        num_layers=1,
+        d_model=128,
+        heads=8,
+        d_kv=16,
+        d_ff=512,
+        vocab=2048,
+        batch=2 * n,
+        length=64,
+    )
+    model = build_lm(cfg, optimizer="adam", learning_rate=1e-3)
+    return model.graph, [model.loss], list(model.updates)
+
+
+def _small_mlp(n: int) -> tuple[Graph, list[Tensor], list[Operation]]:
+    from mtf_core.models import MlpConfig, build_mlp_classifier
+
+    cfg = MlpConfig(
+        batch=128 * n, features=256, hidden=512, classes=16, num_hidden_layers=2
+    )
+    model = build_mlp_classifier(cfg, optimizer="adam", learning_rate=1e-3)
+    return model.graph, [model.loss], list(model.updates)
+
+
+def _axpy(x: Tensor) -> Tensor:
+    return x * 1.0001 + x
+
+
+def _tanh(x: Tensor) -> Tensor:
+    return mtf.tanh(x)
+
+
+def _center(x: Tensor) -> Tensor:
+    return x - mtf.reduce_sum(x, reduced_dim=x.shape.dims[-1])
+
+
 def sweep_points(n: int) -> list[SweepPoint]:
     """The calibration graphs for ``n`` devices (n >= 2)."""
     pts = [
@@ -229,8 +268,33 @@ def sweep_points(n: int) -> list[SweepPoint]:
         SweepPoint("allconcat-all", _all, "b:all", _relayout("allconcat", 512, 4)),
         SweepPoint("alltoall-all", _all, "b:all;a2:all", _relayout("alltoall", 512, 4)),
     ]
+    # Elementwise work across cache sizes: 64 KiB, 1 MiB and 4 MiB slices.
+    for rows in (32, 512, 2048):
+        pts.append(
+            SweepPoint(
+                f"elementwise-{rows * 2}k",
+                _all,
+                "batch:all",
+                _chain(_axpy, rows, 512, 6),
+            )
+        )
+    pts += [
+        SweepPoint("transcendental-1m", _all, "batch:all", _chain(_tanh, 512, 512, 6)),
+        SweepPoint("reduce-256k", _all, "batch:all", _chain(_center, 128, 512, 6)),
+    ]
+    # Small whole training steps (not the benchmark's models): the op mix of a
+    # real step, with its layout changes, under data- and model-parallel rules.
+    pts += [
+        SweepPoint("tiny-lm-data", _all, "batch:all", _tiny_lm),
+        SweepPoint("tiny-lm-model", _all, "d_ff:all;heads:all;vocab:all", _tiny_lm),
+        SweepPoint("tiny-lm-length", _all, "length:all", _tiny_lm),
+        SweepPoint("small-mlp-data", _all, "batch:all", _small_mlp),
+        SweepPoint("small-mlp-model", _all, "hidden:all", _small_mlp),
+    ]
     if n >= 4:
         pts += [
+            SweepPoint("tiny-lm-2d", _two, "batch:x;d_ff:y;heads:y;vocab:y", _tiny_lm),
+            SweepPoint("small-mlp-2d", _two, "batch:x;hidden:y", _small_mlp),
             SweepPoint("allreduce-x-1m", _two, "d:x", _allreduce(512, 4)),
             SweepPoint("allreduce-y-1m", _two, "d:y", _allreduce(512, 4)),
             SweepPoint("allconcat-y", _two, "b:y", _relayout("allconcat", 512, 4)),

@@ -1,0 +1,87 @@
+"""``mtf-planner calibrate``: measure this machine and write a fitted profile.
+
+    mtf-planner calibrate --devices 8 -o cpu8.json          # CPU here
+    mtf-planner calibrate --device gpu --devices 4 -o gpu.json
+
+Measures the devices with ``mtf_core.lowering.calibrate`` (peak rates, links,
+and the sweep of one-op-class training steps on each backend, every device at
+once), with a progress bar, then fits the per-op-class rates
+(``cost_models.calibration.fit_profile``) and writes the profile: the fitted
+rates under ``calibration``, the measurements they were fitted from (with
+their features) under ``measured``.  ``--device auto`` (the default) uses a
+GPU when TensorFlow sees one and the CPU otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from typing import Any
+
+
+def add_parser(sub: Any) -> None:
+    c = sub.add_parser(
+        "calibrate", help="measure this machine's devices and write a profile"
+    )
+    c.add_argument("--devices", type=int, default=8, help="logical devices (>= 2)")
+    c.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
+    c.add_argument("-o", "--output", default="profile.json", help="JSON to write")
+    c.add_argument("--name", help="profile name (default calibrated-<kind>x<n>)")
+    c.add_argument("--backends", default="placement,spmd", help="sweep backends")
+    c.add_argument("--repeats", type=int, default=5, help="timed steps per point")
+    c.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        help="how steps are timed (default: cpu on CPU devices, wall on GPUs)",
+    )
+    c.add_argument(
+        "--keep-graphs", action="store_true", help="keep each point's graph JSON"
+    )
+    c.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    """Runs the calibration; 0 on success."""
+    if args.devices < 2:
+        raise ValueError(f"--devices must be at least 2, got {args.devices}")
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be at least 1, got {args.repeats}")
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from tqdm import tqdm
+
+    from cost_models.calibration import fit_profile
+    from mtf_core.lowering import calibrate as cal
+
+    devices, kind = cal.pick_devices(args.devices, args.device)
+    clock = args.clock or ("cpu" if kind == "cpu" else "wall")
+    total = cal.sweep_size(len(devices), backends)
+    t0 = time.perf_counter()
+    with tqdm(total=total, desc="calibrate", unit="step", disable=args.quiet) as bar:
+
+        def progress(name: str) -> None:
+            bar.set_postfix_str(name)
+            bar.update(1)
+
+        raw = cal.calibrate(
+            devices,
+            name=args.name or f"calibrated-{kind}x{args.devices}",
+            repeats=args.repeats,
+            sweep_backends=backends,
+            clock=clock,
+            progress=progress,
+        )
+    profile = fit_profile(raw, keep_graphs=args.keep_graphs)
+    profile["measured"]["seconds"] = time.perf_counter() - t0
+    profile["measured"]["clock"] = clock
+    with open(args.output, "w") as f:
+        json.dump(profile, f, indent=1)
+    for backend, report in sorted(profile["measured"]["fit"].items()):
+        print(
+            f"{backend}: {report['rows']} steps fitted, largest error "
+            f"{report['max_abs_error']:.0%}"
+        )
+    print(f"wrote {args.output} ({kind} x{args.devices}, {clock} clock)")
+    return 0
