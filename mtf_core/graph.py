@@ -17,7 +17,9 @@ from mtf_core.errors import DTypeError, GraphError, ShapeError
 from mtf_core.shapes import Shape, convert_to_shape
 
 if TYPE_CHECKING:
+    from mtf_core.comm import CollectiveSpec, LayoutContext
     from mtf_core.ops.variables import Variable
+    from mtf_core.seams import LoweringContext
 
 
 class Graph:
@@ -311,7 +313,7 @@ class Operation:
         """
         return float(sum(t.size for t in self._outputs))
 
-    def communication(self, ctx: Any) -> list[Any]:
+    def communication(self, ctx: LayoutContext) -> list[CollectiveSpec]:
         """The collectives (:class:`mtf_core.comm.CollectiveSpec`) lowering this op
         issues under ``ctx`` (a :class:`mtf_core.comm.LayoutContext`), in order.
         Must agree exactly with what :meth:`lower` records.  Default: none."""
@@ -325,7 +327,11 @@ class Operation:
     def gradient(self, grad_ys: Sequence[Tensor | None]) -> list[Tensor | None]:
         raise NotImplementedError(f"{self.op_type} ({self.name}) has no gradient")
 
-    def lower(self, lowering: Any) -> None:
+    def lower(self, lowering: LoweringContext) -> None:
+        """Makes this op's TensorFlow work through ``lowering`` (the seam,
+        :class:`mtf_core.seams.LoweringContext`): ``lowering.tf``, the
+        laid-out inputs in ``lowering.tensors`` and the primitives of
+        ``lowering.mesh_impl(self)``."""
         raise NotImplementedError(f"{self.op_type} ({self.name}) cannot be lowered")
 
     def attrs(self) -> dict[str, Any]:

@@ -6,6 +6,7 @@ backend its mesh implementation uses: :class:`~compiled.CompiledFunction`
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from mtf_core.graph import Graph, Mesh, Operation, Tensor
 from mtf_core.lowering.compiled import CompiledFunction
@@ -44,3 +45,20 @@ def compile_function(
         variables,
         graph_optimization=graph_optimization,
     )
+
+
+if TYPE_CHECKING:
+    # mypy checks that the lowering and both backends satisfy the seams ops
+    # are typed against (mtf_core/seams.py).
+    from mtf_core.lowering.lowering import Lowering
+    from mtf_core.lowering.placement import PlacementMeshImpl
+    from mtf_core.lowering.spmd import SimdMeshImpl
+    from mtf_core.seams import LoweringContext, MeshBackend
+
+    def _lowering_is_a_context(x: Lowering) -> LoweringContext:
+        return x
+
+    def _impls_are_backends(
+        p: PlacementMeshImpl, s: SimdMeshImpl, m: MeshImpl
+    ) -> tuple[MeshBackend, MeshBackend, MeshBackend]:
+        return p, s, m
