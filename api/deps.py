@@ -11,15 +11,18 @@ token count; 422).  Only then does a route decode it (:func:`parse_body`).
 
 from __future__ import annotations
 
+import contextvars
+import functools
 import hashlib
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 from urllib.parse import parse_qs
 
+import anyio
+import anyio.to_thread
 from fastapi import Depends, HTTPException, Request
-from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ValidationError
@@ -39,6 +42,7 @@ _OFF_LOOP_BYTES = 64 * 1024
 MAX_FORM_BYTES = 16 * 1024
 
 M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
 
 
 @dataclass
@@ -47,6 +51,7 @@ class Guards:
 
     clients: ClientLimiter
     bodies: BodyBudget
+    heavy: anyio.CapacityLimiter
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Guards:
@@ -57,7 +62,24 @@ class Guards:
                 settings.client_burst,
             ),
             BodyBudget(max(settings.max_inflight_body_bytes, settings.max_body_bytes)),
+            anyio.CapacityLimiter(settings.heavy_concurrency),
         )
+
+
+#: The running app's limiter of heavy work (set by JsonBody for its request).
+_heavy: contextvars.ContextVar[anyio.CapacityLimiter | None] = contextvars.ContextVar(
+    "heavy", default=None
+)
+
+
+async def run_heavy(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` in the thread pool, at most ``heavy_concurrency`` at once
+    (the rest wait without a thread).  Decoding or pricing a large graph is
+    pure Python: with every pool thread doing it, the event loop gets the GIL
+    so rarely that /healthz takes seconds.  Outside a request: no limit."""
+    return await anyio.to_thread.run_sync(
+        functools.partial(fn, *args), limiter=_heavy.get()
+    )
 
 
 # Dependencies are ``async def`` (they do not block): FastAPI runs a sync one
@@ -187,8 +209,11 @@ async def json_body(
             chunks.append(chunk)
         raw = b"".join(chunks)
         request._body = raw  # request.body() answers from here afterwards
-        if len(raw) > _OFF_LOOP_BYTES:
-            await run_in_threadpool(check_json_shape, raw, service.settings)
+        _heavy.set(request.app.state.guards.heavy)
+        if service.responses.get(service.responses.key(raw)) is not None:
+            pass  # these exact bytes passed the checks before: a cached plan
+        elif len(raw) > _OFF_LOOP_BYTES:
+            await run_heavy(check_json_shape, raw, service.settings)
         else:
             check_json_shape(raw, service.settings)
         yield raw
@@ -208,10 +233,9 @@ def _validate(model: type[M], raw: bytes) -> M:
 
 async def parse_body(model: type[M], raw: bytes) -> M:
     """``raw`` decoded into ``model`` (422 naming each bad field); large
-    bodies are decoded in the thread pool, so the event loop stays free for
-    health checks."""
+    bodies are decoded off the event loop (:func:`run_heavy`)."""
     if len(raw) > _OFF_LOOP_BYTES:
-        return await run_in_threadpool(_validate, model, raw)
+        return await run_heavy(_validate, model, raw)
     return _validate(model, raw)
 
 

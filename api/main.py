@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -40,6 +41,10 @@ def _settings(app: FastAPI) -> Settings:
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings = _settings(app)
     app.state.guards = Guards.from_settings(settings)
+    # Threads decoding or pricing large graphs hold the GIL for the default
+    # 5 ms at a time; the event loop waits that long at each of its many
+    # handoffs, and /healthz took seconds under load.  1 ms keeps it answering.
+    sys.setswitchinterval(0.001)
     service = PlannerService(settings, open_store(settings), app.state.metrics)
     service.start()
     app.state.service = service

@@ -58,6 +58,9 @@ class Settings(BaseSettings):
     client_burst: int = Field(1000, ge=1)
     #: request body bytes all clients together may have in flight; over it, 503
     max_inflight_body_bytes: int = Field(48 * 2**20, ge=1024)
+    #: requests decoding or pricing a large body at once; the rest wait their turn
+    #: (pure Python under one GIL: a second one would only slow the event loop)
+    heavy_concurrency: int = Field(1, ge=1, le=64)
 
     # -- solving -------------------------------------------------------------------------
     #: worker processes that run solves (each a spawned interpreter, no TF)

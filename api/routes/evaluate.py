@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter
-from fastapi.concurrency import run_in_threadpool
 
-from api.deps import JsonBody, ServiceDep, json_request_body, parse_body
+from api.deps import JsonBody, ServiceDep, json_request_body, parse_body, run_heavy
 from api.routes import error_responses
 from api.schemas import EvaluateOut, EvaluateRequest
 
@@ -29,5 +28,5 @@ async def evaluate(raw: JsonBody, service: ServiceDep) -> dict[str, Any]:
     reason; rules naming unknown dims or mesh axes are a 422.  The body is an
     ``EvaluateRequest``; it needs an API token when the service has tokens."""
     body = await parse_body(EvaluateRequest, raw)
-    result: dict[str, Any] = await run_in_threadpool(service.evaluate, body)
+    result: dict[str, Any] = await run_heavy(service.evaluate, body)
     return result
