@@ -1,0 +1,180 @@
+"""Pipeline stages on a mesh axis: a step's time and memory from one stage's.
+
+A pipeline of ``p`` stages holds ``L/p`` consecutive layers on each position of
+the pipeline axis and cuts the batch into ``m`` micro-batches.  One stage is
+planned and priced as an ordinary graph (its layers, at the batch of the
+micro-batches it holds at once, on the mesh without the pipeline axis); this
+module turns that stage's :class:`~cost_models.costs.Cost` into the pipelined
+step:
+
+* :func:`split_step` cuts the stage's evaluation into the work done per
+  micro-batch (forward and backward ops and their collectives) and the work
+  done once per step (the optimizer's ops, the weight gradients'
+  reduce-scatters and the allreduces the optimizer forces: gradients are
+  accumulated over the micro-batches and synchronised once).  The two parts
+  add up to ``evaluate``'s time exactly;
+* :func:`pipeline_cost`: with ``k`` micro-batches in the stage graph (the
+  most a stage holds: ``m`` for GPipe, ``min(p, m)`` for 1F1B),
+
+  ``step = (m + p - 1) * (t_mb + 2 * t_send) + t_once``,
+  ``bubble = (p - 1) * (t_mb + 2 * t_send)``,
+
+  ``t_mb`` the per-micro-batch part over ``k``, ``t_send`` one stage-to-stage
+  send (a shift over the pipeline axis of the activation slice each device
+  holds at a stage boundary; the backward pass sends its gradient back).
+
+What this ignores: overlap of sends with compute, the first and last stages'
+extra work (the stage graph is the worst stage: it holds the embedding and the
+logits too), and stages whose layer counts differ (``L`` must divide evenly).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from cost_models.collectives import collective_time_s, shift_time_s
+from cost_models.costs import Cost
+from cost_models.hardware import CostModelError, HardwareProfile
+from cost_models.op_costs import LayoutSizes, op_compute
+from mtf_core.comm import LayoutContext
+from mtf_core.graph import Graph
+
+SCHEDULES = ("gpipe", "1f1b")
+
+
+class PipelineError(CostModelError):
+    """A pipeline that cannot be built as asked (names the value)."""
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    """``stages`` on one mesh axis, ``micro_batches`` per step, a schedule."""
+
+    stages: int
+    micro_batches: int
+    schedule: str = "1f1b"
+
+    def __post_init__(self) -> None:
+        for f in ("stages", "micro_batches"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise PipelineError(f"pipeline {f} must be an integer >= 1, got {v!r}")
+        if self.schedule not in SCHEDULES:
+            raise PipelineError(
+                f"pipeline schedule {self.schedule!r} is unknown; expected one of "
+                f"{list(SCHEDULES)}"
+            )
+
+    @property
+    def in_flight(self) -> int:
+        """Micro-batches whose activations a stage holds at once."""
+        if self.schedule == "gpipe":
+            return self.micro_batches
+        return min(self.stages, self.micro_batches)
+
+    def check(self, num_layers: int, batch: int) -> None:
+        """Raises if ``num_layers`` layers or a batch of ``batch`` cannot be cut
+        this way."""
+        if self.stages > num_layers:
+            raise PipelineError(
+                f"{self.stages} pipeline stages for {num_layers} layers; expected "
+                "at most one stage per layer"
+            )
+        if num_layers % self.stages:
+            raise PipelineError(
+                f"{self.stages} pipeline stages do not divide {num_layers} layers"
+            )
+        if batch % self.micro_batches:
+            raise PipelineError(
+                f"{self.micro_batches} micro-batches do not divide the batch of {batch}"
+            )
+
+
+@dataclass(frozen=True)
+class StepSplit:
+    """A stage's evaluated step cut into per-micro-batch and once-per-step
+    seconds (``per_batch_s + once_s == cost.time_s`` up to rounding)."""
+
+    per_batch_s: float
+    once_s: float
+
+
+def split_step(
+    graph: Graph,
+    cost: Cost,
+    ctx: LayoutContext,
+    hw: HardwareProfile,
+    first_update: int,
+) -> StepSplit:
+    """Cuts ``cost`` (``evaluate`` of ``graph`` under ``ctx``) at op index
+    ``first_update``: ops from there on are the optimizer's (once per step), and
+    so are the collectives they issue or force and every reduce-scatter (a
+    stored weight's gradient)."""
+    ops = graph.operations
+    once_ops = {op.name for op in ops[first_update:]}
+    sizes = LayoutSizes(ctx)
+    once_compute = sum(op_compute(op, ctx, hw, sizes)[1] for op in ops[first_update:])
+    scatter_ops = {op.name for op in ops if op.op_type == "ReduceScatter"}
+    once_comm = 0.0
+    for spec, name in zip(cost.collectives, cost.collective_ops):
+        if name in once_ops or name in scatter_ops:
+            once_comm += collective_time_s(spec, ctx.mesh_shape, hw)
+    once = once_compute + once_comm
+    return StepSplit(cost.time_s - once, once)
+
+
+@dataclass(frozen=True)
+class PipelineCost:
+    """A pipelined step: its time, the bubble, the sends, memory per device."""
+
+    spec: PipelineSpec
+    step_time_s: float
+    per_micro_batch_s: float
+    send_s: float
+    bubble_s: float
+    once_s: float
+    peak_memory_bytes: int
+    memory_capacity_bytes: int
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_memory_bytes <= self.memory_capacity_bytes
+
+
+def pipeline_cost(
+    spec: PipelineSpec,
+    split: StepSplit,
+    stage_peak_bytes: int,
+    capacity_bytes: int,
+    boundary_bytes: int,
+    send_link_axis: Sequence[str],
+    mesh_shape: object,
+    hw: HardwareProfile,
+) -> PipelineCost:
+    """The pipelined step from one stage's split step (evaluated holding
+    ``spec.in_flight`` micro-batches, whose peak is ``stage_peak_bytes``).
+
+    ``boundary_bytes``: per device, the activation slice crossing a stage
+    boundary for one micro-batch; it goes over the pipeline axis
+    ``send_link_axis`` of ``mesh_shape`` (the full mesh) as a shift.
+    """
+    k = spec.in_flight
+    t_mb = split.per_batch_s / k
+    if spec.stages > 1:
+        link = hw.slowest_link(tuple(send_link_axis), mesh_shape)
+        t_send = shift_time_s(boundary_bytes, link)
+    else:
+        t_send = 0.0
+    per = t_mb + 2 * t_send
+    steps = spec.micro_batches + spec.stages - 1
+    return PipelineCost(
+        spec=spec,
+        step_time_s=steps * per + split.once_s,
+        per_micro_batch_s=t_mb,
+        send_s=t_send,
+        bubble_s=(spec.stages - 1) * per,
+        once_s=split.once_s,
+        peak_memory_bytes=int(stage_peak_bytes),
+        memory_capacity_bytes=int(capacity_bytes),
+    )

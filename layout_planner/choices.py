@@ -1,0 +1,413 @@
+"""Plans for Transformers at scale: mesh shape, pipeline, recomputation, layout.
+
+:func:`plan_transformer` chooses, for a Transformer config on ``devices``
+devices of ``hardware``:
+
+* the mesh: ``pp`` pipeline stages (outermost axis) x ``dp`` x ``tp`` (the
+  two axes the layout rules use; which dims go where, ZeRO sharding of the
+  stored weights included, is the CP-SAT program's choice, so "tensor
+  parallel inside a host" is found by the cost model, not assumed);
+* micro-batches (a micro-batch of one sequence per data-parallel replica,
+  the fewest bubbles for 1F1B) and the schedule;
+* recomputation per block class (keep all / attention scores / whole blocks);
+* the layout rules of a stage: one :func:`layout_planner.auto_layout` per
+  (mesh, recomputation) trial, on the stage's graph (its ``L/pp`` layers, the
+  micro-batches it holds at once), under the device memory.
+
+How the choices are made: recomputation, pipeline and mesh are enumerated
+(each trial a separate, exact CP-SAT solve of the stage's layout, priced by
+:mod:`cost_models.pipeline`), the stored-weight sharding is a boolean per
+variable class and axis inside each solve.  The best trial that fits wins
+(fastest step; ties: fewer stages, then less recomputation).  On each mesh
+the recomputation trials go from least to most recomputation and stop at the
+first that fits (more recomputation only adds work, unless memory pressure
+had forced a slower layout: a pruning, not a proof).  Each trial's layout is
+optimal for its stage's step; the pipeline time is not the CP-SAT objective
+itself (it weighs per-micro-batch and once-per-step work differently).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from cost_models.hardware import get_hardware
+from cost_models.hardware import HardwareProfile
+from cost_models.pipeline import (
+    PipelineCost,
+    PipelineError,
+    PipelineSpec,
+    pipeline_cost,
+    split_step,
+)
+from layout_planner.errors import PlannerError
+from layout_planner.plan import LayoutPlan
+from layout_planner.planner import auto_layout
+from mtf_core import dtypes
+from mtf_core.comm import LayoutContext
+from mtf_core.models import TransformerConfig, build_encoder_decoder, build_lm
+from mtf_core.models.base import ModelGraph
+
+#: Recomputation trials: (attention, ffn), least recomputation first.
+RECOMPUTE_TRIALS = (("none", "none"), ("scores", "none"), ("block", "block"))
+
+#: Dtypes a hardware preset cannot compute in (everything else it can).
+_LACKS = {"tpu-v4": {"float16"}, "tpu-v5e": {"float16"}}
+
+
+class ScaleError(PlannerError, ValueError):
+    """A request the scale planner cannot plan (names the bad value)."""
+
+
+@dataclass(frozen=True)
+class ScaleChoice:
+    """One trial: mesh sizes, pipeline and recomputation."""
+
+    stages: int
+    data: int
+    tensor: int
+    micro_batches: int
+    schedule: str
+    recompute_attention: str
+    recompute_ffn: str
+
+    @property
+    def stage_mesh(self) -> str:
+        """The mesh the layout rules use (the pipeline axis is outside it)."""
+        return f"dp:{self.data};tp:{self.tensor}"
+
+    @property
+    def full_mesh(self) -> str:
+        return f"pp:{self.stages};dp:{self.data};tp:{self.tensor}"
+
+    def __str__(self) -> str:
+        return (
+            f"pp={self.stages} dp={self.data} tp={self.tensor} "
+            f"micro_batches={self.micro_batches} ({self.schedule}) "
+            f"recompute attention={self.recompute_attention} "
+            f"ffn={self.recompute_ffn}"
+        )
+
+
+@dataclass(frozen=True)
+class ScaleTrial:
+    """A trial and what it cost (``None``: its stage graph could not be
+    laid out, see ``note``)."""
+
+    choice: ScaleChoice
+    step_time_s: float | None
+    peak_memory_bytes: int | None
+    fits: bool
+    layout_rules: str
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class ScalePlan:
+    """The chosen trial, its stage layout and pipelined cost."""
+
+    config: TransformerConfig
+    hardware: HardwareProfile
+    devices: int
+    choice: ScaleChoice
+    stage_plan: LayoutPlan
+    pipeline: PipelineCost
+    model_flops: float
+    trials: tuple[ScaleTrial, ...]
+    planning_s: float
+    sharded_classes: tuple[str, ...] = field(default=())
+
+    @property
+    def layout_rules(self) -> str:
+        return str(self.stage_plan.layout_rules)
+
+    @property
+    def step_time_s(self) -> float:
+        return self.pipeline.step_time_s
+
+    @property
+    def peak_memory_bytes(self) -> int:
+        return self.pipeline.peak_memory_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.pipeline.fits
+
+    @property
+    def mfu(self) -> float:
+        """Model flops / (devices x peak x step time)."""
+        return self.model_flops / (
+            self.devices * self.hardware.peak_flops * self.step_time_s
+        )
+
+    def explain(self) -> str:
+        """The choices, and what each saves or costs."""
+        p = self.pipeline
+        gib = 2**30
+        lines = [
+            f"{self.choice}",
+            f"  mesh {self.choice.full_mesh}; stage rules: {self.layout_rules}",
+            f"  dtypes: activations {self.config.activation_dtype}, master "
+            f"weights and optimizer slots {self.config.master_dtype}",
+            "  sharded weights (ZeRO, stored split over an axis their compute "
+            "does not split): "
+            + (", ".join(self.sharded_classes) if self.sharded_classes else "none"),
+            f"  step {p.step_time_s * 1e3:.1f} ms = ({p.spec.micro_batches} + "
+            f"{p.spec.stages} - 1) x ({p.per_micro_batch_s * 1e3:.2f} ms per "
+            f"micro-batch + 2 x {p.send_s * 1e6:.1f} us sends) + "
+            f"{p.once_s * 1e3:.1f} ms once (gradient sync, optimizer); bubble "
+            f"{p.bubble_s * 1e3:.1f} ms",
+            f"  peak {p.peak_memory_bytes / gib:.1f} GiB of "
+            f"{p.memory_capacity_bytes / gib:.1f} GiB per device "
+            f"({p.spec.in_flight} micro-batches in flight); MFU {self.mfu:.1%}",
+        ]
+        by_rc: dict[tuple[str, str], ScaleTrial] = {}
+        for t in self.trials:
+            c = t.choice
+            same_mesh = (c.stages, c.data, c.tensor) == (
+                self.choice.stages,
+                self.choice.data,
+                self.choice.tensor,
+            )
+            if same_mesh:
+                by_rc[(c.recompute_attention, c.recompute_ffn)] = t
+        for (a, f), t in sorted(by_rc.items()):
+            if t.step_time_s is None:
+                what = t.note
+            else:
+                fit = "fits" if t.fits else "does not fit"
+                what = (
+                    f"{t.step_time_s * 1e3:.1f} ms, "
+                    f"{(t.peak_memory_bytes or 0) / gib:.1f} GiB ({fit})"
+                )
+            lines.append(f"  on this mesh, recompute attention={a} ffn={f}: {what}")
+        lines.append(f"  {len(self.trials)} trials in {self.planning_s:.1f} s")
+        return "\n".join(lines)
+
+
+def model_flops(cfg: TransformerConfig, encoder_decoder: bool = False) -> float:
+    """Flops of one training step of the model's matmuls (3x the forward:
+    forward, and two for the backward), recomputation not counted; attention
+    scores at full (not causal-halved) size, as Megatron-LM counts them."""
+    d, h = cfg.d_model, cfg.heads * cfg.d_kv
+    per_layer = 4 * d * h + 2 * d * cfg.d_ff  # q, k, v, o; wi, wo
+    attn = 2 * cfg.length * h  # logits and weighted values, per token
+    tokens = cfg.batch * cfg.length
+    layers = cfg.num_layers
+    if encoder_decoder:
+        # encoder layers + decoder layers (self, enc-dec attention, ffn)
+        weights = layers * per_layer + layers * (per_layer + 4 * d * h)
+        attn_total = layers * attn + 2 * layers * attn
+    else:
+        weights, attn_total = layers * per_layer, layers * attn
+    forward = 2 * tokens * (weights + cfg.vocab * d) + 2 * tokens * attn_total
+    return 3.0 * forward
+
+
+def _divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
+def check_request(cfg: TransformerConfig, hw: HardwareProfile, devices: int) -> None:
+    """Clear errors for requests no plan can satisfy."""
+    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+        raise ScaleError(f"devices must be a positive integer, got {devices!r}")
+    if devices > 4096:
+        raise ScaleError(f"{devices} devices; the scale planner plans up to 4096")
+    for f in ("activation_dtype", "master_dtype"):
+        dt = dtypes.as_dtype_name(getattr(cfg, f))
+        if dt in _LACKS.get(hw.name, set()):
+            raise ScaleError(
+                f"{f} {dt!r}: hardware {hw.name!r} has no {dt} arithmetic; "
+                "expected one of 'bfloat16', 'float32'"
+            )
+
+
+def plan_transformer(
+    config: TransformerConfig,
+    devices: int,
+    hardware: str | HardwareProfile = "h100-nvlink-ib",
+    optimizer: str = "adam",
+    encoder_decoder: bool = False,
+    stages: Sequence[int] | None = None,
+    tensor: Sequence[int] | None = None,
+    micro_batches: int | None = None,
+    schedule: str = "1f1b",
+    recompute: Sequence[tuple[str, str]] = RECOMPUTE_TRIALS,
+    time_limit_s: float = 5.0,
+    memory_limit: int | None = None,
+) -> ScalePlan:
+    """The fastest fitting plan for ``config`` on ``devices`` devices.
+
+    ``stages`` / ``tensor`` restrict the pipeline and tensor-axis sizes tried
+    (default: every power of two up to 64 that divides; stages must divide the
+    layers); ``micro_batches`` fixes the micro-batch count (default: one
+    sequence per data-parallel replica).  Weights are stored shardable
+    (``d_model_stored_<class>``) and computed in ``config``'s dtypes.
+    """
+    start = time.perf_counter()
+    hw = (
+        get_hardware(hardware)
+        if not isinstance(hardware, HardwareProfile)
+        else hardware
+    )
+    if memory_limit is not None:
+        hw = hw.with_memory(memory_limit)
+    check_request(config, hw, devices)
+    PipelineSpec(1, 1, schedule)  # checks the schedule's name
+    cfg = config.replace(shardable_weights=True)
+    layers = cfg.num_layers
+    pows = [2**i for i in range(7)]
+    stage_sizes = (
+        list(stages)
+        if stages is not None
+        else [s for s in pows if layers % s == 0 and devices % s == 0]
+    )
+    for s in stage_sizes:
+        if s > layers:
+            raise PipelineError(
+                f"{s} pipeline stages for {layers} layers; expected at most one "
+                "stage per layer"
+            )
+    tensor_sizes = list(tensor) if tensor is not None else pows
+    builder: Callable[..., ModelGraph] = (
+        build_encoder_decoder if encoder_decoder else build_lm
+    )
+    trials: list[ScaleTrial] = []
+    best: tuple[tuple[float, int, int], ScalePlan] | None = None
+    flops = model_flops(cfg, encoder_decoder)
+    for pp in stage_sizes:
+        for tp in tensor_sizes:
+            if devices % (pp * tp):
+                continue
+            dp = devices // (pp * tp)
+            if cfg.batch % dp:
+                continue
+            m = micro_batches if micro_batches is not None else cfg.batch // dp
+            spec = PipelineSpec(pp, m, schedule)
+            spec.check(layers, cfg.batch)
+            if (cfg.batch // m) % dp:
+                continue  # a micro-batch must split over the data axis
+            for rank, (attn, ffn) in enumerate(recompute):
+                choice = ScaleChoice(pp, dp, tp, m, schedule, attn, ffn)
+                trial, plan = _trial(
+                    cfg,
+                    choice,
+                    spec,
+                    hw,
+                    builder,
+                    optimizer,
+                    time_limit_s,
+                    flops,
+                    devices,
+                )
+                trials.append(trial)
+                if plan is None or not trial.fits:
+                    continue
+                key = (plan.step_time_s, pp, rank)
+                if best is None or key < best[0]:
+                    best = (key, plan)
+                break  # less recomputation first: the first that fits is kept
+    if best is None:
+        smallest = min(
+            (t for t in trials if t.peak_memory_bytes is not None),
+            key=lambda t: t.peak_memory_bytes or 0,
+            default=None,
+        )
+        hint = (
+            f"; the smallest peak was {smallest.peak_memory_bytes:,} B per device "
+            f"({smallest.choice})"
+            if smallest is not None
+            else ""
+        )
+        raise ScaleError(
+            f"no plan for {layers} layers on {devices} devices of {hw.name!r} fits "
+            f"in {hw.memory_bytes:,} B per device ({len(trials)} trials){hint}"
+        )
+    return dataclasses.replace(
+        best[1], trials=tuple(trials), planning_s=time.perf_counter() - start
+    )
+
+
+def _trial(
+    cfg: TransformerConfig,
+    choice: ScaleChoice,
+    spec: PipelineSpec,
+    hw: HardwareProfile,
+    builder: Callable[..., ModelGraph],
+    optimizer: str,
+    time_limit_s: float,
+    flops: float,
+    devices: int,
+) -> tuple[ScaleTrial, ScalePlan | None]:
+    """Plans one trial's stage graph and prices its pipeline."""
+    held = spec.in_flight * cfg.batch // spec.micro_batches
+    stage_cfg = cfg.replace(
+        num_layers=cfg.num_layers // spec.stages,
+        batch=held,
+        recompute_attention=choice.recompute_attention,
+        recompute_ffn=choice.recompute_ffn,
+    )
+    model = builder(stage_cfg, optimizer=optimizer)
+    plan = auto_layout(
+        model.graph,
+        choice.stage_mesh,
+        [model.loss],
+        hw,
+        top_k=1,
+        time_limit_s=time_limit_s,
+    )
+    rules = str(plan.layout_rules)
+    if plan.evaluation is None:
+        return ScaleTrial(choice, None, None, False, rules, "not verified"), None
+    cost = plan.evaluation
+    ctx = LayoutContext.make(choice.stage_mesh, plan.layout_rules)
+    first_update = next(
+        i for i, op in enumerate(model.graph.operations) if op.name == "global_step"
+    )
+    split = split_step(model.graph, cost, ctx, hw, first_update)
+    boundary = ctx.slice_bytes(_boundary_shape(stage_cfg, spec), cfg.activation_dtype)
+    priced = pipeline_cost(
+        spec,
+        split,
+        cost.peak_memory_bytes,
+        hw.memory_bytes,
+        boundary,
+        ("pp",),
+        choice.full_mesh,
+        hw,
+    )
+    sharded = tuple(
+        sorted(
+            d.removeprefix("d_model_stored_")
+            for d, _ in plan.layout_rules
+            if d.startswith("d_model_stored_")
+        )
+    )
+    scale = ScalePlan(
+        config=cfg,
+        hardware=hw,
+        devices=devices,
+        choice=choice,
+        stage_plan=plan,
+        pipeline=priced,
+        model_flops=flops,
+        trials=(),
+        planning_s=0.0,
+        sharded_classes=sharded,
+    )
+    trial = ScaleTrial(
+        choice, priced.step_time_s, priced.peak_memory_bytes, priced.fits, rules
+    )
+    return trial, scale
+
+
+def _boundary_shape(cfg: TransformerConfig, spec: PipelineSpec) -> Any:
+    """The activation crossing a stage boundary for one micro-batch."""
+    from mtf_core.shapes import Dimension, Shape
+
+    micro = cfg.batch // spec.in_flight
+    return Shape([Dimension("batch", micro), cfg.length_dim, cfg.model_dim])

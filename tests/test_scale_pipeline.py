@@ -1,0 +1,144 @@
+"""Pipeline pricing and the scale planner (no TensorFlow).
+
+* a stage's step splits into per-micro-batch and once-per-step parts that add
+  up to ``evaluate``'s time exactly; one stage and one micro-batch is the plain
+  step;
+* the pipelined step is ``(m + p - 1)`` micro-batch slots plus the once part,
+  the bubble ``p - 1`` slots, the sends one shift over the pipeline axis;
+* the scale planner picks a plan that fits, the fastest among its fitting
+  trials, shows its choices in ``explain()``, and refuses bad requests naming
+  the value.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import mtf_core as mtf
+from cost_models import evaluate, get_hardware
+from cost_models.collectives import shift_time_s
+from cost_models.pipeline import PipelineError, PipelineSpec, pipeline_cost, split_step
+from layout_planner.choices import ScaleError, model_flops, plan_transformer
+from mtf_core.comm import LayoutContext
+from mtf_core.models import TransformerConfig, build_lm
+
+HW = get_hardware("h100-nvlink-ib")
+CFG = TransformerConfig(
+    num_layers=4,
+    d_model=256,
+    heads=8,
+    d_kv=32,
+    d_ff=1024,
+    vocab=1024,
+    length=64,
+    batch=32,
+    activation_dtype="bfloat16",
+    shardable_weights=True,
+)
+RULES = "batch:dp;d_ff:tp;heads:tp;vocab:tp;d_model_stored_ffn:dp"
+
+
+def _split(cfg: TransformerConfig):
+    model = build_lm(cfg, optimizer="adam")
+    cost = evaluate(model.graph, "dp:4;tp:2", RULES, HW, [model.loss])
+    ctx = LayoutContext.make("dp:4;tp:2", RULES)
+    first = next(
+        i for i, op in enumerate(model.graph.operations) if op.name == "global_step"
+    )
+    return split_step(model.graph, cost, ctx, HW, first), cost
+
+
+def test_split_step_adds_up_to_evaluate_and_one_stage_is_the_plain_step() -> None:
+    split, cost = _split(CFG)
+    assert split.per_batch_s + split.once_s == pytest.approx(cost.time_s, rel=1e-12)
+    assert 0 < split.once_s < cost.time_s
+    one = pipeline_cost(
+        PipelineSpec(1, 1),
+        split,
+        cost.peak_memory_bytes,
+        HW.memory_bytes,
+        1024,
+        ("pp",),
+        "pp:1;dp:4;tp:2",
+        HW,
+    )
+    assert one.step_time_s == pytest.approx(cost.time_s, rel=1e-12)
+    assert one.bubble_s == 0.0 and one.send_s == 0.0
+
+
+def test_pipelined_step_is_m_plus_p_minus_1_slots_and_sends_over_the_axis() -> None:
+    split, cost = _split(CFG)
+    spec = PipelineSpec(4, 8, "1f1b")
+    assert spec.in_flight == 4 and PipelineSpec(4, 8, "gpipe").in_flight == 8
+    mesh = "pp:4;dp:4;tp:2"  # pp's groups span hosts of 8: InfiniBand
+    p = pipeline_cost(spec, split, cost.peak_memory_bytes, HW.memory_bytes,
+                      4096, ("pp",), mesh, HW)  # fmt: skip
+    send = shift_time_s(4096, HW.link_for_axis("pp", mesh))
+    assert HW.link_for_axis("pp", mesh) == HW.inter_host_link
+    slot = split.per_batch_s / 4 + 2 * send
+    assert p.send_s == send
+    assert p.step_time_s == pytest.approx((8 + 4 - 1) * slot + split.once_s)
+    assert p.bubble_s == pytest.approx(3 * slot)
+
+
+def test_pipeline_requests_are_checked_by_value() -> None:
+    with pytest.raises(PipelineError, match="8 pipeline stages for 4 layers"):
+        PipelineSpec(8, 8).check(4, 32)
+    with pytest.raises(PipelineError, match="3 pipeline stages do not divide 4"):
+        PipelineSpec(3, 4).check(4, 32)
+    with pytest.raises(
+        PipelineError, match="5 micro-batches do not divide the batch of 32"
+    ):
+        PipelineSpec(2, 5).check(4, 32)
+    with pytest.raises(PipelineError, match="'zigzag'"):
+        PipelineSpec(2, 4, "zigzag")
+    with pytest.raises(PipelineError, match="stages"):
+        PipelineSpec(0, 4)
+
+
+def test_model_flops_match_megatrons_formula_for_gpt3() -> None:
+    cfg = TransformerConfig(
+        num_layers=96, d_model=12288, heads=96, d_kv=128, d_ff=49152,
+        vocab=51200, length=2048, batch=1536,
+    )  # fmt: skip
+    b, s, layer, h, v = 1536, 2048, 96, 12288, 51200
+    megatron = 72 * b * s * layer * h * h * (1 + s / (6 * h) + v / (12 * h * layer))
+    assert model_flops(cfg) == pytest.approx(megatron, rel=1e-12)
+
+
+@pytest.mark.solver
+def test_scale_planner_picks_the_fastest_fitting_trial_and_explains_it() -> None:
+    limit = 8 * 2**20
+    plan = plan_transformer(
+        CFG, 16, HW, stages=[1, 2], tensor=[2, 4], memory_limit=limit
+    )
+    assert plan.fits and plan.peak_memory_bytes <= limit
+    fitting = [t for t in plan.trials if t.fits]
+    assert plan.step_time_s == min(t.step_time_s for t in fitting)
+    assert any(not t.fits for t in plan.trials)  # the limit binds somewhere
+    # Two stages, and whole blocks recomputed: keeping everything is over.
+    assert (plan.choice.stages, plan.choice.recompute_attention) == (2, "block")
+    kept = [
+        t
+        for t in plan.trials
+        if (t.choice.stages, t.choice.tensor) == (2, 2)
+        and t.choice.recompute_attention == "none"
+    ]
+    assert kept and not kept[0].fits
+    text = plan.explain()
+    for word in ("pp=", "micro_batches", "recompute", "sharded weights", "bfloat16",
+                 "bubble", "MFU"):  # fmt: skip
+        assert word in text
+    assert 0 < plan.mfu < 1
+
+
+def test_scale_planner_refuses_bad_requests_naming_the_value() -> None:
+    with pytest.raises(ScaleError, match="'float16'"):
+        plan_transformer(CFG.replace(activation_dtype="float16"), 64, "tpu-v4")
+    with pytest.raises(PipelineError, match="8 pipeline stages for 4 layers"):
+        plan_transformer(CFG, 16, HW, stages=[8])
+    with pytest.raises(PipelineError, match="7 micro-batches"):
+        plan_transformer(CFG, 16, HW, stages=[2], tensor=[2], micro_batches=7)
+    with pytest.raises(ScaleError, match="8192 devices"):
+        plan_transformer(CFG, 8192, HW)
+    assert mtf.convert_to_shape("pp:2;dp:4;tp:2").size == 16
