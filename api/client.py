@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from layout_planner import planner
 from layout_planner.errors import PlannerError
-from layout_planner.options import PlanOptions, resolve_options
+from layout_planner.options import MeshTarget, PlanOptions, resolve_options
 from layout_planner.plan import LayoutPlan
 from mtf_core.errors import MtfError
 from mtf_core.graph import Graph, Tensor
@@ -219,7 +219,7 @@ def _retry_after(r: httpx.Response, default: float) -> float:
 
 def plan_request(
     graph: Graph,
-    mesh_shape: Any,
+    mesh_shape: MeshTarget,
     outputs: Sequence[Tensor] = (),
     options: PlanOptions | None = None,
 ) -> dict[str, Any]:
@@ -244,7 +244,7 @@ def plan_request(
 def plan_remote(
     server: str | PlannerClient,
     graph: Graph,
-    mesh_shape: Any,
+    mesh_shape: MeshTarget,
     outputs: Sequence[Tensor] = (),
     options: PlanOptions | None = None,
 ) -> LayoutPlan:
@@ -263,7 +263,7 @@ def plan_remote(
 
 def auto_layout(
     graph: Graph,
-    mesh_shape: Any,
+    mesh_shape: MeshTarget,
     outputs: Sequence[Tensor] = (),
     *args: Any,
     server: str | PlannerClient | None = None,

@@ -48,6 +48,8 @@ from cost_models.units import (
 from mtf_core.comm import CollectiveSpec, LayoutContext
 from mtf_core.errors import GraphError, LayoutError
 from mtf_core.graph import Graph, Tensor
+from mtf_core.layout import LayoutRulesLike
+from mtf_core.shapes import ShapeLike
 
 __all__ = [
     "Cost",
@@ -165,8 +167,8 @@ def layout_context(graph: Graph, mesh_shape: Any, layout_rules: Any) -> LayoutCo
 
 def evaluate(
     graph: Graph,
-    mesh_shape: Any,
-    layout_rules: Any,
+    mesh_shape: ShapeLike,
+    layout_rules: LayoutRulesLike,
     hardware: str | HardwareProfile | Mapping[str, Any],
     outputs: Sequence[Tensor] = (),
     memory: MemoryModel | None = None,

@@ -24,11 +24,16 @@ from typing import Any
 from cost_models.hardware import PRESETS, HardwareProfile, get_hardware
 from layout_planner.errors import PlannerError
 from layout_planner.program import Objective, SolveParams
+from mtf_core.shapes import ShapeLike
 
 #: The solver's wall-clock budget when none is given, in the library, on the
 #: wire and in the CLI alike.  The graphs we plan prove optimal in well under a
 #: second (docs/benchmarks.md, "Planner"); the budget bounds the rare hard one.
 DEFAULT_TIME_LIMIT_S = 10.0
+
+#: Where to plan: a mesh shape (``"x:2;y:4"``, a Shape), or a device count,
+#: and then the mesh shape is searched too.
+MeshTarget = ShapeLike | int
 
 #: The parameters a planner service chooses itself: a client's values for these
 #: are not sent (``to_request_dict``) and not part of the cache key.

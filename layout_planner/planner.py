@@ -16,7 +16,12 @@ from typing import Any
 
 from cost_models.hardware import HardwareProfile
 from layout_planner.mesh_search import search_mesh_shape
-from layout_planner.options import DEFAULT_TIME_LIMIT_S, PlanOptions, resolve_options
+from layout_planner.options import (
+    DEFAULT_TIME_LIMIT_S,
+    MeshTarget,
+    PlanOptions,
+    resolve_options,
+)
 from layout_planner.plan import LayoutPlan
 from layout_planner.plan_mesh import check_graph, check_mesh_shape, plan_problem
 from layout_planner.problem import LayoutProblem
@@ -29,7 +34,7 @@ Progress = Callable[[str, float], None]
 
 def auto_layout(
     graph: Graph,
-    mesh_shape: Any,
+    mesh_shape: MeshTarget,
     outputs: Sequence[Tensor] = (),
     hardware: str | HardwareProfile | Mapping[str, Any] = "cpu-host",
     objective: str | Objective = "time",

@@ -17,7 +17,7 @@ TensorLayout((1, None))
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -159,6 +159,12 @@ class LayoutRules:
                 used[m] = d.name
             axes.append(m)
         return TensorLayout(tuple(axes))
+
+
+#: What :func:`convert_to_layout_rules` accepts (None: no rules).
+LayoutRulesLike = (
+    LayoutRules | str | Mapping[str, str] | Iterable[tuple[str, str]] | None
+)
 
 
 def convert_to_layout_rules(x: Any) -> LayoutRules:
