@@ -32,6 +32,61 @@ from mtf_core.ops.shift import shift
 from mtf_core.ops.variables import get_variable
 from mtf_core.shapes import Dimension, Shape
 
+_FILTER_DIMS = ("filter_depth", "filter_height", "filter_width")
+
+
+def _conv_layer(
+    x: Tensor,
+    output_dim: Any,
+    filter_size: Sequence[int],
+    strides: Sequence[int],
+    padding: str,
+    filter_initializer: Any,
+    variable_dtype: Any,
+    name: str,
+    use_bias: bool,
+) -> Tensor:
+    from mtf_core.ops.conv import conv2d as conv2d_op
+    from mtf_core.ops.conv import conv3d as conv3d_op
+
+    n = len(filter_size)
+    what = f"conv{n}d {name!r}"
+    out = sized_dim(output_dim, what)
+    if x.shape.ndims < n + 1:
+        space = "h, w" if n == 2 else "d, h, w"
+        raise ShapeError(
+            f"{what}: {x.name} [{x.shape}] must be [batch..., {space}, channels]"
+        )
+    cin = x.shape.dims[-1]
+    sizes = [int(s) for s in filter_size]
+    names = _FILTER_DIMS[-n:]
+    fshape = Shape([*(Dimension(a, k) for a, k in zip(names, sizes)), cin, out])
+    fname = f"{name}_filters"
+    init = filter_initializer
+    if isinstance(init, DenseInitializer):
+        init = init(list(fshape.dims[: n + 1]), [out])
+    if init is None:
+        fan_in = cin.size
+        for k in sizes:
+            fan_in *= k
+        init = normal_initializer(fan_in**-0.5, fname)
+    vd = (
+        dtypes.VariableDType(activation_dtype=x.dtype)
+        if variable_dtype is None
+        else dtypes.as_variable_dtype(variable_dtype)
+    )
+    w = get_variable(
+        x.mesh, fname, fshape, vd, initializer=named_initializer(init, fname)
+    )
+    op = conv2d_op if n == 2 else conv3d_op
+    y = op(x, w, tuple(int(s) for s in strides), padding)
+    if use_bias:
+        b = get_variable(
+            x.mesh, f"{name}_bias", Shape([out]), vd, initializer=zeros_initializer()
+        )
+        y = y + b
+    return y
+
 
 def conv2d(
     x: Tensor,
@@ -54,40 +109,72 @@ def conv2d(
     ``1/sqrt(fan_in)``; ``h``, ``w`` and the filter's spatial dims cannot be
     split (each device convolves whole images), batch and channel dims can.
     """
-    from mtf_core.ops.conv import conv2d as conv
+    if len(filter_size) != 2:
+        raise ShapeError(f"conv2d: filter_size {filter_size!r} is not (h, w)")
+    return _conv_layer(
+        x,
+        output_dim,
+        filter_size,
+        strides,
+        padding,
+        filter_initializer,
+        variable_dtype,
+        name or "conv2d",
+        use_bias,
+    )
 
-    name = name or "conv2d"
-    out = sized_dim(output_dim, f"conv2d {name!r}")
-    if x.shape.ndims < 3:
-        raise ShapeError(
-            f"conv2d {name!r}: {x.name} [{x.shape}] must be [batch..., h, w, channels]"
-        )
-    cin = x.shape.dims[-1]
-    fh, fw = (int(s) for s in filter_size)
-    fshape = Shape(
-        [Dimension("filter_height", fh), Dimension("filter_width", fw), cin, out]
+
+def conv3d(
+    x: Tensor,
+    output_dim: Any,
+    filter_size: Sequence[int] = (3, 3, 3),
+    strides: Sequence[int] = (1, 1, 1),
+    padding: str = "SAME",
+    filter_initializer: Any = None,
+    variable_dtype: Any = None,
+    name: str | None = None,
+    *,
+    use_bias: bool = False,
+) -> Tensor:
+    """A learned 3-D convolution of ``x [batch..., d, h, w, in_channels]``
+    (filter ``[filter_depth, filter_height, filter_width, in_channels,
+    output_dim]``); as :func:`conv2d` otherwise."""
+    if len(filter_size) != 3:
+        raise ShapeError(f"conv3d: filter_size {filter_size!r} is not (d, h, w)")
+    return _conv_layer(
+        x,
+        output_dim,
+        filter_size,
+        strides,
+        padding,
+        filter_initializer,
+        variable_dtype,
+        name or "conv3d",
+        use_bias,
     )
-    fname = f"{name}_filters"
-    init = filter_initializer
-    if isinstance(init, DenseInitializer):
-        init = init(list(fshape.dims[:3]), [out])
-    if init is None:
-        init = normal_initializer((fh * fw * cin.size) ** -0.5, fname)
-    vd = (
-        dtypes.VariableDType(activation_dtype=x.dtype)
-        if variable_dtype is None
-        else dtypes.as_variable_dtype(variable_dtype)
-    )
-    w = get_variable(
-        x.mesh, fname, fshape, vd, initializer=named_initializer(init, fname)
-    )
-    y = conv(x, w, tuple(int(s) for s in strides), padding)
-    if use_bias:
-        b = get_variable(
-            x.mesh, f"{name}_bias", Shape([out]), vd, initializer=zeros_initializer()
-        )
-        y = y + b
-    return y
+
+
+def _halo_blocks(
+    x: Tensor, filter_size: Sequence[int], blocks_dims: Sequence[Any], what: str
+) -> Tensor:
+    """Gives each block of the spatial dims the margins its (odd) filter
+    needs: a halo exchange along a blocks dim, zero padding without one."""
+    from mtf_core.ops.halo import halo_exchange
+    from mtf_core.ops.slicing import pad
+
+    n = len(filter_size)
+    if any(int(k) % 2 == 0 for k in filter_size):
+        raise ShapeError(f"{what}: needs odd filter sizes, got {tuple(filter_size)}")
+    space = x.shape.dims[-(n + 1) : -1]
+    for blocks, size, k in zip(blocks_dims, space, filter_size):
+        halo = int(k) // 2
+        if not halo:
+            continue
+        if blocks is None:
+            x = pad(x, [halo, halo], size.name)
+        else:
+            x = halo_exchange(x, blocks, size, halo)
+    return x
 
 
 def conv2d_with_blocks(
@@ -110,9 +197,6 @@ def conv2d_with_blocks(
     "SAME" convolution of the whole image, blocked the same way.  Odd filter
     sizes and "SAME" padding only, as in Mesh TensorFlow.
     """
-    from mtf_core.ops.halo import halo_exchange
-    from mtf_core.ops.slicing import pad
-
     if h_blocks_dim is None and w_blocks_dim is None:
         return conv2d(
             x,
@@ -124,27 +208,62 @@ def conv2d_with_blocks(
             variable_dtype,
             name,
         )
-    fh, fw = (int(s) for s in filter_size)
-    if padding != "SAME" or fh % 2 == 0 or fw % 2 == 0:
+    if padding != "SAME":
         raise ShapeError(
             f"conv2d_with_blocks: needs padding 'SAME' and odd filter sizes, got "
-            f"{padding!r} and {(fh, fw)}"
+            f"{padding!r}"
         )
-    h_dim, w_dim = x.shape.dims[-3:-1]
-    for blocks, size, halo in (
-        (h_blocks_dim, h_dim, fh // 2),
-        (w_blocks_dim, w_dim, fw // 2),
-    ):
-        if not halo:
-            continue
-        if blocks is None:
-            x = pad(x, [halo, halo], size.name)
-        else:
-            x = halo_exchange(x, blocks, size, halo)
+    x = _halo_blocks(x, filter_size, [h_blocks_dim, w_blocks_dim], "conv2d_with_blocks")
     return conv2d(
         x,
         output_dim,
-        (fh, fw),
+        filter_size,
+        strides,
+        "VALID",
+        filter_initializer,
+        variable_dtype,
+        name,
+    )
+
+
+def conv3d_with_blocks(
+    x: Tensor,
+    output_dim: Any,
+    filter_size: Sequence[int] = (3, 3, 3),
+    strides: Sequence[int] = (1, 1, 1),
+    padding: str = "SAME",
+    d_blocks_dim: Any = None,
+    h_blocks_dim: Any = None,
+    w_blocks_dim: Any = None,
+    filter_initializer: Any = None,
+    variable_dtype: Any = None,
+    name: str | None = None,
+) -> Tensor:
+    """:func:`conv3d` of a volume cut into blocks (``x [batch...,
+    d_blocks, h_blocks, w_blocks, d, h, w, channels]``), as
+    :func:`conv2d_with_blocks` does for images."""
+    blocks = [d_blocks_dim, h_blocks_dim, w_blocks_dim]
+    if all(b is None for b in blocks):
+        return conv3d(
+            x,
+            output_dim,
+            filter_size,
+            strides,
+            padding,
+            filter_initializer,
+            variable_dtype,
+            name,
+        )
+    if padding != "SAME":
+        raise ShapeError(
+            f"conv3d_with_blocks: needs padding 'SAME' and odd filter sizes, got "
+            f"{padding!r}"
+        )
+    x = _halo_blocks(x, filter_size, blocks, "conv3d_with_blocks")
+    return conv3d(
+        x,
+        output_dim,
+        filter_size,
         strides,
         "VALID",
         filter_initializer,

@@ -1,4 +1,4 @@
-"""2-D convolution over named dims, with its gradient ops.
+"""2-D and 3-D convolution over named dims, with their gradient ops.
 
 ``x [batch..., h, w, in_channels]`` convolved with ``filters [fh, fw,
 in_channels, out_channels]`` gives ``[batch..., h', w', out_channels]``.  Each
@@ -9,7 +9,9 @@ sums that are allreduced (pending, so they fuse with other sums).
 
 Gradients are two more ops of this family: the input gradient (a transposed
 convolution, summing over ``out_channels``) and the filter gradient (summing
-over the batch dims and positions).
+over the batch dims and positions).  ``conv3d`` is the same with three
+spatial dims (``x [batch..., d, h, w, in_channels]``, ``filters [fd, fh, fw,
+in_channels, out_channels]``, ``tf.nn.conv3d``).
 """
 
 from __future__ import annotations
@@ -34,54 +36,58 @@ def conv_output_size(size: int, filter_size: int, stride: int, padding: str) -> 
 
 
 class _ConvBase(Operation):
-    """Shared geometry: which dims are batch, spatial and channels."""
+    """Shared geometry: which dims are batch, spatial and channels.
+
+    ``spatial`` is 2 (conv2d: ``h, w``) or 3 (conv3d: ``d, h, w``)."""
+
+    spatial = 2
+
+    @property
+    def _what(self) -> str:
+        return f"conv{self.spatial}d"
 
     def _setup(
         self, x_shape: Shape, f_shape: Shape, strides: Sequence[int], padding: str
     ) -> None:
+        n = self.spatial
         if padding not in PADDINGS:
-            raise ShapeError(f"conv2d: padding {padding!r} must be one of {PADDINGS}")
+            raise ShapeError(
+                f"{self._what}: padding {padding!r} must be one of {PADDINGS}"
+            )
         strides = tuple(int(s) for s in strides)
-        if len(strides) != 2 or min(strides) < 1:
-            raise ShapeError(f"conv2d: strides {strides} must be two positive ints")
+        if len(strides) != n or min(strides) < 1:
+            raise ShapeError(
+                f"{self._what}: strides {strides} must be {n} positive ints"
+            )
         self.strides = strides
         self.padding = padding
         self.x_shape, self.f_shape = x_shape, f_shape
-        self.batch_dims = list(x_shape.dims[:-3])
-        self.h, self.w, self.cin = x_shape.dims[-3:]
-        self.fh, self.fw, _, self.cout = f_shape.dims
-        self.out_shape = Shape(
-            self.batch_dims
-            + [
-                Dimension(
-                    self.h.name,
-                    conv_output_size(self.h.size, self.fh.size, strides[0], padding),
-                ),
-                Dimension(
-                    self.w.name,
-                    conv_output_size(self.w.size, self.fw.size, strides[1], padding),
-                ),
-                self.cout,
-            ]
-        )
-        self._unsplittable = frozenset(
-            d.name for d in (self.h, self.w, self.fh, self.fw)
-        )
+        self.batch_dims = list(x_shape.dims[: -(n + 1)])
+        self.space = list(x_shape.dims[-(n + 1) : -1])
+        self.cin = x_shape.dims[-1]
+        self.fspace = list(f_shape.dims[:n])
+        self.cout = f_shape.dims[n + 1]
+        out_space = [
+            Dimension(d.name, conv_output_size(d.size, f.size, st, padding))
+            for d, f, st in zip(self.space, self.fspace, strides)
+        ]
+        self.out_shape = Shape(self.batch_dims + out_space + [self.cout])
+        self._unsplittable = frozenset(d.name for d in self.space + self.fspace)
 
     @property
     def tf_strides(self) -> list[int]:
-        return [1, self.strides[0], self.strides[1], 1]
+        return [1, *self.strides, 1]
 
     def _nhwc(self, tf: Any, s: Any, shape: Shape) -> tuple[Any, list[int]]:
         """Flattens the batch dims of a local slice; returns it and their sizes."""
         local = [int(v) for v in s.shape]
-        nb = len(shape) - 3
+        nb = len(shape) - self.spatial - 1
         flat = tf.reshape(s, [math.prod(local[:nb]), *local[nb:]])
         return flat, local[:nb]
 
     def flops(self) -> float:
-        out = self.out_shape.size
-        return 2.0 * out * self.fh.size * self.fw.size * self.cin.size
+        window = math.prod(f.size for f in self.fspace)
+        return 2.0 * self.out_shape.size * window * self.cin.size
 
     def _check_whole(self, ctx: Any) -> None:
         """Raises if the layout splits a spatial dim (each device needs whole images)."""
@@ -90,8 +96,9 @@ class _ConvBase(Operation):
             if a is not None:
                 raise LayoutError(
                     f"{self.op_type} {self.name}: spatial dimension {name!r} is split "
-                    f"over mesh dimension {ctx.axis_name(a)!r}; conv2d needs h, w and "
-                    "the filter's spatial dims whole (split batch or channels instead)"
+                    f"over mesh dimension {ctx.axis_name(a)!r}; {self._what} needs "
+                    "the spatial dims and the filter's whole (split batch or "
+                    "channels instead)"
                 )
 
     def _partial_sum(self, impl: Any, res: Any, dims: list[str]) -> Any:
@@ -122,20 +129,23 @@ class Conv2d(_ConvBase):
         padding: str = "SAME",
         name: str | None = None,
     ) -> None:
+        n = self.spatial
+        what = f"conv{n}d"
         check_same_mesh([x, filters])
-        check_same_dtype([x, filters], "conv2d")
-        if x.shape.ndims < 3 or filters.shape.ndims != 4:
+        check_same_dtype([x, filters], what)
+        if x.shape.ndims < n + 1 or filters.shape.ndims != n + 2:
+            space = "h, w" if n == 2 else "d, h, w"
             raise ShapeError(
-                f"conv2d: expected x [batch..., h, w, in_channels] and filters "
-                f"[fh, fw, in_channels, out_channels], got [{x.shape}] and "
-                f"[{filters.shape}]"
+                f"{what}: expected x [batch..., {space}, in_channels] and filters "
+                f"[{n} spatial dims, in_channels, out_channels], got [{x.shape}] "
+                f"and [{filters.shape}]"
             )
-        if filters.shape.dims[2] != x.shape.dims[-1]:
+        if filters.shape.dims[n] != x.shape.dims[-1]:
             raise ShapeError(
-                f"conv2d: filters' third dim {filters.shape.dims[2]} must be x's "
+                f"{what}: filters' dim {filters.shape.dims[n]} must be x's "
                 f"channel dim {x.shape.dims[-1]}"
             )
-        super().__init__([x, filters], name=name or "conv2d")
+        super().__init__([x, filters], name=name or what)
         self._setup(x.shape, filters.shape, strides, padding)
         self._add_output(self.out_shape, x.dtype)
 
@@ -144,9 +154,10 @@ class Conv2d(_ConvBase):
         if dy is None:
             return [None, None]
         x, f = self.inputs
+        grad_input, grad_filter = _GRADIENTS[type(self)]
         return [
-            Conv2dBackpropInput(dy, f, x.shape, self.strides, self.padding).outputs[0],
-            Conv2dBackpropFilter(x, dy, f.shape, self.strides, self.padding).outputs[0],
+            grad_input(dy, f, x.shape, self.strides, self.padding).outputs[0],
+            grad_filter(x, dy, f.shape, self.strides, self.padding).outputs[0],
         ]
 
     def communication(self, ctx: Any) -> list[CollectiveSpec]:
@@ -160,7 +171,8 @@ class Conv2d(_ConvBase):
 
         def local(xs: Any, fs: Any) -> Any:
             flat, batch = self._nhwc(tf, xs, x.shape)
-            y = tf.nn.conv2d(flat, fs, self.tf_strides, self.padding)
+            conv = tf.nn.conv2d if self.spatial == 2 else tf.nn.conv3d
+            y = conv(flat, fs, self.tf_strides, self.padding)
             return tf.reshape(y, [*batch, *[int(v) for v in y.shape[1:]]])
 
         res = impl.slicewise(local, lowering.tensors[x], lowering.tensors[f])
@@ -182,12 +194,14 @@ class Conv2dBackpropInput(_ConvBase):
         padding: str,
         name: str | None = None,
     ) -> None:
-        super().__init__([dy, filters], name=name or "conv2d_grad_input")
+        super().__init__([dy, filters], name=name or f"conv{self.spatial}d_grad_input")
         self._setup(x_shape, filters.shape, strides, padding)
         self._add_output(x_shape, dy.dtype)
 
     def gradient(self, grad_ys: Sequence[Tensor | None]) -> list[Tensor | None]:
-        raise NotImplementedError("second derivatives of conv2d are not supported")
+        raise NotImplementedError(
+            f"second derivatives of {self._what} are not supported"
+        )
 
     def communication(self, ctx: Any) -> list[CollectiveSpec]:
         return self._pending(ctx, [self.cout.name])
@@ -202,7 +216,12 @@ class Conv2dBackpropInput(_ConvBase):
         def local(dys: Any, fs: Any) -> Any:
             flat, _ = self._nhwc(tf, dys, dy.shape)
             sizes = [math.prod(x_local[:nb]), *x_local[nb:]]
-            dx = tf.raw_ops.Conv2DBackpropInput(
+            raw = (
+                tf.raw_ops.Conv2DBackpropInput
+                if self.spatial == 2
+                else tf.raw_ops.Conv3DBackpropInputV2
+            )
+            dx = raw(
                 input_sizes=sizes,
                 filter=fs,
                 out_backprop=flat,
@@ -230,12 +249,14 @@ class Conv2dBackpropFilter(_ConvBase):
         padding: str,
         name: str | None = None,
     ) -> None:
-        super().__init__([x, dy], name=name or "conv2d_grad_filter")
+        super().__init__([x, dy], name=name or f"conv{self.spatial}d_grad_filter")
         self._setup(x.shape, f_shape, strides, padding)
         self._add_output(f_shape, x.dtype)
 
     def gradient(self, grad_ys: Sequence[Tensor | None]) -> list[Tensor | None]:
-        raise NotImplementedError("second derivatives of conv2d are not supported")
+        raise NotImplementedError(
+            f"second derivatives of {self._what} are not supported"
+        )
 
     def communication(self, ctx: Any) -> list[CollectiveSpec]:
         return self._pending(ctx, [d.name for d in self.batch_dims])
@@ -249,7 +270,12 @@ class Conv2dBackpropFilter(_ConvBase):
         def local(xs: Any, dys: Any) -> Any:
             fx, _ = self._nhwc(tf, xs, x.shape)
             fdy, _ = self._nhwc(tf, dys, dy.shape)
-            return tf.raw_ops.Conv2DBackpropFilter(
+            raw = (
+                tf.raw_ops.Conv2DBackpropFilter
+                if self.spatial == 2
+                else tf.raw_ops.Conv3DBackpropFilterV2
+            )
+            return raw(
                 input=fx,
                 filter_sizes=f_local,
                 out_backprop=fdy,
@@ -262,6 +288,35 @@ class Conv2dBackpropFilter(_ConvBase):
         lowering.set_tensor_lowering(self.outputs[0], res)
 
 
+class Conv3d(Conv2d):
+    """``conv3d(x, filters)``: ``x [batch..., d, h, w, in_channels]``,
+    ``filters [fd, fh, fw, in_channels, out_channels]``."""
+
+    op_type = "Conv3d"
+    spatial = 3
+
+
+class Conv3dBackpropInput(Conv2dBackpropInput):
+    """Gradient of conv3d with respect to its input."""
+
+    op_type = "Conv3dBackpropInput"
+    spatial = 3
+
+
+class Conv3dBackpropFilter(Conv2dBackpropFilter):
+    """Gradient of conv3d with respect to its filters."""
+
+    op_type = "Conv3dBackpropFilter"
+    spatial = 3
+
+
+#: Each convolution's two gradient ops.
+_GRADIENTS: dict[type, tuple[Any, Any]] = {
+    Conv2d: (Conv2dBackpropInput, Conv2dBackpropFilter),
+    Conv3d: (Conv3dBackpropInput, Conv3dBackpropFilter),
+}
+
+
 def conv2d(
     x: Tensor,
     filters: Tensor,
@@ -271,3 +326,14 @@ def conv2d(
 ) -> Tensor:
     """``tf.nn.conv2d`` over named dims (NHWC, batch dims flattened)."""
     return Conv2d(x, filters, strides, padding, name).outputs[0]
+
+
+def conv3d(
+    x: Tensor,
+    filters: Tensor,
+    strides: Sequence[int] = (1, 1, 1),
+    padding: str = "SAME",
+    name: str | None = None,
+) -> Tensor:
+    """``tf.nn.conv3d`` over named dims (NDHWC, batch dims flattened)."""
+    return Conv3d(x, filters, strides, padding, name).outputs[0]
