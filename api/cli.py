@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from api import calibrate_cli
-from api.schemas import DEFAULT_TIME_LIMIT_S
+from layout_planner.options import DEFAULT_TIME_LIMIT_S
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -152,7 +152,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not settings.tokens:
         print(
             "mtf-planner serve: warning: no API tokens; planning is open to "
-            + ("anyone who can reach this address" if args.insecure else "this machine"),
+            + (
+                "anyone who can reach this address" if args.insecure else "this machine"
+            ),
             file=sys.stderr,
             flush=True,
         )
@@ -175,9 +177,7 @@ def cmd_seed(args: argparse.Namespace) -> int:
     from api.seed import seed
 
     settings = _settings(args)
-    print(
-        f"seeding {settings.store_description} with example plans:"
-    )
+    print(f"seeding {settings.store_description} with example plans:")
     seed(settings)
     return EXIT_OK
 

@@ -102,7 +102,8 @@ class VariableStore:
         laid = impl.read_variables(self.slices(var))
         full = impl.export_to_tf_tensor(laid, var.shape)
         # Checkpoints hold the master dtype (Mesh TensorFlow's VariableDType).
-        return tf.cast(full, var.master_dtype).numpy()
+        value: np.ndarray = tf.cast(full, var.master_dtype).numpy()
+        return value
 
     def import_(self, var: Any, value: Any) -> None:
         """Sets ``var`` from its full value (any layout's export)."""

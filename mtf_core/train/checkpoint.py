@@ -59,7 +59,7 @@ def save_checkpoint(
     meta["keys"] = keys
     tmp_npz = base.with_suffix(".npz.tmp")
     with open(tmp_npz, "wb") as f:
-        np.savez(f, **arrays)
+        np.savez(f, **arrays)  # type: ignore[arg-type]  # numpy's stub: **kwds: ArrayLike
     os.replace(tmp_npz, base.with_suffix(".npz"))
     tmp_json = base.with_suffix(".json.tmp")
     tmp_json.write_text(json.dumps(meta, indent=1, sort_keys=True))
