@@ -21,6 +21,7 @@ summed over the iterations and returned after them.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from mtf_core import dtypes
@@ -160,11 +161,19 @@ class WhileLoop(Operation):
         return float(sum(op.flops() for op in self._cond_ops + self._body_ops))
 
     def communication(self, ctx: Any) -> list[CollectiveSpec]:
-        """One iteration's collectives: the condition's, then the body's, then
-        the sums that complete pending allreduces of the loop variables."""
+        """One iteration's collectives: the condition's, then the body's.
+
+        Every one is issued inside the iteration (the loop variables leave it
+        whole), so pending sums count as issued.  Two pending sums the body
+        adds before use are one allreduce in the lowering but two here: an
+        upper bound, which no loop in mtf_core's decoders reaches.
+        """
         out: list[CollectiveSpec] = []
         for op in self._cond_ops + self._body_ops:
-            out.extend(op.communication(ctx))
+            out.extend(
+                replace(c, pending=False) if c.pending else c
+                for c in op.communication(ctx)
+            )
         return out
 
     @property
