@@ -290,3 +290,15 @@ def test_a_graph_with_a_while_loop_writes_but_refuses_to_load_clearly() -> None:
     assert '"WhileLoop"' in text and "LoopInput" not in text
     with pytest.raises(mtf.SerializationError, match="condition and body are Python"):
         mtf.graph_from_json(text)
+
+
+def test_while_loop_on_the_spmd_backend_eager_and_compiled(devices: list[str]) -> None:
+    graph, mesh, _, y, want = _counting_loop()
+    impl = mtf.SimdMeshImpl("model:4", "hidden:model", devices[:4])
+    low = mtf.Lowering(graph, {mesh: impl})
+    np.testing.assert_allclose(low.export_to_tf_tensor(y).numpy(), want, rtol=1e-6)
+    step = mtf.compile_function(graph, {mesh: impl}, inputs=[], outputs=[y])
+    np.testing.assert_allclose(step()[0], want, rtol=1e-6)
+    spec = Counter(collective_specs(y.operation.communication(impl.ctx)))
+    assert Counter(collective_specs(step.counters.collectives)) == spec
+    assert spec == Counter({("allreduce", ("model",), 16): 1})

@@ -1,8 +1,9 @@
 """Lowering of :class:`mtf_core.ops.control.WhileLoop` to one ``tf.while_loop``.
 
 The loop variables are every device's slices of every mtf loop variable (a
-list per variable), plus an iteration counter that is mixed into the seed of
-random ops in the body.  ``tf`` comes from ``lowering.tf``.
+list per variable; in a traced SPMD step, the one replica's tensor), plus an
+iteration counter that is mixed into the seed of random ops in the body.
+``tf`` comes from ``lowering.tf``.
 """
 
 from __future__ import annotations
@@ -15,13 +16,24 @@ from mtf_core.graph import Operation, Tensor
 
 
 def _slices(laid: Any, what: str) -> list[Any]:
+    """The TF tensors of a laid-out value: every device's slice (placement,
+    or an eager SPMD lowering), or the one replica's (a traced SPMD step)."""
     laid = laid.to_laid_out_tensor()
-    if not hasattr(laid, "slices"):
-        raise LoweringError(
-            f"{what}: while_loop lowers on the placement backend (per-device "
-            f"slices); this mesh implementation gives {type(laid).__name__}"
-        )
-    return list(laid.slices)
+    if hasattr(laid, "slices"):
+        return list(laid.slices)
+    if hasattr(laid, "tensor"):
+        return [laid.tensor]
+    raise LoweringError(
+        f"{what}: while_loop cannot loop over a {type(laid).__name__}; expected "
+        "per-device slices or a replica's tensor"
+    )
+
+
+def _laid_out(like: Any, values: Sequence[Any]) -> Any:
+    """``values`` (from :func:`_slices`) as a laid-out value of ``like``'s type."""
+    if hasattr(like, "slices"):
+        return type(like)(list(values))
+    return type(like)(values[0])
 
 
 def lower_while_loop(op: Any, lowering: Any) -> None:
@@ -31,7 +43,7 @@ def lower_while_loop(op: Any, lowering: Any) -> None:
     # Force captured pending sums here, outside the loop's graph, so no
     # tensor made inside the loop leaks out through a cached reduction.
     lowered_inputs = [lowering.tensors[t] for t in op.inputs]
-    laid_type = type(lowered_inputs[0])
+    like = lowered_inputs[0].to_laid_out_tensor()
     init = [_slices(v, op.name) for v in lowered_inputs[:n]]
     for t in op.outputs[n:]:  # accumulators start at zero
         shape = impl.slice_shape(t.shape)
@@ -49,7 +61,7 @@ def lower_while_loop(op: Any, lowering: Any) -> None:
     ) -> None:
         memo = dict(lowering.memo)  # constants made inside stay inside
         for t, v in zip(stand_ins, values):
-            lowering.tensors[t] = laid_type(list(v))
+            lowering.tensors[t] = _laid_out(like, v)
         counters = impl.counters
         quiet = key in traced  # count one iteration, as the planner prices it
         if quiet:
@@ -87,4 +99,4 @@ def lower_while_loop(op: Any, lowering: Any) -> None:
         cond, body, [tf.constant(0, tf.int32), *init], **op.tf_kwargs
     )
     for t, v in zip(op.outputs, result[1:]):
-        lowering.set_tensor_lowering(t, laid_type(list(v)))
+        lowering.set_tensor_lowering(t, _laid_out(like, v))

@@ -12,7 +12,7 @@ the body is laid out like the rest of the graph.  Counters record the
 condition's and body's collectives and flops once (what one iteration costs,
 as the planner prices it), whatever the number of iterations.  Random ops in
 the body draw new numbers at each iteration.  Loops have no gradient (as in
-Mesh TensorFlow); they run on the placement backend.
+Mesh TensorFlow).  They lower on the placement and the SPMD backends.
 
 ``has_accumulators``: outputs the body returns after the loop variables are
 summed over the iterations and returned after them.
