@@ -436,3 +436,52 @@ def test_conv3d_and_blocked_conv3d_match_tensorflow_with_gradients(devices):
     again = mtf.graph_from_json(mtf.graph_to_json(graph))
     types = [op.op_type for op in again.graph.operations]
     assert {"Conv3d", "Conv3dBackpropInput", "Conv3dBackpropFilter"} <= set(types)
+
+
+@pytest.mark.tf
+def test_clip_activation_gradient_keeps_values_and_clips_the_gradient_rms(devices):
+    graph, mesh = _graph()
+    x, xv = _x(mesh, "batch:8,hidden:8")
+    up = np.full((8, 8), 3.0, np.float32)
+    small = np.full((8, 8), 0.5, np.float32)
+    y = layers.clip_activation_gradient(x, clip_rms_norm=1.0)
+    loss = mtf.reduce_sum(y * mtf.constant(mesh, up, x.shape))
+    loss_small = mtf.reduce_sum(y * mtf.constant(mesh, small, x.shape))
+    (dx,) = mtf.gradients([loss], [x])
+    (dx_small,) = mtf.gradients([loss_small], [x])
+    got_y, got_dx, got_small = assert_same_under_layouts(
+        graph, mesh, devices, [y, dx, dx_small]
+    )
+    np.testing.assert_array_equal(got_y, xv)
+    np.testing.assert_allclose(got_dx, np.ones((8, 8)), rtol=1e-6)  # rms 3 -> 1
+    np.testing.assert_allclose(got_small, small, rtol=1e-6)  # under the limit
+
+
+@pytest.mark.tf
+def test_annealed_dropout_anneals_with_the_global_step(devices):
+    from mtf_core.optimize import global_step
+
+    graph, mesh = _graph()
+    x = mtf.ones(mesh, "batch:8,hidden:8")
+    y = layers.annealed_dropout(x, True, start_step=0, end_step=10, init_rate=0.5)
+    assert layers.annealed_dropout(x, False, 0, 10, 0.5) is x
+    step = as_variable(global_step(mesh))
+    low = mtf.Lowering(graph, {mesh: ONE_DEVICE.impl(devices)}, targets=[y])
+    at_start = low.export_to_tf_tensor(y).numpy()
+    assert set(np.unique(at_start)) <= {0.0, 2.0} and 0.2 < (at_start == 0).mean() < 0.8
+    low.variables.import_(step, np.int32(10))
+    done = mtf.Lowering(
+        graph, {mesh: ONE_DEVICE.impl(devices)}, targets=[y], variables=low.variables
+    )
+    np.testing.assert_array_equal(done.export_to_tf_tensor(y).numpy(), np.ones((8, 8)))
+    with pytest.raises(ValueError, match="init_rate None must be in"):
+        layers.annealed_dropout(x, True, 0, 10)
+
+
+def test_reversible_half_residual_and_swap_is_the_revnet_block():
+    graph, mesh = _graph()
+    a, b = mtf.ones(mesh, "hidden:8"), mtf.zeros(mesh, "hidden:8")
+    y2, y2b, y1, y1b = layers.reversible_half_residual_and_swap(
+        a, None, b, None, lambda t: t + 1.0
+    )
+    assert y2 is b and y2b is None and y1b is None and y1.shape == a.shape

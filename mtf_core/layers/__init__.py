@@ -66,8 +66,16 @@ from mtf_core.layers.losses import (
     weights_nonzero,
 )
 from mtf_core.layers.norms import batch_norm, corr, layer_norm, rms_norm
+from mtf_core.layers.regularization import (
+    annealed_dropout,
+    clip_activation_gradient,
+    reversible_half_residual_and_swap,
+)
 
 __all__ = [
+    "annealed_dropout",
+    "clip_activation_gradient",
+    "reversible_half_residual_and_swap",
     "DenseInitializer",
     "RandomInitializer",
     "VarianceScalingInitializer",
