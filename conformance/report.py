@@ -133,7 +133,11 @@ def format_table(results: list[FileResult]) -> str:
     out = [f"{'file':<{width}}  tests  passed"]
     for r in results:
         out.append(f"{r.file:<{width}}  {r.total:5d}  {r.passed:6d}")
-        out.extend(f"    {c.name}: {c.reason}" for c in r.cases if not c.passed)
+        seen = set()
+        for c in r.cases:
+            if not c.passed and (c.name, c.reason) not in seen:  # "(all N)" once
+                seen.add((c.name, c.reason))
+                out.append(f"    {c.name}: {c.reason}")
     passed = sum(r.passed for r in results)
     failed = sum(r.total - r.passed for r in results)
     out.append(f"{passed} passed, {failed} failed")

@@ -104,3 +104,19 @@ def test_auto_mtf_mesh_shape_iterator_matches_mesh_tf_contract(compat):
     assert list(api._mesh_shape_iterator(1)) == [[1]]
     # The public functions are the planner's.
     assert api.layout is importlib.import_module("layout_planner.auto_mtf").layout
+
+
+def test_variable_names_take_the_tf_variable_scope_under_compat(compat):
+    import mesh_tensorflow as mtf
+    import tensorflow as tf
+
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "m")
+    with tf.compat.v1.variable_scope("encoder"):
+        with tf.compat.v1.variable_scope("layer_000"):
+            w = mtf.get_variable(mesh, "q", "a:2")
+    assert w.operation.name == "encoder/layer_000/q"
+    compat.uninstall()
+    with tf.compat.v1.variable_scope("encoder"):
+        v = mtf_core.get_variable(mesh, "k", "a:2")
+    assert v.operation.name == "k"  # mtf_core's own programs: names as given

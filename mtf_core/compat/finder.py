@@ -181,14 +181,30 @@ class MeshTfFinder(importlib.abc.MetaPathFinder):
 _FINDER = MeshTfFinder()
 
 
+def _tf_variable_scope() -> str:
+    """TF's current variable scope name ('' if TensorFlow is not loaded)."""
+    tf = sys.modules.get("tensorflow")
+    if tf is None:
+        return ""
+    return str(tf.compat.v1.get_variable_scope().name)
+
+
 def install() -> None:
-    """Put the finder first on ``sys.meta_path`` (idempotent)."""
+    """Put the finder first on ``sys.meta_path`` (idempotent), and make
+    variable names take TF's variable scope as a prefix, as Mesh TF's do (its
+    Transformer names ``encoder/block_000/layer_000/SelfAttention/q`` so)."""
+    from mtf_core.ops.variables import set_variable_scope_provider
+
     if _FINDER not in sys.meta_path:
         sys.meta_path.insert(0, _FINDER)
+    set_variable_scope_provider(_tf_variable_scope)
 
 
 def uninstall() -> None:
     """Remove the finder and forget the ``mesh_tensorflow`` modules it made."""
+    from mtf_core.ops.variables import set_variable_scope_provider
+
+    set_variable_scope_provider(None)
     if _FINDER in sys.meta_path:
         sys.meta_path.remove(_FINDER)
     for name in list(sys.modules):

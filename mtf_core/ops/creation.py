@@ -42,7 +42,14 @@ class ImportTensor(Operation):
                     f"[{shape}] ({shape.to_integer_list()})"
                 )
             if dtype is None:
-                dtype = getattr(value, "dtype", None) or np.asarray(value).dtype
+                dtype = getattr(value, "dtype", None)
+            if dtype is None:
+                # A Python list or number converts as TensorFlow converts it
+                # (ints to int32, floats to float32), not as NumPy would.
+                kind = np.asarray(value).dtype.kind
+                dtype = {"i": "int32", "u": "int32", "f": "float32"}.get(
+                    kind, np.asarray(value).dtype
+                )
         self._add_output(shape, dtype or "float32")
 
     @property
