@@ -34,8 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cost_models.hardware import get_hardware
-from cost_models.hardware import HardwareProfile
+from cost_models.hardware import HardwareProfile, get_hardware
 from cost_models.pipeline import (
     PipelineCost,
     PipelineError,
@@ -272,13 +271,21 @@ def plan_transformer(
                 f"{s} pipeline stages for {layers} layers; expected at most one "
                 "stage per layer"
             )
-    tensor_sizes = list(tensor) if tensor is not None else pows
+    # Tensor axes up to two hosts' worth (the cost model decides whether one
+    # host's is best); any size on meshes without a host hierarchy.
+    per_host = hw.devices_per_host
+    tensor_sizes = (
+        list(tensor)
+        if tensor is not None
+        else [t for t in pows if per_host is None or t <= 2 * per_host]
+    )
     builder: Callable[..., ModelGraph] = (
         build_encoder_decoder if encoder_decoder else build_lm
     )
     trials: list[ScaleTrial] = []
     best: tuple[tuple[float, int, int], ScalePlan] | None = None
     flops = model_flops(cfg, encoder_decoder)
+    meshes = []
     for pp in stage_sizes:
         for tp in tensor_sizes:
             if devices % (pp * tp):
@@ -291,26 +298,33 @@ def plan_transformer(
             spec.check(layers, cfg.batch)
             if (cfg.batch // m) % dp:
                 continue  # a micro-batch must split over the data axis
-            for rank, (attn, ffn) in enumerate(recompute):
-                choice = ScaleChoice(pp, dp, tp, m, schedule, attn, ffn)
-                trial, plan = _trial(
-                    cfg,
-                    choice,
-                    spec,
-                    hw,
-                    builder,
-                    optimizer,
-                    time_limit_s,
-                    flops,
-                    devices,
-                )
-                trials.append(trial)
-                if plan is None or not trial.fits:
-                    continue
-                key = (plan.step_time_s, pp, rank)
-                if best is None or key < best[0]:
-                    best = (key, plan)
-                break  # less recomputation first: the first that fits is kept
+            # No step beats the model's flops at peak, stretched by the bubble.
+            bound = flops / (devices * hw.peak_flops) * (m + pp - 1) / m
+            meshes.append((bound, pp, tp, dp, m, spec))
+    meshes.sort(key=lambda t: (t[0], t[1], t[2]))
+    for bound, pp, tp, dp, m, spec in meshes:
+        if best is not None and bound >= best[0][0]:
+            break  # no remaining mesh can be faster
+        for rank, (attn, ffn) in enumerate(recompute):
+            choice = ScaleChoice(pp, dp, tp, m, schedule, attn, ffn)
+            trial, plan = _trial(
+                cfg,
+                choice,
+                spec,
+                hw,
+                builder,
+                optimizer,
+                time_limit_s,
+                flops,
+                devices,
+            )
+            trials.append(trial)
+            if plan is None or not trial.fits:
+                continue
+            key = (plan.step_time_s, pp, rank)
+            if best is None or key < best[0]:
+                best = (key, plan)
+            break  # less recomputation first: the first that fits is kept
     if best is None:
         smallest = min(
             (t for t in trials if t.peak_memory_bytes is not None),
@@ -342,8 +356,10 @@ def _trial(
     time_limit_s: float,
     flops: float,
     devices: int,
+    rules: str | None = None,
 ) -> tuple[ScaleTrial, ScalePlan | None]:
-    """Plans one trial's stage graph and prices its pipeline."""
+    """Plans one trial's stage graph (or prices the given ``rules``) and
+    prices its pipeline."""
     held = spec.in_flight * cfg.batch // spec.micro_batches
     stage_cfg = cfg.replace(
         num_layers=cfg.num_layers // spec.stages,
@@ -360,6 +376,13 @@ def _trial(
         top_k=1,
         time_limit_s=time_limit_s,
     )
+    if rules is not None:  # a given layout, priced by the same model
+        from cost_models.costs import evaluate
+        from mtf_core.layout import convert_to_layout_rules
+
+        given = convert_to_layout_rules(rules)
+        cost = evaluate(model.graph, choice.stage_mesh, given, hw, [model.loss])
+        plan = dataclasses.replace(plan, layout_rules=given, evaluation=cost)
     rules = str(plan.layout_rules)
     if plan.evaluation is None:
         return ScaleTrial(choice, None, None, False, rules, "not verified"), None
@@ -369,7 +392,9 @@ def _trial(
         i for i, op in enumerate(model.graph.operations) if op.name == "global_step"
     )
     split = split_step(model.graph, cost, ctx, hw, first_update)
-    boundary = ctx.slice_bytes(_boundary_shape(stage_cfg, spec), cfg.activation_dtype)
+    # The stage holds in_flight micro-batches: one boundary is that share.
+    held_bytes = ctx.slice_bytes(_boundary_shape(stage_cfg), cfg.activation_dtype)
+    boundary = held_bytes // spec.in_flight
     priced = pipeline_cost(
         spec,
         split,
@@ -405,9 +430,42 @@ def _trial(
     return trial, scale
 
 
-def _boundary_shape(cfg: TransformerConfig, spec: PipelineSpec) -> Any:
-    """The activation crossing a stage boundary for one micro-batch."""
-    from mtf_core.shapes import Dimension, Shape
+def price_layout(
+    config: TransformerConfig,
+    choice: ScaleChoice,
+    rules: str,
+    hardware: str | HardwareProfile = "h100-nvlink-ib",
+    optimizer: str = "adam",
+    encoder_decoder: bool = False,
+) -> ScalePlan:
+    """A given mesh, pipeline, recomputation and stage layout rules (e.g. a
+    published configuration) priced exactly as the planner's trials are."""
+    hw = get_hardware(hardware) if isinstance(hardware, str) else hardware
+    cfg = config.replace(shardable_weights=True)
+    check_request(cfg, hw, choice.stages * choice.data * choice.tensor)
+    spec = PipelineSpec(choice.stages, choice.micro_batches, choice.schedule)
+    spec.check(cfg.num_layers, cfg.batch)
+    builder = build_encoder_decoder if encoder_decoder else build_lm
+    devices = choice.stages * choice.data * choice.tensor
+    _, plan = _trial(
+        cfg,
+        choice,
+        spec,
+        hw,
+        builder,
+        optimizer,
+        5.0,
+        model_flops(cfg, encoder_decoder),
+        devices,
+        rules,
+    )
+    assert plan is not None
+    return plan
 
-    micro = cfg.batch // spec.in_flight
-    return Shape([Dimension("batch", micro), cfg.length_dim, cfg.model_dim])
+
+def _boundary_shape(cfg: TransformerConfig) -> Any:
+    """The activations crossing a stage boundary for the micro-batches a
+    stage holds (``cfg.batch`` is their batch)."""
+    from mtf_core.shapes import Shape
+
+    return Shape([cfg.batch_dim, cfg.length_dim, cfg.model_dim])

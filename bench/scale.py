@@ -1,0 +1,194 @@
+"""Plans for reference models at scale, beside their published layouts.
+
+For each model: ``layout_planner.choices.plan_transformer`` searches pipeline
+stages x data x tensor sizes and recomputation for the device count (bfloat16
+activations, float32 master weights and Adam slots, shardable weights), and
+the layout its authors published is priced by the same cost model
+(``price_layout``).  Prints (and with ``--write`` puts in
+docs/benchmarks.md, section ``scale``) the plan, predicted step time, MFU
+(model flops / (devices x peak x step)), peak memory per device and the
+planning time.
+
+    .venv/bin/python bench/scale.py [--write] [--only gpt3,llama64,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.common import replace_section  # noqa: E402
+from layout_planner.choices import (  # noqa: E402
+    ScaleChoice,
+    ScaleError,
+    plan_transformer,
+    price_layout,
+)
+from mtf_core.models import TransformerConfig  # noqa: E402
+
+MEGATRON = "batch:dp;heads:tp;d_ff:tp;vocab:tp"
+
+
+@dataclass(frozen=True)
+class Case:
+    key: str
+    title: str
+    config: TransformerConfig
+    devices: int
+    hardware: str
+    published: ScaleChoice
+    published_rules: str
+    source: str
+    encoder_decoder: bool = False
+
+
+GPT3 = TransformerConfig(
+    num_layers=96, d_model=12288, heads=96, d_kv=128, d_ff=49152, vocab=51200,
+    length=2048, batch=1536, activation="gelu", activation_dtype="bfloat16",
+)  # fmt: skip
+LLAMA2_70B = TransformerConfig(
+    num_layers=80, d_model=8192, heads=64, d_kv=128, d_ff=28672, vocab=32000,
+    length=4096, batch=1024, activation="silu", norm="rms_norm",
+    activation_dtype="bfloat16",
+)  # fmt: skip
+T5_11B = TransformerConfig(
+    num_layers=24, d_model=1024, heads=128, d_kv=128, d_ff=65536, vocab=32128,
+    length=512, batch=2048, activation="relu", activation_dtype="bfloat16",
+)  # fmt: skip
+
+
+def _published(pp: int, dp: int, tp: int, batch: int, attn: str, ffn: str):
+    return ScaleChoice(pp, dp, tp, batch // dp, "1f1b", attn, ffn)
+
+
+CASES = [
+    Case(
+        "gpt3",
+        "GPT-3 175B, 1,024 A100 80 GB (8 per host)",
+        GPT3,
+        1024,
+        "a100-nvlink-ib",
+        _published(16, 8, 8, 1536, "block", "block"),
+        MEGATRON,
+        "Megatron-LM `examples/gpt3/train_gpt3_175b_distributed.sh`: tensor 8, "
+        "pipeline 16, micro-batch 1, global batch 1536 (data 8 on 1,024 GPUs); "
+        "full recomputation as in Narayanan et al. 2021",
+    ),
+    Case(
+        "llama64",
+        "Llama-2-70B shape, 64 H100",
+        LLAMA2_70B,
+        64,
+        "h100-nvlink-ib",
+        _published(4, 4, 4, 1024, "none", "none"),
+        MEGATRON,
+        "NeMo-Framework-Launcher `conf/training/llama/llama2_70b.yaml`: tensor 4, "
+        "pipeline 4 (virtual 20), micro-batch 1, sequence parallel, no "
+        "recomputation, distributed Adam",
+    ),
+    Case(
+        "llama512",
+        "Llama-2-70B shape, 512 H100",
+        LLAMA2_70B,
+        512,
+        "h100-nvlink-ib",
+        _published(4, 32, 4, 1024, "none", "none"),
+        MEGATRON,
+        "same NeMo configuration (tensor 4, pipeline 4) with data 32",
+    ),
+    Case(
+        "t5",
+        "T5-11B shape, TPU v4 4x4x4 (64 chips)",
+        T5_11B,
+        64,
+        "tpu-v4",
+        _published(1, 8, 8, 2048, "none", "none"),
+        MEGATRON,
+        "T5 `notebooks/t5-trivia.ipynb`: model_parallelism 8 for 11B (Mesh "
+        "TensorFlow's model axis; batch over the rest), no pipeline",
+        encoder_decoder=True,
+    ),
+]
+
+
+def _row(plan, planning: float | None) -> list[str]:
+    c = plan.choice
+    return [
+        f"pp {c.stages} x dp {c.data} x tp {c.tensor}, m {c.micro_batches}",
+        f"{c.recompute_attention}/{c.recompute_ffn}",
+        ", ".join(plan.sharded_classes) or "none",
+        f"{plan.step_time_s:.2f}",
+        f"{plan.mfu:.1%}",
+        f"{plan.peak_memory_bytes / 2**30:.1f}",
+        "yes" if plan.fits else "no",
+        "" if planning is None else f"{planning:.1f}",
+    ]
+
+
+def run(cases: list[Case]) -> str:
+    header = (
+        "| model | layout | mesh (pp x dp x tp, micro-batches) | recompute "
+        "attn/ffn | ZeRO-sharded classes | step s | MFU | peak GiB | fits | "
+        "planning s |\n|---|---|---|---|---|---|---|---|---|---|"
+    )
+    rows = [header]
+    notes = []
+    for case in cases:
+        start = time.perf_counter()
+        try:
+            ours = plan_transformer(
+                case.config,
+                case.devices,
+                case.hardware,
+                encoder_decoder=case.encoder_decoder,
+            )
+            planning = time.perf_counter() - start
+            rows.append(
+                f"| {case.title} | planned | " + " | ".join(_row(ours, planning)) + " |"
+            )
+            print(case.title, f"planned in {planning:.1f} s", flush=True)
+            print(ours.explain(), flush=True)
+        except ScaleError as e:
+            planning = time.perf_counter() - start
+            rows.append(
+                f"| {case.title} | planned | no plan fits: {e} |||||||{planning:.1f}|"
+            )
+            print(case.title, "no plan:", e, flush=True)
+        pub = price_layout(
+            case.config,
+            case.published,
+            case.published_rules,
+            case.hardware,
+            encoder_decoder=case.encoder_decoder,
+        )
+        rows.append("| | published | " + " | ".join(_row(pub, None)) + " |")
+        notes.append(f"* {case.title}: published layout from {case.source}.")
+        print("published:", pub.explain(), flush=True)
+    return "\n".join(rows) + "\n\n" + "\n".join(notes)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
+    ap.add_argument("--only", default="", help="comma-separated case keys")
+    args = ap.parse_args()
+    keys = [k for k in args.only.split(",") if k]
+    cases = [c for c in CASES if not keys or c.key in keys]
+    table = run(cases)
+    print(table)
+    if args.write:
+        cmd = "`.venv/bin/python bench/scale.py --write`"
+        replace_section(
+            "scale",
+            f"Command: {cmd} (load average {os.getloadavg()[0]:.1f}).\n\n{table}",
+            title="Scale: reference models on their clusters",
+        )
+
+
+if __name__ == "__main__":
+    main()
