@@ -31,3 +31,14 @@ def test_something_missing_a_primitive_is_not_a_backend() -> None:
             return None
 
     assert not isinstance(HalfBackend(), MeshBackend)
+
+
+def test_a_backend_missing_a_primitive_cannot_be_made() -> None:
+    from mtf_core.lowering.mesh_impl import MeshImpl
+
+    class Partial(MeshImpl):
+        def slicewise(self, fn, *inputs):  # noqa: ANN001
+            return None
+
+    with pytest.raises(TypeError, match=r"abstract.*allreduce"):
+        Partial("x:2", "")

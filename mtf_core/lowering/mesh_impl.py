@@ -7,6 +7,7 @@ per device) and an SPMD backend are interchangeable.
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -18,10 +19,13 @@ from mtf_core.lowering.counters import CollectiveRecord, Counters
 from mtf_core.shapes import Shape, convert_to_shape
 
 
-class MeshImpl:
+class MeshImpl(abc.ABC):
     """A mesh shape, layout rules and the collectives that couple devices.
 
-    ``layout_rules=`` is accepted for ``layout`` (Mesh TF's keyword).
+    ``layout_rules=`` is accepted for ``layout`` (Mesh TF's keyword).  A
+    backend implements every abstract primitive below (a class that misses
+    one cannot be instantiated, and says which); ops see them through
+    :class:`mtf_core.seams.MeshBackend`.
     """
 
     #: Mesh TF's flag: lowered ops may carry control dependencies.
@@ -125,8 +129,9 @@ class MeshImpl:
         return self.ctx.devices_splitting(dim_names)
 
     # -- what backends implement --------------------------------------------
+    @abc.abstractmethod
     def slicewise(self, fn: Callable[..., Any], *inputs: Any) -> Any:
-        raise NotImplementedError
+        """Runs ``fn`` on every device's slice of the laid-out ``inputs``."""
 
     def slicewise_multi(
         self, fn: Callable[..., Sequence[Any]], n_out: int, *inputs: Any
@@ -137,51 +142,63 @@ class MeshImpl:
             self.slicewise(lambda *a, i=i: fn(*a)[i], *inputs) for i in range(n_out)
         ]
 
+    @abc.abstractmethod
     def allreduce(
         self, x: Any, mesh_axes: Sequence[int], reduction: str = "SUM"
     ) -> Any:
-        raise NotImplementedError
+        """Combines ``x`` over ``mesh_axes`` with ``reduction``; every device gets the result."""
 
+    @abc.abstractmethod
     def allconcat(self, x: Any, mesh_axis: int, concat_axis: int) -> Any:
-        raise NotImplementedError
+        """Gathers ``x``'s pieces along tensor axis ``concat_axis`` over ``mesh_axis``."""
 
+    @abc.abstractmethod
     def alltoall(
         self, x: Any, mesh_axis: int, split_axis: int, concat_axis: int
     ) -> Any:
-        raise NotImplementedError
+        """Re-splits ``x`` over ``mesh_axis`` from ``concat_axis`` to ``split_axis``."""
 
+    @abc.abstractmethod
     def allsplit(self, x: Any, mesh_axis: int, split_axis: int) -> Any:
-        raise NotImplementedError
+        """Each device keeps its piece of ``x`` along ``split_axis`` (no communication)."""
 
+    @abc.abstractmethod
     def shift_by_n_processors(
         self, x: Any, mesh_axis: int, offset: int, wrap: bool
     ) -> Any:
-        raise NotImplementedError
+        """Moves each slice ``offset`` devices along ``mesh_axis`` (``wrap``: cyclically)."""
 
+    @abc.abstractmethod
     def import_tf_tensor(self, tf_tensor: Any, shape: Any) -> Any:
-        raise NotImplementedError
+        """Lays out a whole TensorFlow value of ``shape``."""
 
+    @abc.abstractmethod
     def export_to_tf_tensor(self, x: Any, shape: Any) -> Any:
-        raise NotImplementedError
+        """The whole value of laid-out ``x`` of ``shape``."""
 
+    @abc.abstractmethod
     def laid_out_pcoordinate(self, mesh_axis: int) -> Any:
-        raise NotImplementedError
+        """Each device's coordinate along ``mesh_axis``, laid out."""
 
+    @abc.abstractmethod
     def laid_out_pnum(self) -> Any:
-        raise NotImplementedError
+        """Each device's processor number, laid out."""
 
+    @abc.abstractmethod
     def make_variables(self, laid: Any, name: str, trainable: bool) -> list[Any]:
-        raise NotImplementedError
+        """The per-device variables holding slices of ``laid``."""
 
+    @abc.abstractmethod
     def read_variables(self, variables: Sequence[Any]) -> Any:
-        raise NotImplementedError
+        """The laid-out values of per-device ``variables``."""
 
+    @abc.abstractmethod
     def assign_variables(
         self, variables: Sequence[Any], laid: Any, mode: str = "assign"
     ) -> list[Any]:
-        raise NotImplementedError
+        """Assigns (``mode``: assign, add, sub) laid-out ``laid`` to ``variables``."""
 
-    def finish_lowering(self) -> None:
+    def finish_lowering(self) -> None:  # noqa: B027 - optional hook, not a primitive
         """Called when a lowering has created its ops (a backend that places
         them lazily places them now)."""
 
@@ -205,10 +222,14 @@ class MeshImpl:
         for step in plan_layout_change(
             self.ctx, shape, "float32", old_layout, new_layout
         ):
+            # plan_layout_change sets the axes each kind needs.
             if step.kind == "alltoall":
+                assert step.split_axis is not None and step.concat_axis is not None
                 x = self.alltoall(x, step.mesh_axis, step.split_axis, step.concat_axis)
             elif step.kind == "allconcat":
+                assert step.concat_axis is not None
                 x = self.allconcat(x, step.mesh_axis, step.concat_axis)
             else:
+                assert step.split_axis is not None
                 x = self.allsplit(x, step.mesh_axis, step.split_axis)
         return x
