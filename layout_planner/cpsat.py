@@ -8,7 +8,7 @@ after, cannot break CP-SAT in this process (see that module).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -162,10 +162,17 @@ class LayoutModel:
             return
         largest = p.row_bytes.sum(axis=1) + p.row_constants
         if self.peak is None:
-            # A live set that fits even with nothing split never binds.
-            largest = np.where(
-                largest + self._max_buffer > p.capacity_bytes, largest, -1
-            )
+            # Under the capacity, rows start in the model only when memory is
+            # tight: when a live set split as far as any layout splits it
+            # still needs over half the device.  Otherwise few answers break
+            # any row (a deep model on a big device), and each seeded row
+            # costs every solve its presolve; the lazy rounds add the rare
+            # binding ones.
+            most_split = (
+                p.row_bytes
+                // np.array([f.max() for f in self._factors], dtype=np.int64)
+            ).sum(axis=1) + p.row_constants
+            largest = np.where(2 * most_split > p.capacity_bytes, largest, -1)
         order = np.argsort(-largest, kind="stable")
         self.add_rows([int(r) for r in order[:_SEED_ROWS] if largest[r] >= 0])
 
@@ -469,8 +476,16 @@ class _Solver:
         )
 
 
-def solve_program(program: IntegerProgram, params: SolveParams) -> ProgramResult:
+def solve_program(
+    program: IntegerProgram,
+    params: SolveParams,
+    on_best: Callable[[Solution], None] | None = None,
+) -> ProgramResult:
     """Solves ``program`` for up to ``params.top_k`` distinct layouts, best first.
+
+    ``on_best`` is called with the best layout as soon as it is known, before
+    the other ranks are solved (CP-SAT releases the GIL while it searches, so
+    a thread started there runs beside it).
 
     For each rank: (memory objective) minimise the peak P; then, at that P,
     minimise time and the tie-break together as ``T * W + tiebreak`` (``W``
@@ -500,6 +515,8 @@ def solve_program(program: IntegerProgram, params: SolveParams) -> ProgramResult
                 complete = False
             break
         solutions.append(sol)
+        if rank == 0 and on_best is not None:
+            on_best(sol)
         if program.num_x == 0:
             break
         lm.add_no_good(sol.x)

@@ -16,8 +16,9 @@ shape; it runs three steps, each its own function:
 from __future__ import annotations
 
 import os
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -38,6 +39,7 @@ from layout_planner.program import (
     PS_PER_S,
     Objective,
     ProgramResult,
+    Solution,
     SolveParams,
     SolveStatus,
     workers_for,
@@ -109,26 +111,35 @@ def plan_problem(
     """Solves ``problem`` and assembles the plan.  Without ``extras`` (the mesh
     search's trials) no baselines or explanations are computed."""
     t0 = time.perf_counter()
-    solved = solve_problem(problem, objective, params)
+    early = _EarlyEvaluation(problem) if verify and params.top_k > 1 else None
+    solved = solve_problem(problem, objective, params, early.start if early else None)
     cost, reason = price_solution(problem, solved)
     rules = problem.rules_for(solved.assignment)
-    evaluation = verify_plan(problem, rules, cost) if verify else None
+    evaluation = None
+    if verify:
+        best = solved.result.solutions[0].x if solved.result.solutions else None
+        done = early.result(best) if early is not None else None
+        evaluation = verify_plan(problem, rules, cost, done)
     plan = assemble_plan(problem, objective, solved, cost, reason, evaluation, extras)
     elapsed = time.perf_counter() - t0 + plan.solver.build_time_s
     return _with_plan_time(plan, elapsed)
 
 
 def solve_problem(
-    problem: LayoutProblem, objective: Objective, params: SolveParams
+    problem: LayoutProblem,
+    objective: Objective,
+    params: SolveParams,
+    on_best: Callable[[Solution], None] | None = None,
 ) -> Solved:
     """Runs CP-SAT on ``problem``'s integer program.  If the time objective
     finds nothing that fits, solves for the smallest peak instead, so the plan
-    can say by how much nothing fits."""
+    can say by how much nothing fits.  ``on_best``: see
+    :func:`layout_planner.cpsat.solve_program`."""
     capacity = problem.hw.memory_bytes
     program = problem.program(objective, capacity)
     if params.num_workers == 0:
         params = replace(params, num_workers=workers_for(program, os.cpu_count() or 1))
-    result, where = solver_process.solve(program, params)
+    result, where = solver_process.solve(program, params, on_best)
     reason: str | None = None
     status = result.status
     wall = result.wall_time_s
@@ -173,10 +184,20 @@ def price_solution(
     return cost, reason
 
 
-def verify_plan(problem: LayoutProblem, rules: Any, cost: PlanCost) -> Cost:
-    """``cost_models.evaluate``'s price of ``rules``; raises
-    :class:`PlanVerificationError` unless it equals the planner's ``cost``."""
-    evaluation = evaluate(
+def verify_plan(
+    problem: LayoutProblem, rules: Any, cost: PlanCost, evaluation: Cost | None = None
+) -> Cost:
+    """``cost_models.evaluate``'s price of ``rules`` (``evaluation``, if it was
+    computed already); raises :class:`PlanVerificationError` unless it equals
+    the planner's ``cost``."""
+    if evaluation is None:
+        evaluation = _evaluate(problem, rules)
+    check_cost(cost, evaluation, f"plan {rules}")
+    return evaluation
+
+
+def _evaluate(problem: LayoutProblem, rules: Any) -> Cost:
+    return evaluate(
         problem.graph,
         problem.mesh_shape,
         rules,
@@ -184,8 +205,43 @@ def verify_plan(problem: LayoutProblem, rules: Any, cost: PlanCost) -> Cost:
         problem.outputs,
         memory=problem.memory,
     )
-    check_cost(cost, evaluation, f"plan {rules}")
-    return evaluation
+
+
+class _EarlyEvaluation:
+    """``evaluate()`` of the best layout, run in a thread as soon as CP-SAT
+    has found it, while CP-SAT (which releases the GIL) ranks the other
+    candidates: on two cores, verifying costs little more than the ranking.
+    Reads the graph and the memory model only, which nothing else touches
+    meanwhile."""
+
+    def __init__(self, problem: LayoutProblem) -> None:
+        self.problem = problem
+        self.x: tuple[bool, ...] | None = None
+        self._thread: threading.Thread | None = None
+        self._cost: Cost | None = None
+        self._error: BaseException | None = None
+
+    def start(self, best: Solution) -> None:
+        self.x = best.x
+        rules = self.problem.rules_for(self.problem.assignment_from_x(best.x))
+
+        def run() -> None:
+            try:
+                self._cost = _evaluate(self.problem, rules)
+            except BaseException as e:  # raised again in the planning thread
+                self._error = e
+
+        self._thread = threading.Thread(target=run, name="plan-verify", daemon=True)
+        self._thread.start()
+
+    def result(self, best: tuple[bool, ...] | None) -> Cost | None:
+        """The evaluation of layout ``best``, if that is the one evaluated."""
+        if self._thread is None:
+            return None
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._cost if best is not None and best == self.x else None
 
 
 def assemble_plan(

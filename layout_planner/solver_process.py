@@ -34,11 +34,11 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 from layout_planner.errors import SolverError
-from layout_planner.program import IntegerProgram, ProgramResult, SolveParams
+from layout_planner.program import IntegerProgram, ProgramResult, Solution, SolveParams
 
 _ENV = "MTF_PLANNER_SOLVER"
 _ORTOOLS = "ortools.sat.python.cp_model"
@@ -51,14 +51,19 @@ _how_loaded: str | None = None
 _worker: _Worker | None = None
 
 
-def solve(program: IntegerProgram, params: SolveParams) -> tuple[ProgramResult, str]:
+def solve(
+    program: IntegerProgram,
+    params: SolveParams,
+    on_best: Callable[[Solution], None] | None = None,
+) -> tuple[ProgramResult, str]:
     """Solves ``program``; returns the result and where it ran
-    (``"inprocess"`` or ``"subprocess"``)."""
+    (``"inprocess"`` or ``"subprocess"``).  ``on_best``: see
+    :func:`layout_planner.cpsat.solve_program` (not called in the worker)."""
     where = solver_location()
     if where == "inprocess":
         from layout_planner.cpsat import solve_program
 
-        return solve_program(program, params), where
+        return solve_program(program, params, on_best), where
     with _lock:
         global _worker
         if _worker is None or not _worker.alive:

@@ -113,3 +113,42 @@ def test_small_programs_get_one_worker_unless_the_caller_says() -> None:
         dimsets=(replace(spec, choices=spec.choices * SMALL_PROGRAM_VARIABLES),),
     )
     assert workers_for(big, cores=16) == 8 and workers_for(big, cores=2) == 2
+
+
+def test_the_plan_is_verified_beside_the_ranking_of_the_other_candidates(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import threading
+
+    from layout_planner import plan_mesh
+
+    calls: list[str] = []
+    real = plan_mesh._evaluate
+
+    def spy(problem: LayoutProblem, rules: object) -> object:
+        calls.append(threading.current_thread().name)
+        return real(problem, rules)
+
+    monkeypatch.setattr(plan_mesh, "_evaluate", spy)
+    model = transformer(batch=16)
+    plan = mtf.auto_layout(model.graph, "x:2;y:4", [model.loss], top_k=3)
+    # evaluate() ran once, in its own thread, on the plan's layout.
+    assert calls == ["plan-verify"]
+    assert plan.solver.verified and plan.evaluation is not None
+    again = mtf.auto_layout(model.graph, "x:2;y:4", [model.loss], top_k=1)
+    assert calls[1:] == ["MainThread"]  # nothing to overlap with: in line
+    assert again.evaluation == plan.evaluation
+
+
+def test_an_error_in_the_early_verification_reaches_the_caller(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from layout_planner import plan_mesh
+
+    def broken(problem: LayoutProblem, rules: object) -> object:
+        raise RuntimeError("evaluate broke")
+
+    monkeypatch.setattr(plan_mesh, "_evaluate", broken)
+    model = transformer(batch=16)
+    with pytest.raises(RuntimeError, match="evaluate broke"):
+        mtf.auto_layout(model.graph, "x:2;y:4", [model.loss], top_k=3)
