@@ -116,10 +116,12 @@ def plan_detail(
 
 
 class DetailCache:
-    """Plans never change: each plan's detail is computed once (LRU)."""
+    """Plans never change: each plan's detail is computed once (LRU);
+    ``computing`` is held while one is computed."""
 
     def __init__(self, size: int = 32) -> None:
         self.size = size
+        self.computing = threading.Lock()
         self._items: collections.OrderedDict[str, dict[str, Any]] = (
             collections.OrderedDict()
         )

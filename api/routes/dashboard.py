@@ -208,16 +208,22 @@ def _detail(service: PlannerService, record: PlanRecord) -> dict[str, Any] | Non
     hit = _details.get(record.id)
     if hit is not None:
         return hit
-    graph_json = service.store.get_graph(record.graph_hash)
-    if graph_json is None:
-        return None
-    try:
-        detail = plan_detail(json.loads(graph_json), record.plan)
-    except Exception:  # a page without its tables beats no page
-        log.exception("plan %s: the per-op and per-tensor tables failed", record.id)
-        return None
-    _details.put(record.id, detail)
-    return detail
+    # One at a time: pricing a large graph is pure Python, and these pages
+    # are open to anyone (a burst of first views must not starve the loop).
+    with _details.computing:
+        hit = _details.get(record.id)  # computed while this one waited
+        if hit is not None:
+            return hit
+        graph_json = service.store.get_graph(record.graph_hash)
+        if graph_json is None:
+            return None
+        try:
+            detail = plan_detail(json.loads(graph_json), record.plan)
+        except Exception:  # a page without its tables beats no page
+            log.exception("plan %s: the per-op and per-tensor tables failed", record.id)
+            return None
+        _details.put(record.id, detail)
+        return detail
 
 
 def _plan_page(
