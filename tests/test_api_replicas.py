@@ -62,7 +62,7 @@ def start_replica(name: str, database_url: str, log_dir: Path) -> Replica:
         os.environ,
         MTF_PLANNER_INSTANCE_NAME=name,
         MTF_PLANNER_DB_POOL_SIZE=str(POOL_SIZE),
-        MTF_PLANNER_DB_POOL_TIMEOUT_S="0.5",
+        MTF_PLANNER_DB_POOL_TIMEOUT_S="2",
         MTF_PLANNER_HEARTBEAT_S=str(HEARTBEAT_S),
         MTF_PLANNER_STALE_JOB_S=str(STALE_JOB_S),
         MTF_PLANNER_SYNC_WAIT_S="60",
