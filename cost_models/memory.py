@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
 import numpy as np
 
@@ -43,9 +44,19 @@ from mtf_core.ops.elementwise import Identity
 from mtf_core.ops.variables import Variable
 from mtf_core.shapes import Shape
 
-PARAM = "param"
-SLOT = "slot"
-ACTIVATION = "activation"
+
+class MemoryKind(StrEnum):
+    """What a buffer holds: a trainable parameter, an optimizer slot (or other
+    non-trainable variable), or an activation of the step."""
+
+    PARAM = "param"
+    SLOT = "slot"
+    ACTIVATION = "activation"
+
+
+PARAM = MemoryKind.PARAM
+SLOT = MemoryKind.SLOT
+ACTIVATION = MemoryKind.ACTIVATION
 
 
 @dataclass(frozen=True)
@@ -55,7 +66,7 @@ class TensorInfo:
     name: str
     shape: Shape
     dtype: str
-    kind: str  # param | slot | activation
+    kind: MemoryKind
     bytes: int  # unsplit
 
     @property
@@ -94,7 +105,7 @@ class MemoryModel:
     """
 
     buffers: tuple[Tensor, ...]
-    kinds: tuple[str, ...]
+    kinds: tuple[MemoryKind, ...]
     nbytes: tuple[int, ...]
     start: tuple[int, ...]
     end: tuple[int, ...]
@@ -200,7 +211,7 @@ class MemoryModel:
     def usage(self, ctx: LayoutContext) -> MemoryUsage:
         """Everything :func:`cost_models.evaluate` reports, in one pass."""
         sizes = self._per_tensor(ctx)
-        by_kind = {PARAM: 0, SLOT: 0, ACTIVATION: 0}
+        by_kind: dict[str, int] = {PARAM: 0, SLOT: 0, ACTIVATION: 0}
         for kind, b in zip(self.kinds, sizes.tolist()):
             by_kind[kind] += b
         if not self.steps:
@@ -274,7 +285,7 @@ def _memory_model(graph: Graph, outputs: Sequence[Tensor]) -> MemoryModel:
     ops = graph.operations
     last = len(ops) - 1
     buffers: list[Tensor] = []
-    kinds: list[str] = []
+    kinds: list[MemoryKind] = []
     nbytes: list[int] = []
     start: list[int] = []
     end: list[int] = []

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from cost_models.collectives import axes_key, collective_time_s
 from cost_models.deferred import DeferredAllreduces, may_defer, static_deferral
@@ -39,8 +40,17 @@ from mtf_core.errors import GraphError
 from mtf_core.graph import Graph, Operation, Tensor
 from mtf_core.shapes import Shape
 
-OP = "op"
-DEFERRED = "deferred"
+
+class UnitKind(StrEnum):
+    """What a cost unit prices: ops (their compute and collectives) or a
+    deferred allreduce (issued when a reader forces it)."""
+
+    OP = "op"
+    DEFERRED = "deferred"
+
+
+OP = UnitKind.OP
+DEFERRED = UnitKind.DEFERRED
 
 
 @dataclass(frozen=True)
@@ -49,7 +59,7 @@ class CostUnit:
 
     ops: tuple[Operation, ...]
     dim_names: frozenset[str]
-    kind: str = OP  # "op" | "deferred"
+    kind: UnitKind = UnitKind.OP
     exported: tuple[Tensor, ...] = ()  # deferred units: outputs forced at the end
     signature: Hashable = field(default=None, compare=False)
 

@@ -51,3 +51,14 @@ def test_every_kind_the_backends_record_is_a_collective_kind() -> None:
     assert found, "the scan found no record() calls"
     bad = sorted((f, k) for f, k in found if k not in set(CollectiveKind))
     assert bad == []
+
+
+def test_cost_unit_and_memory_kinds_are_enums_equal_to_their_strings() -> None:
+    from cost_models.memory import ACTIVATION, MemoryKind
+    from cost_models.units import DEFERRED, OP, UnitKind
+
+    assert OP is UnitKind.OP and OP == "op" and DEFERRED == "deferred"
+    assert ACTIVATION is MemoryKind.ACTIVATION and ACTIVATION == "activation"
+    assert {MemoryKind.PARAM: 1}["param"] == 1  # dict keys read as strings too
+    with pytest.raises(ValueError):
+        MemoryKind("weights")
