@@ -191,7 +191,7 @@ _LAZY["simd_mesh_impl"] = ("mtf_core.lowering.spmd", None)
 _LAZY["ClusterSpec"] = ("mtf_core.lowering.cluster", "ClusterSpec")
 
 # Mesh TensorFlow's mixed-precision variables, op helpers and decoding, its
-# mtf.utils (variable placement) and the TF1 loop (issue 10).
+# mtf.utils (variable placement) and the TF1 loop.
 from mtf_core import beam_search, utils  # noqa: E402
 from mtf_core.dtypes import VariableDType  # noqa: E402
 
@@ -216,6 +216,7 @@ from mtf_core.ops.selection import (  # noqa: E402
     stride_tensor_1d,
     top_1,
 )
+
 _LAZY["MeshImpl"] = ("mtf_core.lowering.mesh_impl", "MeshImpl")
 from mtf_core.ops.slicewise import (  # noqa: E402
     GenericGradOperation,
