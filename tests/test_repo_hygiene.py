@@ -44,3 +44,16 @@ def test_wheels_are_ignored():
         ["git", "check-ignore", "-q", "py_spy-0.4.3-py2.py3-none-any.whl"], cwd=ROOT
     )
     assert out.returncode == 0
+
+
+def test_docs_cite_no_issue_numbers_readers_cannot_see():
+    import re
+
+    cite = re.compile(r"\bissues?\s*#?\d+", re.IGNORECASE)
+    found = [
+        f"{path.relative_to(ROOT)}:{i}: {line.strip()}"
+        for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+        for i, line in enumerate(path.read_text().splitlines(), 1)
+        if cite.search(line)
+    ]
+    assert found == []
