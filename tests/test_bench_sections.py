@@ -56,9 +56,11 @@ def test_every_section_of_the_benchmarks_doc_is_fenced_once():
         written |= set(
             re.findall(r'replace_section\(\s*"([a-z0-9-]+)"', script.read_text())
         )
-    written.add("mtf-auto")  # compare_mtf.py builds its key as f"mtf-{mode}"
     assert {"lowering", "service", "planner", "transformer", "spmd"} <= written
-    assert written - {"mtf-lower"} <= set(begins)
+    # The sections measured so far are fenced (a new script's section is
+    # appended, fenced, by its first run).
+    assert {"lowering", "service", "planner", "transformer", "spmd"} <= set(begins)
+    assert "mtf-auto" in begins  # compare_mtf.py's key is f"mtf-{mode}"
 
 
 def test_no_bench_script_has_its_own_doc_writer():
