@@ -56,7 +56,8 @@ def test_every_section_of_the_benchmarks_doc_is_fenced_once():
         written |= set(
             re.findall(r'replace_section\(\s*"([a-z0-9-]+)"', script.read_text())
         )
-    assert {"lowering", "service", "planner", "transformer", "spmd"} <= written
+    # (load.py and compare_mtf.py choose their keys at run time)
+    assert {"lowering", "planner", "transformer", "spmd"} <= written
     # The sections measured so far are fenced (a new script's section is
     # appended, fenced, by its first run).
     assert {"lowering", "service", "planner", "transformer", "spmd"} <= set(begins)
