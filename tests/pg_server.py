@@ -36,68 +36,101 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@contextlib.contextmanager
-def postgres_server(max_connections: int = 100) -> Iterator[str]:
-    """Starts a server, yields its URL (user postgres, no password, database
-    postgres), stops it.  Raises PostgresMissing when it cannot run here and
-    RuntimeError when it does not start."""
-    bindir = pg_bindir()
-    if bindir is None:
-        raise PostgresMissing(
-            "PostgreSQL is not installed (apt-get install postgresql; .ci/run does)"
-        )
-    prefix: list[str] = []
-    root = tempfile.mkdtemp(prefix="mtf-planner-pg-")
-    if os.geteuid() == 0:
-        try:
-            user = pwd.getpwnam("postgres")
-        except KeyError:
-            shutil.rmtree(root, ignore_errors=True)
+class PostgresServer:
+    """One initialized data directory and the server on it (``start``,
+    ``stop``: a database restart, as an operator would do it)."""
+
+    def __init__(self, max_connections: int = 100) -> None:
+        bindir = pg_bindir()
+        if bindir is None:
             raise PostgresMissing(
-                "running as root and there is no 'postgres' user to run PostgreSQL"
-            ) from None
-        os.chown(root, user.pw_uid, user.pw_gid)
-        prefix = ["runuser", "-u", "postgres", "--"]
-    data, port = os.path.join(root, "data"), _free_port()
-
-    def run(*cmd: str) -> None:
-        subprocess.run(prefix + list(cmd), check=True, capture_output=True, timeout=120)
-
-    try:
-        run(
-            f"{bindir}/initdb", "-D", data, "-A", "trust", "-U", "postgres", "--no-sync"
+                "PostgreSQL is not installed (apt-get install postgresql; .ci/run does)"
+            )
+        self.bindir = bindir
+        self.prefix: list[str] = []
+        self.root = tempfile.mkdtemp(prefix="mtf-planner-pg-")
+        if os.geteuid() == 0:
+            try:
+                user = pwd.getpwnam("postgres")
+            except KeyError:
+                shutil.rmtree(self.root, ignore_errors=True)
+                raise PostgresMissing(
+                    "running as root and there is no 'postgres' user to run PostgreSQL"
+                ) from None
+            os.chown(self.root, user.pw_uid, user.pw_gid)
+            self.prefix = ["runuser", "-u", "postgres", "--"]
+        self.data, self.port = os.path.join(self.root, "data"), _free_port()
+        self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        self.opts = (
+            f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 "
+            f"-c fsync=off -c max_connections={max_connections}"
         )
-        opts = (
-            f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off "
-            f"-c max_connections={max_connections}"
-        )
-        run(
-            f"{bindir}/pg_ctl",
+        self._run(
+            f"{bindir}/initdb",
             "-D",
-            data,
+            self.data,
+            "-A",
+            "trust",
+            "-U",
+            "postgres",
+            "--no-sync",
+        )
+
+    def _run(self, *cmd: str) -> None:
+        try:
+            subprocess.run(
+                self.prefix + list(cmd), check=True, capture_output=True, timeout=120
+            )
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as e:
+            log = Path(self.root, "log")
+            detail = (getattr(e, "stderr", b"") or b"").decode()[-500:]
+            if log.exists():
+                detail += log.read_text()[-1000:]
+            raise RuntimeError(f"PostgreSQL: {' '.join(cmd)}: {e}: {detail}") from None
+
+    def start(self) -> None:
+        self._run(
+            f"{self.bindir}/pg_ctl",
+            "-D",
+            self.data,
             "-o",
-            opts,
+            self.opts,
             "-l",
-            f"{root}/log",
+            f"{self.root}/log",
             "-w",
             "start",
         )
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as e:
-        log = Path(root, "log")
-        detail = (getattr(e, "stderr", b"") or b"").decode()[-500:]
-        if log.exists():
-            detail += log.read_text()[-1000:]
-        shutil.rmtree(root, ignore_errors=True)
-        raise RuntimeError(f"could not start PostgreSQL: {e}: {detail}") from None
-    try:
-        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
-    finally:
+
+    def stop(self, mode: str = "fast") -> None:
+        self._run(f"{self.bindir}/pg_ctl", "-D", self.data, "-m", mode, "-w", "stop")
+
+    def remove(self) -> None:
         subprocess.run(
-            prefix + [f"{bindir}/pg_ctl", "-D", data, "-m", "immediate", "stop"],
+            self.prefix
+            + [f"{self.bindir}/pg_ctl", "-D", self.data, "-m", "immediate", "stop"],
             capture_output=True,
             timeout=60,
         )
-        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def postgres_instance(max_connections: int = 100) -> Iterator[PostgresServer]:
+    """A started server (removed afterwards).  Raises PostgresMissing when it
+    cannot run here and RuntimeError when it does not start."""
+    server = PostgresServer(max_connections)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.remove()
+
+
+@contextlib.contextmanager
+def postgres_server(max_connections: int = 100) -> Iterator[str]:
+    """A started server's URL (user postgres, no password, database postgres)."""
+    with postgres_instance(max_connections) as server:
+        yield server.url
 
 
 def empty_database(url: str) -> None:

@@ -10,7 +10,13 @@ from collections.abc import Callable, Iterator
 import pytest
 from api_cases import mlp_doc, service_settings
 from fastapi.testclient import TestClient
-from pg_server import PostgresMissing, empty_database, postgres_server
+from pg_server import (
+    PostgresMissing,
+    PostgresServer,
+    empty_database,
+    postgres_instance,
+    postgres_server,
+)
 from services import service_missing
 
 from api.main import create_app
@@ -439,3 +445,38 @@ def test_the_database_password_is_never_printed(tmp_path, capsys):
     out = capsys.readouterr()
     assert "s3cret-pw" not in out.out + out.err
     assert "planner:***@127.0.0.1:1/nope" in out.out
+
+
+@pytest.fixture
+def restartable_postgres() -> Iterator[PostgresServer]:
+    try:
+        with postgres_instance() as server:
+            yield server
+    except PostgresMissing as e:
+        service_missing(str(e))
+
+
+def test_a_database_restart_is_a_503_then_the_replica_recovers_by_itself(
+    restartable_postgres, tmp_path
+):
+    server = restartable_postgres
+    settings = service_settings(
+        tmp_path, database_url=server.url, db_pool_size=2, db_pool_timeout_s=0.5
+    )
+    with TestClient(create_app(settings)) as client:
+        assert client.app.state.service.pool.wait_ready(120)
+        assert client.get("/v1/plans").status_code == 200
+        server.stop()
+        down = client.get("/v1/plans")
+        assert down.status_code == 503, down.text
+        assert down.headers["retry-after"] == "1"
+        assert down.json()["error"] == "store_unavailable"
+        assert str(server.port) not in down.text and "127.0.0.1" not in down.text
+        assert client.get("/healthz").status_code == 200
+        assert client.get("/readyz").status_code == 503
+        server.start()
+        deadline = time.monotonic() + 15
+        while client.get("/v1/plans").status_code != 200:
+            assert time.monotonic() < deadline, "no recovery after the restart"
+            time.sleep(0.2)
+        assert client.get("/readyz").status_code == 200
