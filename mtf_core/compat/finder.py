@@ -33,7 +33,7 @@ ALIASES: dict[str, str] = {
     "mesh_tensorflow.ops": "mtf_core",
     "mesh_tensorflow.ops_with_redefined_builtins": "mtf_core",
     "mesh_tensorflow.layers": "mtf_core.layers",
-    "mesh_tensorflow.optimize": "mtf_core.optimize",
+    "mesh_tensorflow.optimize": "mtf_core.compat.optimize",
     "mesh_tensorflow.placement_mesh_impl": "mtf_core.lowering.placement",
     "mesh_tensorflow.simd_mesh_impl": "mtf_core.lowering.spmd",
     "mesh_tensorflow.utils": "mtf_core.utils",
@@ -124,6 +124,8 @@ class _RootLoader(importlib.abc.Loader):
     def exec_module(self, module: types.ModuleType) -> None:
         module.__path__ = _mesh_tf_paths()
         module.ops = importlib.import_module("mtf_core")  # type: ignore[attr-defined]
+        # As Mesh TF's __init__ does: its optimizers register with gin on import.
+        importlib.import_module(f"{_ROOT}.optimize")
 
 
 class _AliasLoader(importlib.abc.Loader):
