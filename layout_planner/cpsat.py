@@ -37,8 +37,16 @@ _STATUS = {
 }
 
 # CP-SAT settings that are not per request.  These programs are small and
-# pure-Boolean: presolve probing costs more than the whole search.
-TUNING: dict[str, int] = {"cp_model_probing_level": 0, "linearization_level": 2}
+# pure-Boolean: presolve probing, and presolve loops after the first, cost more
+# than the whole search; the model breaks its own axis symmetries, so CP-SAT's
+# symmetry detection finds nothing worth its time (together about a fifth of a
+# 3-axis solve, bench/planner.py).
+TUNING: dict[str, int] = {
+    "cp_model_probing_level": 0,
+    "linearization_level": 2,
+    "symmetry_level": 0,
+    "max_presolve_iterations": 1,
+}
 # Memory rows: how many of the largest live sets start in the model, and how
 # many violated ones a round adds (a deep model has thousands of live sets;
 # few ever bind).
