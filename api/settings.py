@@ -51,11 +51,11 @@ class Settings(BaseSettings):
 
     # -- per-client and global guards on the endpoints that cost CPU or memory ---------
     #: requests one client (its API token, else its address) may have in flight
-    client_max_concurrent: int = Field(64, ge=1)
+    client_max_concurrent: int = Field(128, ge=1)
     #: a client's sustained requests per second (token bucket; 0: no rate limit)
-    client_rate_per_s: float = Field(500.0, ge=0)
+    client_rate_per_s: float = Field(2000.0, ge=0)
     #: requests a client may send at once above its rate
-    client_burst: int = Field(1000, ge=1)
+    client_burst: int = Field(4000, ge=1)
     #: request body bytes all clients together may have in flight; over it, 503
     max_inflight_body_bytes: int = Field(48 * 2**20, ge=1024)
     #: requests decoding or pricing a large body at once; the rest wait their turn
