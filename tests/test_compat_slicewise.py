@@ -101,3 +101,16 @@ def test_print_passes_its_input_through(capfd):
     x_np, (y,), _ = _run(("all:4", "a:all"), build)
     np.testing.assert_array_equal(y, x_np)
     assert "total: " in capfd.readouterr().err
+
+
+def test_add_n_of_nothing_is_zero_and_broadcasts_by_dim_names():
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "m")
+    assert mtf.add_n([]) == 0
+    a = mtf.import_tf_tensor(mesh, tf.constant([1.0, 2.0]), "a:2")
+    ab = mtf.import_tf_tensor(mesh, tf.ones([2, 3]), "a:2,b:3")
+    total = mtf.add_n([a, ab, a])
+    assert total.shape == mtf.Shape("a:2,b:3")
+    impl = mtf.PlacementMeshImpl("all:2", "a:all", mtf.logical_devices(8)[:2])
+    value = mtf.Lowering(graph, {mesh: impl}).export_to_tf_tensor(total).numpy()
+    np.testing.assert_array_equal(value, [[3.0] * 3, [5.0] * 3])

@@ -377,13 +377,22 @@ class AddN(Operation):
         lowering.set_tensor_lowering(self.outputs[0], res)
 
 
-def add_n(xs: Sequence[Tensor]) -> Tensor:
+def add_n(xs: Sequence[Tensor]) -> Any:
+    """The sum of ``xs``, broadcast by dim names as ``add`` does; the sum of
+    no tensors is the number 0 (as in Mesh TF, where programs write
+    ``loss += mtf.add_n(extra_losses)``)."""
     xs = list(xs)
     if not xs:
-        raise ShapeError("add_n needs at least one tensor")
+        return 0
     if len(xs) == 1:
         return xs[0]
-    return AddN(xs).outputs[0]
+    tensors = [x for x in xs if isinstance(x, Tensor)]
+    if len(tensors) == len(xs) and all(x.shape == xs[0].shape for x in xs):
+        return AddN(xs).outputs[0]
+    total = xs[0]
+    for x in xs[1:]:
+        total = add(total, x)
+    return total
 
 
 class CastOp(Operation):
