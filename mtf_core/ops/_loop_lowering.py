@@ -71,9 +71,7 @@ def lower_while_loop(op: Any, lowering: Any) -> None:
                 if sub.op_type == "LoopInput":
                     continue
                 impl.current_op = sub
-                sub.lower(lowering)
-                if not quiet:
-                    lowering._count_flops(sub, impl)
+                sub.lower(lowering)  # flops: the loop op's own, counted once
         finally:
             impl.counters = counters
             impl.current_op = op

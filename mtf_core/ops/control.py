@@ -144,9 +144,19 @@ class WhileLoop(Operation):
                     captured.append(t)
         self._inputs = inputs + captured
         self.num_loop_vars = n
+        # The sub-graphs' dims are the loop's: the planner splits them (or
+        # keeps them whole) for the body as for any op, and flops per device
+        # divide by what splits them.
+        sub = self._cond_ops + self._body_ops
+        self._sub_dims = frozenset(d for op in sub for d in op.all_dim_names)
+        self._unsplittable = frozenset(d for op in sub for d in op.unsplittable_dims())
         graph_ops.append(self)
         for t in body_out:
             self._add_output(t.shape, t.dtype)
+
+    @property
+    def all_dim_names(self) -> frozenset[str]:
+        return super().all_dim_names | self._sub_dims
 
     @property
     def body_operations(self) -> list[Operation]:
