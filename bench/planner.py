@@ -23,6 +23,18 @@ start-up are not counted.  Columns (seconds):
 
     .venv/bin/python bench/planner.py                        # 1..1024 layers
     .venv/bin/python bench/planner.py --layers 1 64 --meshes "x:2;y:4" --no_write
+
+``--tf`` measures instead what a user's program sees: a fresh process imports
+TensorFlow, builds the side-by-side benchmark's training graph
+(``bench/baseline/graph_common.py``, SGD) and calls ``mtf.auto_layout(graph,
+mesh, [loss])`` with its defaults (hardware ``cpu-host``, objective time, top
+5, ``verify=True``) three times: the first call (importing the planner and
+OR-tools inside the clock, as a program's first plan does), a second one
+(warm), and one with ``verify=False``.  Each (layers, mesh) runs ``--repeats``
+times in fresh processes; the table gives the median, section "Planning
+after TensorFlow":
+
+    .venv/bin/python bench/planner.py --tf --layers 8 64 128 --meshes "x:2;y:4" "x:2;y:2;z:2"
 """
 
 from __future__ import annotations
@@ -37,6 +49,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
+
+from common import command_line, machine_summary, replace_section  # noqa: E402
 
 LAYERS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
 MESHES = ["x:8", "x:2;y:4", "x:2;y:2;z:2", "x:4;y:4;z:4"]
@@ -87,6 +101,111 @@ def child(layers: int, meshes: list[str], evaluate_too: bool) -> None:
             row["evaluate_s"] = time.perf_counter() - t0
             row["evaluate_cpu_s"] = time.process_time() - c0
         print(json.dumps(row), flush=True)
+
+
+def tf_child(layers: int, mesh: str) -> None:
+    """One fresh process of ``--tf``: TensorFlow first, then three plans."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    sys.path.insert(0, str(ROOT / "bench" / "baseline"))
+    import tensorflow  # noqa: F401  (a user's program has loaded it)
+    from graph_common import LMConfig, build_lm
+
+    import mtf_core as mtf
+
+    assert "layout_planner" not in sys.modules and "ortools" not in sys.modules
+    graph = mtf.Graph()
+    mtf_mesh = mtf.Mesh(graph, "m")
+    loss, _, _ = build_lm(
+        mtf,
+        mtf_mesh,
+        LMConfig(layers=layers),
+        lambda m, shape, name: mtf.placeholder(m, shape, "int32", name=name),
+    )
+    row: dict = {"layers": layers, "mesh": mesh, "ops": len(graph.operations)}
+    for key, kwargs in (("first", {}), ("warm", {}), ("noverify", {"verify": False})):
+        c0, t0 = time.process_time(), time.perf_counter()
+        plan = mtf.auto_layout(graph, mesh, [loss], **kwargs)
+        row[f"{key}_s"] = time.perf_counter() - t0
+        row[f"{key}_cpu_s"] = time.process_time() - c0
+    from layout_planner import solver_process
+
+    s = plan.solver
+    row.update(
+        status=s.status.value,
+        gap=s.gap,
+        solves=s.num_solves,
+        candidates=len(plan.candidates),
+        solve_s=s.wall_time_s,
+        solved_in=s.solved_in,
+        ortools=solver_process.how_loaded(),
+        rules=str(plan.layout_rules),
+    )
+    print(json.dumps(row), flush=True)
+
+
+def tf_report(args: argparse.Namespace) -> str:
+    """Runs ``--tf`` (each case ``--repeats`` times) and returns the section."""
+    import statistics
+
+    from common import command_line, machine_summary, markdown_table
+
+    summary = machine_summary()
+    out = []
+    for layers in args.layers:
+        for mesh in args.meshes:
+            runs = []
+            for _ in range(args.repeats):
+                cmd = [sys.executable, __file__, "--tf_child", str(layers), mesh]
+                env = {**os.environ, "PYTHONPATH": str(ROOT)}
+                done = subprocess.run(
+                    cmd, capture_output=True, text=True, env=env, timeout=args.timeout
+                )
+                lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
+                if done.returncode or not lines:
+                    raise SystemExit(f"{cmd} failed: {done.stderr[-2000:]}")
+                runs.append(json.loads(lines[-1]))
+                print(runs[-1], flush=True)
+
+            def med(key: str, runs: list[dict] = runs) -> float:
+                return statistics.median(r[key] for r in runs)
+
+            r = runs[-1]
+            out.append(
+                [
+                    layers,
+                    f"`{mesh}`",
+                    r["ops"],
+                    f"{med('first_s'):.3f} ({med('first_cpu_s'):.3f})",
+                    f"{med('warm_s'):.3f} ({med('warm_cpu_s'):.3f})",
+                    f"{med('noverify_s'):.3f} ({med('noverify_cpu_s'):.3f})",
+                    f"{med('warm_s') / med('noverify_s'):.2f}",
+                    f"{r['status']}, gap {r['gap']:g}, {r['candidates']} candidates, "
+                    f"{r['solves']} solves, {r['solved_in']} ({r['ortools']})",
+                    f"`{r['rules']}`",
+                ]
+            )
+    table = markdown_table(
+        [
+            "layers",
+            "mesh",
+            "ops",
+            "first call s (cpu)",
+            "warm s (cpu)",
+            "verify=False s (cpu)",
+            "warm / verify=False",
+            "plan",
+            "rules",
+        ],
+        out,
+    )
+    return (
+        f"{summary}; median of {args.repeats} fresh processes per row.  Each "
+        "process imports TensorFlow, builds the side-by-side training graph "
+        "(`bench/baseline/graph_common.py`) and calls `mtf.auto_layout(graph, "
+        "mesh, [loss])` with its defaults; the first call imports the planner "
+        "and OR-tools inside the clock.\n\n"
+        f"    {command_line()}\n\n{table}\n"
+    )
 
 
 def run_child(
@@ -232,13 +351,23 @@ def main() -> None:
     ap.add_argument("--evaluate", action="store_true", help="also time evaluate()")
     ap.add_argument("--timeout", type=float, default=1800.0, help="per layer count")
     ap.add_argument("--no_write", action="store_true")
+    ap.add_argument("--tf", action="store_true", help="plan after TensorFlow")
+    ap.add_argument("--repeats", type=int, default=3, help="--tf: runs per row")
     ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--tf_child", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child is not None:
         child(args.child, args.meshes, args.evaluate)
         return
-    from common import command_line, machine_summary, replace_section
-
+    if args.tf_child is not None:
+        tf_child(int(args.tf_child[0]), args.tf_child[1])
+        return
+    if args.tf:
+        body = tf_report(args)
+        print(body)
+        if not args.no_write:
+            replace_section("planner-tf", body, title="Planning after TensorFlow")
+        return
     rows = []
     for layers in args.layers:
         rows.extend(run_child(layers, args.meshes, args.evaluate, args.timeout))
