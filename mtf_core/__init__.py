@@ -225,3 +225,10 @@ from mtf_core.ops.slicewise import (  # noqa: E402
     depend,
     slicewise,
 )
+from mtf_core.ops.summary import ScalarSummaryOperation, scalar_summary  # noqa: E402
+
+_LAZY["MtfRestoreHook"] = ("mtf_core.lowering.hooks", "MtfRestoreHook")
+_LAZY["MtfCheckpointSaverListener"] = (
+    "mtf_core.lowering.hooks",
+    "MtfCheckpointSaverListener",
+)
