@@ -247,3 +247,14 @@ def test_import_fully_replicated_and_tensor_dim_to_mesh_dim_size(
         mtf.tensor_dim_to_size_per_split(
             "batch:cols", "rows:2;cols:4", mtf.Dimension("batch", 6)
         )
+
+
+def test_top_k_puts_k_dim_last_as_mesh_tensorflow_does(devices: list[str]) -> None:
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "mesh")
+    x = mtf.import_tf_tensor(mesh, XV.T.copy(), "hidden:8,batch:4")
+    values, indices = mtf.top_k(x, "hidden", "k:2")
+    assert values.shape == mtf.convert_to_shape("batch:4,k:2") == indices.shape
+    got_v, got_i = assert_same_under_layouts(graph, mesh, devices, [values, indices])
+    np.testing.assert_array_equal(got_v, -np.sort(-XV, axis=1)[:, :2])
+    np.testing.assert_array_equal(got_i, np.argsort(-XV, axis=1)[:, :2])

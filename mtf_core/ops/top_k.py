@@ -16,7 +16,7 @@ from mtf_core import dtypes
 from mtf_core.comm import CollectiveSpec
 from mtf_core.errors import ShapeError
 from mtf_core.graph import Operation, Tensor
-from mtf_core.ops._local import inverse_permutation, maybe_transpose
+from mtf_core.ops._local import maybe_transpose
 from mtf_core.ops.arguments import dim_of, sized_dim
 from mtf_core.ops.einsum import einsum
 from mtf_core.ops.one_hot import one_hot
@@ -28,8 +28,9 @@ class TopK(Operation):
     """``top_k(x, reduced_dim, k_dim)``: the ``k`` largest values along
     ``reduced_dim`` (descending) and their indices (int32).
 
-    The outputs have ``k_dim`` where ``x`` had ``reduced_dim``; with
-    ``k_dim=None`` (``argmax``) k is 1 and the dimension is dropped.
+    The outputs have ``x``'s other dims, then ``k_dim`` (Mesh TensorFlow's
+    order); with ``k_dim=None`` (``argmax``) k is 1 and the dimension is
+    dropped.
     """
 
     op_type = "TopK"
@@ -54,12 +55,10 @@ class TopK(Operation):
         super().__init__([x], name=name or ("top_k" if k_dim else "argmax"))
         self.reduced_dim = reduced_dim
         self.k_dim = k_dim
-        dims = list(x.shape.dims)
-        pos = x.shape.index(reduced_dim.name)
-        if k_dim is None:
-            del dims[pos]
-        else:
-            dims[pos] = k_dim
+        # Mesh TensorFlow's order: the other dims, then k_dim at the end.
+        dims = [d for d in x.shape.dims if d.name != reduced_dim.name]
+        if k_dim is not None:
+            dims.append(k_dim)
         self._add_output(Shape(dims), x.dtype)
         self._add_output(Shape(dims), "int32")
 
@@ -140,14 +139,11 @@ class TopK(Operation):
                 return v2, tf.gather(i, pos, batch_dims=last)
 
             vals, idx = impl.slicewise_multi(merge, 2, vals, idx)
-        back = (
-            (lambda s: tf.squeeze(s, -1))
-            if self.k_dim is None
-            else (lambda s: maybe_transpose(tf, s, inverse_permutation(to_last)))
-        )
         kname = [] if self.k_dim is None else [self.k_dim.name]
         for t, v in zip(self.outputs, (vals, idx)):
-            v = impl.slicewise(back, v)
+            if self.k_dim is None:
+                v = impl.slicewise(lambda s: tf.squeeze(s, -1), v)
+            # else the local order (other dims, then k) is the output's
             lowering.set_tensor_lowering(t, lower_resplit(impl, v, t.shape, kname))
 
     def attrs(self) -> dict[str, Any]:
@@ -161,7 +157,7 @@ def top_k(
     x: Tensor, reduced_dim: Any, k_dim: Any, name: str | None = None
 ) -> tuple[Tensor, Tensor]:
     """The ``k_dim.size`` largest values of ``x`` along ``reduced_dim`` and their
-    int32 indices; both have ``k_dim`` in place of ``reduced_dim``."""
+    int32 indices; both have ``x``'s other dims, then ``k_dim``."""
     op = TopK(x, dim_of(x, reduced_dim, "top_k"), sized_dim(k_dim, "top_k"), name)
     return op.outputs[0], op.outputs[1]
 
