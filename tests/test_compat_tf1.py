@@ -150,3 +150,23 @@ def test_tf1_loop_saves_masters_and_restores_into_slices(tmp_path):
             sess.run(lowering.copy_masters_to_slices())
             # w after 3 steps is 1.464 in every element: (3-1.464)^2*4
             np.testing.assert_allclose(sess.run(tf_loss), 4 * 1.536**2, rtol=1e-5)
+
+
+def test_compile_function_in_graph_mode_returns_tensors_for_a_session():
+    with tf.Graph().as_default():
+        graph = mtf.Graph()
+        mesh = mtf.Mesh(graph, "m")
+        x = mtf.placeholder(mesh, "a:4")
+        w = mtf.get_variable(
+            mesh, "w", "a:4", initializer=tf.compat.v1.ones_initializer()
+        )
+        y = mtf.reduce_sum(x * w)
+        update = mtf.assign(w, w * 2.0)
+        impl = mtf.PlacementMeshImpl("all:2", "a:all", ["/cpu:0", "/cpu:0"])
+        step = mtf.compile_function(graph, {mesh: impl}, [x], [y], [update])
+        outs = step(np.ones(4, np.float32))
+        assert all(isinstance(o, tf.Tensor) for o in outs)
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            # Each run reads w, then doubles it.
+            assert [float(sess.run(outs)[0]) for _ in range(3)] == [4.0, 8.0, 16.0]

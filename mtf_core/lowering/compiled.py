@@ -126,6 +126,9 @@ class CompiledFunction(CompiledStep):
                 )
         with _grappler(self.graph_optimization):
             outs = self.concrete(*args)
+        if not tf.executing_eagerly():
+            # TF1 graph mode: the outputs are graph tensors, for a session.
+            return list(outs[:-1])
         return [o.numpy() for o in outs[:-1]]
 
 
