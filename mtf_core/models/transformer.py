@@ -23,6 +23,7 @@ from mtf_core import dtypes, layers
 from mtf_core.errors import ConfigError, DTypeError
 from mtf_core.graph import Graph, Mesh, Tensor
 from mtf_core.models.base import ModelGraph, add_training
+from mtf_core.models.moe import moe_feed_forward
 from mtf_core.ops import elementwise as ew
 from mtf_core.ops import reduce as red
 from mtf_core.ops.creation import placeholder
@@ -60,6 +61,10 @@ class TransformerConfig:
     probabilities, Megatron's selective recomputation); ``recompute_ffn`` is
     ``"none"`` or ``"block"``.  Not with dropout (a recomputed mask would
     differ).
+
+    ``experts > 0`` makes every feed-forward layer a top-1 mixture of that many
+    experts (:mod:`mtf_core.models.moe`; ``experts:dp`` puts them on the data
+    axis).
     """
 
     num_layers: int = 2
@@ -80,8 +85,21 @@ class TransformerConfig:
     shardable_weights: bool = False
     recompute_attention: str = "none"
     recompute_ffn: str = "none"
+    experts: int = 0
+    expert_capacity_factor: float = 1.25
 
     def __post_init__(self) -> None:
+        if (
+            isinstance(self.experts, bool)
+            or not isinstance(self.experts, int)
+            or (self.experts < 0)
+        ):
+            raise ConfigError(f"experts must be an integer >= 0, got {self.experts!r}")
+        if not self.expert_capacity_factor > 0:
+            raise ConfigError(
+                "expert_capacity_factor must be > 0, got "
+                f"{self.expert_capacity_factor!r}"
+            )
         for f, allowed in (
             ("recompute_attention", RECOMPUTE_ATTENTION),
             ("recompute_ffn", RECOMPUTE_FFN),
@@ -287,6 +305,17 @@ def _attend(
 def _feed_forward(cfg: TransformerConfig, x: Tensor, name: str) -> Tensor:
     def block(x: Tensor) -> Tensor:
         h = _norm(cfg, x, f"{name}_norm")
+        if cfg.experts:
+            y = moe_feed_forward(
+                h,
+                cfg.experts,
+                cfg.ff_dim,
+                cfg.expert_capacity_factor,
+                cfg.variable_dtype,
+                _ACTIVATIONS[cfg.activation],
+                name=f"{name}_moe",
+            )
+            return x + y
         y = layers.dense_relu_dense(
             h,
             cfg.ff_dim,
