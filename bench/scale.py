@@ -56,6 +56,10 @@ LLAMA2_70B = TransformerConfig(
     length=4096, batch=1024, activation="silu", norm="rms_norm",
     activation_dtype="bfloat16",
 )  # fmt: skip
+MOE = TransformerConfig(
+    num_layers=24, d_model=2048, heads=16, d_kv=128, d_ff=8192, vocab=32000,
+    length=2048, batch=512, experts=64, activation_dtype="bfloat16",
+)  # fmt: skip
 T5_11B = TransformerConfig(
     num_layers=24, d_model=1024, heads=128, d_kv=128, d_ff=65536, vocab=32128,
     length=512, batch=2048, activation="relu", activation_dtype="bfloat16",
@@ -109,9 +113,22 @@ CASES = [
         "tpu-v4",
         _published(1, 8, 8, 2048, "none", "none"),
         MEGATRON,
-        "T5 `notebooks/t5-trivia.ipynb`: model_parallelism 8 for 11B (Mesh "
-        "TensorFlow's model axis; batch over the rest), no pipeline",
+        "T5 `notebooks/t5-trivia.ipynb`: model_parallelism 8 for 11B, with "
+        "`t5/models/mtf_model.py`'s default rules (batch:batch, d_ff, heads, "
+        "vocab:model); no pipeline",
         encoder_decoder=True,
+    ),
+    Case(
+        "moe",
+        "MoE (24 layers, d_model 2048, 64 experts, top-1), 256 H100",
+        MOE,
+        256,
+        "h100-nvlink-ib",
+        _published(1, 64, 4, 512, "none", "none"),
+        MEGATRON + ";experts:dp",
+        "Mesh TensorFlow / T5 `t5/models/mtf_model.py` default rules "
+        "(experts:batch, i.e. experts over the data axis; d_ff, heads, vocab "
+        "over the model axis), here batch 64 x model 4",
     ),
 ]
 

@@ -183,7 +183,8 @@ class ScalePlan:
                     f"{(t.peak_memory_bytes or 0) / gib:.1f} GiB ({fit})"
                 )
             lines.append(f"  on this mesh, recompute attention={a} ffn={f}: {what}")
-        lines.append(f"  {len(self.trials)} trials in {self.planning_s:.1f} s")
+        if self.trials:
+            lines.append(f"  {len(self.trials)} trials in {self.planning_s:.1f} s")
         return "\n".join(lines)
 
 
