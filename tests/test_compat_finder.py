@@ -124,3 +124,23 @@ def test_variable_names_take_the_tf_variable_scope_under_compat(compat):
     with tf.compat.v1.variable_scope("encoder"):
         v = mtf_core.get_variable(mesh, "k", "a:2")
     assert v.operation.name == "k"  # mtf_core's own programs: names as given
+
+
+def test_hierarchical_tiling_keeps_the_innermost_level_physically_adjacent(compat):
+    from mesh_tensorflow import simd_mesh_impl
+
+    t = simd_mesh_impl.HierarchicalTiling([("dp", None), ("mp", [1, 1, 2])], [4, 2, 2])
+    assert str(t.mesh_shape) == "dp:8,mp:2"
+    l2p = t.logical_to_physical
+    assert sorted(l2p) == list(range(16))
+    # mp pairs (pnums 2i, 2i+1) differ only in the last physical axis.
+    assert all(l2p[2 * i + 1] - l2p[2 * i] == 1 for i in range(8))
+    # A 2x2 model tile on the first two axes: its four cores form a square.
+    t = simd_mesh_impl.HierarchicalTiling([("dp", None), ("mp", [2, 2, 1])], [4, 4, 1])
+    square = sorted(t.logical_to_physical[:4])
+    assert square == [0, 1, 4, 5]
+    assert simd_mesh_impl.HierarchicalTiling.spec_to_mesh_shape(
+        [("dp", None), ("mp", [2, 8, 1])], 128
+    ) == mtf_core.Shape("dp:8,mp:16")
+    with pytest.raises(ValueError, match="does not divide the physical size 3"):
+        simd_mesh_impl.HierarchicalTiling([("mp", [2, 1, 1])], [3, 1, 1])

@@ -35,7 +35,7 @@ ALIASES: dict[str, str] = {
     "mesh_tensorflow.layers": "mtf_core.layers",
     "mesh_tensorflow.optimize": "mtf_core.compat.optimize",
     "mesh_tensorflow.placement_mesh_impl": "mtf_core.lowering.placement",
-    "mesh_tensorflow.simd_mesh_impl": "mtf_core.lowering.spmd",
+    "mesh_tensorflow.simd_mesh_impl": "mtf_core.compat.simd_mesh_impl",
     "mesh_tensorflow.utils": "mtf_core.utils",
     "mesh_tensorflow.beam_search": "mtf_core.beam_search",
     "mesh_tensorflow.test_utils": "mtf_core.lowering.numpy_converter",

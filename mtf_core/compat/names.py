@@ -12,6 +12,7 @@ apply only under the ``mesh_tensorflow`` name.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -287,6 +288,8 @@ NAMES |= {
     for name, value in globals().items()
     if name[:1].isupper() and getattr(value, "__module__", "") == __name__
 }
+
+NAMES["list_product"] = math.prod  # Mesh TF's helper
 
 OVERRIDES: dict[str, Any] = {
     "convert_to_shape": _convert_to_shape,
