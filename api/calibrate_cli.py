@@ -17,6 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -39,6 +41,7 @@ def add_parser(sub: Any) -> None:
     c.add_argument(
         "--keep-graphs", action="store_true", help="keep each point's graph JSON"
     )
+    c.add_argument("--points", help="only these sweep points (comma-separated)")
     c.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -49,33 +52,75 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.repeats < 1:
         raise ValueError(f"--repeats must be at least 1, got {args.repeats}")
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if not backends:
+        raise ValueError("--backends names no backend; expected placement and/or spmd")
+    points = (
+        [p.strip() for p in args.points.split(",") if p.strip()]
+        if args.points
+        else None
+    )
     from tqdm import tqdm
 
     from cost_models.calibration import fit_profile
-    from mtf_core.lowering import calibrate as cal
 
-    devices, kind = cal.pick_devices(args.devices, args.device)
-    clock = args.clock or ("cpu" if kind == "cpu" else "wall")
-    total = cal.sweep_size(len(devices), backends)
+    # The measuring runs in its own process: TensorFlow stays out of this one
+    # (and of the api package), and it reports each sweep point as it goes.
+    raw_path = args.output + ".raw"
+    cmd = [
+        sys.executable,
+        "-m",
+        "mtf_core.lowering.calibrate",
+        "--devices",
+        str(args.devices),
+        "--device",
+        args.device,
+        "--out",
+        raw_path,
+        "--repeats",
+        str(args.repeats),
+        "--sweep",
+        ",".join(backends),
+        "--progress-lines",
+    ]
+    if args.name:
+        cmd += ["--name", args.name]
+    if args.clock:
+        cmd += ["--clock", args.clock]
+    if points:
+        cmd += ["--points", ",".join(points)]
+    env = dict(
+        os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")
+    )
     t0 = time.perf_counter()
-    with tqdm(total=total, desc="calibrate", unit="step", disable=args.quiet) as bar:
-
-        def progress(name: str) -> None:
-            bar.set_postfix_str(name)
-            bar.update(1)
-
-        raw = cal.calibrate(
-            devices,
-            name=args.name or f"calibrated-{kind}x{args.devices}",
-            repeats=args.repeats,
-            sweep_backends=backends,
-            clock=clock,
-            progress=progress,
+    bar = None
+    with subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    ) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        for line in proc.stdout:
+            word, _, rest = line.strip().partition(" ")
+            if word == "total":
+                bar = tqdm(
+                    total=int(rest), desc="calibrate", unit="step", disable=args.quiet
+                )
+            elif word == "done" and bar is not None:
+                bar.set_postfix_str(rest)
+                bar.update(1)
+        err = proc.stderr.read()
+    if bar is not None:
+        bar.close()
+    if proc.returncode != 0:
+        lines = [x for x in err.splitlines() if x.strip()]
+        raise ValueError(
+            "measuring failed: " + (lines[-1] if lines else f"exit {proc.returncode}")
         )
+    with open(raw_path) as f:
+        raw = json.load(f)
+    os.remove(raw_path)
     profile = fit_profile(raw, keep_graphs=args.keep_graphs)
     profile["measured"]["seconds"] = time.perf_counter() - t0
-    profile["measured"]["clock"] = clock
+    clock = profile["measured"].get("clock", "wall")
+    kind = profile["measured"].get("device_kind", "cpu")
     with open(args.output, "w") as f:
         json.dump(profile, f, indent=1)
     for backend, report in sorted(profile["measured"]["fit"].items()):

@@ -22,7 +22,15 @@ from fastapi.staticfiles import StaticFiles
 from api.deps import Guards
 from api.errors import BodySizeLimit, install_error_handlers
 from api.metrics import Metrics, MetricsMiddleware
-from api.routes import dashboard, evaluate, hardware, health, jobs, plans
+from api.routes import (
+    dashboard,
+    evaluate,
+    hardware,
+    health,
+    jobs,
+    measurements,
+    plans,
+)
 from api.schemas import EvaluateRequest, PlanRequest
 from api.service import PlannerService
 from api.settings import Settings, get_settings
@@ -69,7 +77,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.dependency_overrides[get_settings] = lambda: settings
     app.state.metrics = Metrics()
     install_error_handlers(app)
-    for module in (plans, jobs, evaluate, hardware, health, dashboard):
+    for module in (plans, jobs, evaluate, measurements, hardware, health, dashboard):
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
 

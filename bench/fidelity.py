@@ -243,14 +243,24 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=1, help="layouts measured at once")
     p.add_argument("--no_write", action="store_true", help="leave the docs alone")
     p.add_argument("--child", nargs=5, metavar=("W", "MESH", "RULES", "B", "N"))
+    p.add_argument(
+        "--render", nargs="+", metavar="JSON", help="only tabulate rows of earlier runs"
+    )
+    p.add_argument("--machine", help="with --render: the machine line to print")
     args = p.parse_args()
     if args.child:
         w, mesh, rules, backend, n = args.child
         print(json.dumps(child(w, mesh, rules, backend, int(n))))
         return
+    if args.render:
+        from common import machine_summary
+
+        rows = [r for path in args.render for r in json.loads(Path(path).read_text())]
+        render(rows, args, args.machine or machine_summary(), args.hardware or "")
+        return
     if not args.hardware:
         p.error("--hardware is required (a profile from mtf-planner calibrate)")
-    from common import command_line, machine_summary, markdown_table, replace_section
+    from common import machine_summary
 
     from cost_models import evaluate, get_hardware
 
@@ -300,39 +310,43 @@ def main() -> None:
             )
         return rows
 
+    rows: list[dict] = []
     with ThreadPoolExecutor(args.jobs) as pool:
-        rows = [r for rs in pool.map(run, tasks) for r in rs]
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+        for rs in pool.map(run, tasks):
+            rows.extend(rs)
+            if args.json:  # as it goes: a long run interrupted keeps its rows
+                Path(args.json).write_text(json.dumps(rows, indent=1))
+    render(rows, args, machine, hw.name)
+
+
+def render(
+    rows: list[dict], args: argparse.Namespace, machine: str, hw_name: str
+) -> None:
+    """Prints the table of ``rows`` and writes it into docs/benchmarks.md."""
+    from common import command_line, markdown_table, replace_section
+
     table = []
-    for w in args.workloads:
-        for mesh in args.meshes:
-            for b in args.backends:
-                sel = [
-                    r
-                    for r in rows
-                    if (r["workload"], r["mesh"], r["backend"]) == (w, mesh, b)
-                ]
-                if not sel:
-                    continue
-                pred = [r["predicted_s"] for r in sel]
-                m = metrics(pred, [r["cpu_s"] for r in sel])
-                mw = metrics(pred, [r["wall_s"] for r in sel])
-                table.append(
-                    [
-                        w,
-                        mesh,
-                        b,
-                        len(sel),
-                        f"{m['rho']:.2f}",
-                        f"{m['regret']:.2f}",
-                        "yes" if m["top3"] else "no",
-                        f"{m['within25']:.0%}",
-                        f"{m['median_ratio']:.2f} ({m['min_ratio']:.2f}-"
-                        f"{m['max_ratio']:.2f})",
-                        f"{mw['rho']:.2f} / {mw['regret']:.2f} / {mw['within25']:.0%}",
-                    ]
-                )
+    groups: dict[tuple[str, str, str], list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["workload"], r["mesh"], r["backend"]), []).append(r)
+    for (w, mesh, b), sel in groups.items():
+        pred = [r["predicted_s"] for r in sel]
+        m = metrics(pred, [r["cpu_s"] for r in sel])
+        mw = metrics(pred, [r["wall_s"] for r in sel])
+        table.append(
+            [
+                w,
+                mesh,
+                b,
+                len(sel),
+                f"{m['rho']:.2f}",
+                f"{m['regret']:.2f}",
+                "yes" if m["top3"] else "no",
+                f"{m['within25']:.0%}",
+                f"{m['median_ratio']:.2f} ({m['min_ratio']:.2f}-{m['max_ratio']:.2f})",
+                f"{mw['rho']:.2f} / {mw['regret']:.2f} / {mw['within25']:.0%}",
+            ]
+        )
     headers = [
         "workload",
         "mesh",
@@ -348,7 +362,7 @@ def main() -> None:
     text = markdown_table(headers, table)
     print(text)
     if not args.no_write:
-        body = f"{machine}; profile `{hw.name}`.\n\n    {command_line()}\n\n{text}\n"
+        body = f"{machine}; profile `{hw_name}`.\n\n    {command_line()}\n\n{text}\n"
         replace_section("fidelity", body, title="Cost model fidelity")
 
 

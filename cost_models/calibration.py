@@ -103,7 +103,8 @@ def fit_rates(
 ) -> dict[str, float]:
     """Non-negative rates minimizing the squared relative error of ``rows``
     (``(features, seconds)``) plus ``prior_weight`` times the squared relative
-    distance to ``prior`` (which names every feature to fit)."""
+    distance to ``prior`` (which names every feature to fit) scaled by the
+    one factor that fits the rows best."""
     names = sorted(prior)
     if not rows:
         return dict(prior)
@@ -120,6 +121,15 @@ def fit_rates(
     a = np.array([[feats.get(f, 0.0) for f in names] for feats, _ in rows])
     y = np.array([s for _, s in rows])
     a = a * scale / y[:, None]
+    # First one common factor (closed form): a prior that is off by the same
+    # factor everywhere (a roofline on a slower machine) is then pulled
+    # towards the right magnitude, not towards its own.
+    p = a.sum(axis=1)
+    if float(p @ p) > 0:
+        common = float(p.sum() / (p @ p))
+        if common > 0:
+            scale = scale * common
+            a = a * common
     b = np.ones(len(rows))
     reg = math.sqrt(prior_weight) * np.eye(len(names))
     sol = lsq_linear(

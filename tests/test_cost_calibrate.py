@@ -42,6 +42,8 @@ def test_calibrated_profile_loads_and_predicts_its_own_allreduces(
             "4096,4194304",
             "--matmul-n",
             "128",
+            "--sweep",
+            "",
         ]
     )
     assert rc == 0
@@ -66,3 +68,78 @@ def test_calibrate_refuses_a_single_device(devices: list[str]) -> None:
 
     with pytest.raises(LoweringError, match="at least 2 devices"):
         calibrate(devices[:1])
+
+
+def test_mtf_planner_calibrate_measures_the_sweep_and_writes_a_fitted_profile(
+    devices: list[str], tmp_path
+) -> None:
+    from api.cli import main
+    from cost_models import evaluate
+    from cost_models.calibration import Measurement, predict_s
+
+    path = tmp_path / "cpu.json"
+    points = "overhead,elementwise-256k,matmul-64x256,allreduce-all-64k"
+    rc = main(
+        [
+            "calibrate",
+            "--devices",
+            "4",
+            "--device",
+            "cpu",
+            "-o",
+            str(path),
+            "--repeats",
+            "2",
+            "--points",
+            points,
+            "--quiet",
+        ]
+    )
+    assert rc == 0
+    raw = json.loads(path.read_text())
+    sweep = raw["measured"]["sweep"]
+    # Every point on both backends, each with its features and no graph.
+    assert sorted((r["backend"], r["point"]) for r in sweep) == sorted(
+        (b, p) for b in ("placement", "spmd") for p in points.split(",")
+    )
+    assert all(r["seconds"] > 0 and r["features"] and "graph" not in r for r in sweep)
+    assert raw["measured"]["clock"] == "cpu"
+    hw = get_hardware(str(path))
+    assert hw.name == "calibrated-cpux4"
+    assert {b for b, _ in hw.calibration.coefficients} == {"placement", "spmd"}
+    # The allreduce point's collectives are priced by the fitted spmd rates.
+    ar = next(r for r in sweep if r["point"] == "allreduce-all-64k")
+    feats = Measurement.from_dict(ar).features()
+    assert feats["allreduce_steps"] > 0
+    rates = hw.for_backend(ar["backend"]).rates
+    assert predict_s(feats, rates) > 0
+    # A graph prices on it, with the lowering's collectives.
+    import mtf_core as mtf
+
+    g = mtf.Graph()
+    m = mtf.Mesh(g, "m")
+    x = mtf.zeros(m, "batch:8,d:4")
+    w = mtf.zeros(m, "d:4,h:2")
+    y = mtf.einsum([x, w], output_shape="batch:8,h:2")
+    cost = evaluate(g, "model:4", "d:model", hw, outputs=[y])
+    assert [(c.kind, c.bytes_per_device) for c in cost.collectives] == [
+        ("allreduce", 64)
+    ]
+    assert cost.time_s > 0
+
+
+def test_mtf_planner_calibrate_says_what_was_wrong(tmp_path, capsys) -> None:
+    from api.cli import main
+
+    out = str(tmp_path / "x.json")
+    assert main(["calibrate", "--devices", "2", "--points", "nope", "-o", out]) == 1
+    assert "unknown sweep points ['nope']" in capsys.readouterr().err
+    assert main(["calibrate", "--devices", "1", "-o", out]) == 1
+
+
+def test_calibrate_rejects_unknown_sweep_points(devices: list[str]) -> None:
+    from mtf_core.errors import LoweringError
+    from mtf_core.lowering.calibrate import select_points
+
+    with pytest.raises(LoweringError, match="unknown sweep points \\['nope'\\]"):
+        select_points(4, ["overhead", "nope"])

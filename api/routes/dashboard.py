@@ -25,6 +25,7 @@ from api.deps import FormBody, ServiceDep
 from api.dimgraph_svg import AXIS_COLOURS, axis_colours, dimension_graph_layout
 from api.plan_detail import DetailCache, plan_detail
 from api.planning import RequestError
+from api.routes.measurements import record_dict
 from api.schemas import PlanRequest
 from api.service import (
     JobFinished,
@@ -251,6 +252,10 @@ def _plan_page(
             "graph": graph,
             "chart": chart_data(plan, colours),
             "detail": _detail(service, record),
+            "measurements": [
+                record_dict(m)
+                for m in service.store.list_measurements(plan_id=record.id, limit=20)
+            ],
             "presets": sorted(PRESETS),
             "needs_token": bool(service.settings.tokens),
             "form_error": form_error,

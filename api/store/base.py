@@ -77,6 +77,22 @@ class JobRecord:
         return self.status not in UNFINISHED
 
 
+@dataclass(frozen=True)
+class MeasurementRecord:
+    """A measured training step of a stored plan on some hardware profile:
+    ``measured_s`` next to what the plan predicted (``predicted_s``);
+    ``detail`` holds the rest (backend, layout, steps, per-op profile)."""
+
+    id: str
+    plan_id: str
+    hardware: str
+    backend: str
+    measured_s: float
+    predicted_s: float
+    created_at: float
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
 class Store(abc.ABC):
     """Where plans, graphs and jobs live."""
 
@@ -146,6 +162,16 @@ class Store(abc.ABC):
     def cancel_job(self, job_id: str, message: str) -> bool:
         """Marks an unfinished job cancelled (its owner stops the solve at its
         next heartbeat); False if it had finished."""
+
+    @abc.abstractmethod
+    def put_measurement(self, record: MeasurementRecord) -> None:
+        """Stores a measured step (ids are unique)."""
+
+    @abc.abstractmethod
+    def list_measurements(
+        self, plan_id: str | None = None, hardware: str | None = None, limit: int = 100
+    ) -> list[MeasurementRecord]:
+        """Newest first, of one plan and/or one hardware profile."""
 
     @abc.abstractmethod
     def schema_version(self) -> int:

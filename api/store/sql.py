@@ -20,7 +20,14 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from api.store.base import UNFINISHED, JobRecord, PlanRecord, Store, StoreUnavailable
+from api.store.base import (
+    UNFINISHED,
+    JobRecord,
+    MeasurementRecord,
+    PlanRecord,
+    Store,
+    StoreUnavailable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +78,22 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             f"""CREATE UNIQUE INDEX IF NOT EXISTS jobs_active_request
                 ON jobs (request_hash) WHERE {_ACTIVE}""",
             "CREATE INDEX IF NOT EXISTS jobs_instance ON jobs (instance)",
+        ),
+    ),
+    (
+        3,  # measured steps of plans (the cost model learns from them)
+        (
+            """CREATE TABLE IF NOT EXISTS measurements (
+                id TEXT PRIMARY KEY,
+                plan_id TEXT NOT NULL,
+                hardware TEXT NOT NULL,
+                backend TEXT NOT NULL,
+                measured_s DOUBLE PRECISION NOT NULL,
+                predicted_s DOUBLE PRECISION NOT NULL,
+                created_at DOUBLE PRECISION NOT NULL,
+                detail TEXT NOT NULL)""",
+            "CREATE INDEX IF NOT EXISTS measurements_plan ON measurements (plan_id)",
+            "CREATE INDEX IF NOT EXISTS measurements_hw ON measurements (hardware)",
         ),
     ),
 )
@@ -289,6 +312,58 @@ class SqlStore(Store):
             summary=json.loads(row[4]),
             plan_json=row[5],
         )
+
+    # -- measurements ---------------------------------------------------------------------
+    _MEASUREMENT = (
+        "SELECT id, plan_id, hardware, backend, measured_s, predicted_s, created_at, "
+        "detail FROM measurements "
+    )
+
+    def put_measurement(self, record: MeasurementRecord) -> None:
+        self._run(
+            "INSERT INTO measurements (id, plan_id, hardware, backend, measured_s, "
+            "predicted_s, created_at, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                record.id,
+                record.plan_id,
+                record.hardware,
+                record.backend,
+                record.measured_s,
+                record.predicted_s,
+                record.created_at,
+                json.dumps(record.detail),
+            ),
+        )
+
+    def list_measurements(
+        self, plan_id: str | None = None, hardware: str | None = None, limit: int = 100
+    ) -> list[MeasurementRecord]:
+        where, params = [], []
+        if plan_id is not None:
+            where.append("plan_id = ?")
+            params.append(plan_id)
+        if hardware is not None:
+            where.append("hardware = ?")
+            params.append(hardware)
+        clause = f"WHERE {' AND '.join(where)} " if where else ""
+        rows = self._run(
+            self._MEASUREMENT + clause + "ORDER BY created_at DESC, id LIMIT ?",
+            (*params, limit),
+            "all",
+        )
+        return [
+            MeasurementRecord(
+                id=r[0],
+                plan_id=r[1],
+                hardware=r[2],
+                backend=r[3],
+                measured_s=float(r[4]),
+                predicted_s=float(r[5]),
+                created_at=float(r[6]),
+                detail=json.loads(r[7]),
+            )
+            for r in rows
+        ]
 
     # -- jobs -----------------------------------------------------------------------------
     def create_job(self, job: JobRecord) -> JobRecord:

@@ -176,6 +176,7 @@ def calibrate(
     sweep_backends: Sequence[str] = (),
     clock: str = "wall",
     progress: Callable[[str], None] | None = None,
+    points: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Measures ``devices`` and returns a hardware profile dict (see module
     doc); with ``sweep_backends``, the sweep too, on each of them, timed by
@@ -215,18 +216,36 @@ def calibrate(
             "copy_s": [copy_small, copy_large],
             "copy_bandwidth_bytes_per_s": copy_bw,
             "matmul_n": matmul_n,
-            "sweep": measure_sweep(devices, sweep_backends, repeats, progress, clock)
+            "sweep": measure_sweep(
+                devices, sweep_backends, repeats, progress, clock, points
+            )
             if sweep_backends
             else [],
         },
     }
 
 
-def sweep_size(devices: int, backends: Sequence[str]) -> int:
-    """How many steps :func:`measure_sweep` measures (for a progress bar)."""
+def select_points(devices: int, names: Sequence[str] | None = None) -> list[Any]:
+    """The sweep points for ``devices`` devices, only those in ``names`` if given."""
     from mtf_core.lowering.calibration_sweep import sweep_points
 
-    return len(sweep_points(devices)) * len(backends)
+    pts = sweep_points(devices)
+    if names is None:
+        return pts
+    known = {p.name for p in pts}
+    unknown = sorted(set(names) - known)
+    if unknown:
+        raise LoweringError(
+            f"unknown sweep points {unknown}; expected among {sorted(known)}"
+        )
+    return [p for p in pts if p.name in set(names)]
+
+
+def sweep_size(
+    devices: int, backends: Sequence[str], points: Sequence[str] | None = None
+) -> int:
+    """How many steps :func:`measure_sweep` measures (for a progress bar)."""
+    return len(select_points(devices, points)) * len(backends)
 
 
 def pick_devices(n: int, kind: str = "auto") -> tuple[list[str], str]:
@@ -288,17 +307,18 @@ def measure_sweep(
     repeats: int = 5,
     progress: Callable[[str], None] | None = None,
     clock: str = "wall",
+    points: Sequence[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Runs every calibration graph on every backend; one record per run:
     ``{"point", "backend", "mesh_shape", "layout_rules", "graph" (JSON
     document, with the exported outputs), "seconds", "repeats"}``.
-    ``progress(name)`` is called after each run (a progress bar)."""
-    from mtf_core.lowering.calibration_sweep import sweep_points
+    ``progress(name)`` is called after each run (a progress bar); ``points``
+    keeps only the sweep points of those names."""
     from mtf_core.serialization import graph_to_dict
 
     records = []
     for backend in backends:
-        for point in sweep_points(len(devices)):
+        for point in select_points(len(devices), points):
             graph, outputs, updates = point.build(len(devices))
             mesh_shape = point.mesh(len(devices))
             seconds = measure_step(
@@ -347,6 +367,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--devices", type=int, default=8, help="logical devices (>= 2)")
     p.add_argument("--gpu", action="store_true", help="split the first GPU instead")
+    p.add_argument(
+        "--device",
+        choices=("auto", "cpu", "gpu"),
+        default=None,
+        help="cpu (default), gpu, or auto (a GPU when one is visible)",
+    )
+    p.add_argument("--points", help="only these sweep points (comma-separated)")
+    p.add_argument(
+        "--progress-lines",
+        action="store_true",
+        help="print 'total N' then 'done <point>' lines (for a progress bar)",
+    )
     p.add_argument("--out", default="profile.json", help="JSON file to write")
     p.add_argument("--name", default=None, help="profile name (default: calibrated-*)")
     p.add_argument("--repeats", type=int, default=5, help="timed runs per point")
@@ -375,9 +407,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     for b in backends:
         if b not in BACKENDS:
             p.error(f"--sweep names backend {b!r}; expected among {list(BACKENDS)}")
-    devices, kind = pick_devices(args.devices, "gpu" if args.gpu else "cpu")
+    kind = args.device or ("gpu" if args.gpu else "cpu")
+    points = [v.strip() for v in args.points.split(",")] if args.points else None
+    try:
+        devices, kind = pick_devices(args.devices, kind)
+        total = sweep_size(len(devices), backends, points)
+    except LoweringError as e:
+        p.error(str(e))
     name = args.name or f"calibrated-{kind}x{args.devices}"
     clock = args.clock or ("cpu" if kind == "cpu" else "wall")
+    progress = None
+    if args.progress_lines:
+        print(f"total {total}", flush=True)
+
+        def progress(point: str) -> None:
+            print(f"done {point}", flush=True)
+
     profile = calibrate(
         devices,
         name=name,
@@ -386,7 +431,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         matmul_n=args.matmul_n,
         sweep_backends=backends,
         clock=clock,
+        progress=progress,
+        points=points,
     )
+    profile["measured"]["clock"] = clock
+    profile["measured"]["device_kind"] = kind
     with open(args.out, "w") as f:
         json.dump(profile, f, indent=2)
     link = profile["default_link"]

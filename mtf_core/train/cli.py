@@ -105,6 +105,10 @@ def _train_parser(p: argparse.ArgumentParser) -> None:
         "--no_eval", action="store_true", help="skip the held-out loss at the end"
     )
     t.add_argument("--no_progress", action="store_true", help="no progress bar")
+    r = p.add_argument_group("reporting the measured step to a planner service")
+    r.add_argument("--report", metavar="URL", help="planner service to report to")
+    r.add_argument("--plan_id", help="the stored plan this run's layout came from")
+    r.add_argument("--token", help="API token for --report (or $MTF_PLANNER_TOKEN)")
 
 
 def _sample_parser(p: argparse.ArgumentParser) -> None:
@@ -186,7 +190,11 @@ def choose_layout(args: argparse.Namespace, model: Any, n: int) -> LayoutChoice:
 
 
 def train(args: argparse.Namespace) -> dict[str, Any]:
-    """Runs training; returns a summary (final loss, entropy, checkpoint)."""
+    """Runs training; returns a summary (final loss, entropy, checkpoint, the
+    fastest step); with ``--report``, sends that step to the planner service
+    as a measurement of plan ``--plan_id``."""
+    if args.report and not args.plan_id:
+        raise ConfigError("--report needs --plan_id (the plan this layout came from)")
     n = device_count(args)
     auto = args.layout.strip().lower() == "auto"
     # Checked before any slow work, so a typo fails at once.
@@ -240,10 +248,12 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     loss = float("nan")
     saved = None
     t_start = time.perf_counter()
+    step_times: list[float] = []
     for i in range(args.steps):
         t0 = time.perf_counter()
         loss = trainer.step(data.batch(trainer.global_step))
         dt = time.perf_counter() - t0
+        step_times.append(dt)
         tps = tokens_per_second(cfg.batch, cfg.length, dt)
         step = trainer.global_step
         bar.update(1)
@@ -267,9 +277,32 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "layout": str(layout.rules),
         "mesh_shape": str(layout.mesh_shape),
         "checkpoint": saved,
+        # The first step traces and optimizes the function: not a step time.
+        "step_s": min(step_times[1:] or step_times or [float("nan")]),
     }
+    if args.report:
+        summary["report"] = _report(args, summary, layout)
     print(json.dumps(summary), flush=True)
     return summary
+
+
+def _report(args: argparse.Namespace, summary: dict[str, Any], layout: Any) -> Any:
+    """Sends the fastest step to the planner service for ``--plan_id``."""
+    import mtf_core
+    from mtf_core.train.measurement import StepMeasurement
+
+    m = StepMeasurement(
+        wall_s=summary["step_s"],
+        cpu_s=summary["step_s"],
+        steps=max(1, summary["steps"] - 1),
+        mesh_shape=str(layout.mesh_shape),
+        layout_rules=str(layout.rules),
+    )
+    try:
+        report = mtf_core.report_measurement
+    except (AttributeError, ImportError) as e:
+        raise ConfigError(f"--report needs the planner client: {e}") from None
+    return report(args.report, args.plan_id, m, token=args.token, source="mtf-train")
 
 
 def _progress(total: int, initial: int, disabled: bool) -> Any:
