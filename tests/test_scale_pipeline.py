@@ -142,3 +142,24 @@ def test_scale_planner_refuses_bad_requests_naming_the_value() -> None:
     with pytest.raises(ScaleError, match="8192 devices"):
         plan_transformer(CFG, 8192, HW)
     assert mtf.convert_to_shape("pp:2;dp:4;tp:2").size == 16
+
+
+@pytest.mark.solver
+def test_the_inner_axis_stays_inside_a_host_and_4096_devices_plan() -> None:
+    wide = CFG.replace(num_layers=2, d_model=2048, heads=16, d_kv=128, d_ff=8192,
+                       batch=256, length=256)  # fmt: skip
+    plan = plan_transformer(wide, 256, HW, stages=[1], tensor=[4, 8, 16])
+    # The inner axis of 8 is one host (NVLink); 16 spans two (InfiniBand).
+    assert plan.choice.tensor == 8, plan.explain()
+    wider = [t for t in plan.trials if t.choice.tensor == 16]
+    assert wider and wider[0].step_time_s > 2 * plan.step_time_s
+    big = plan_transformer(
+        CFG.replace(batch=4096),
+        4096,
+        HW,
+        stages=[4],
+        tensor=[8],
+        recompute=[("none", "none")],
+    )
+    assert big.fits and big.choice.full_mesh == "pp:4;dp:128;tp:8"
+    assert big.devices == 4096 and 0 < big.mfu < 1
