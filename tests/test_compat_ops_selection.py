@@ -224,9 +224,14 @@ def test_gather_takes_an_int_index_and_an_output_shape(devices: list[str]) -> No
         output_shape="hidden:8,k:2",
     )
     assert t.shape == mtf.convert_to_shape("hidden:8,k:2")
-    got_col, got_t = assert_same_under_layouts(graph, mesh, devices, [col, t])
+    # an output_shape with new dims broadcasts (Mesh TF's einsum-based gather)
+    wide = mtf.gather(x, 5, "hidden", output_shape="k:3,batch:4")
+    got_col, got_t, got_wide = assert_same_under_layouts(
+        graph, mesh, devices, [col, t, wide]
+    )
     np.testing.assert_array_equal(got_col, XV[:, 5])
     np.testing.assert_array_equal(got_t, XV[[1, 0]].T)
+    np.testing.assert_array_equal(got_wide, np.tile(XV[:, 5], (3, 1)))
     with pytest.raises(mtf.ShapeError, match="output_shape \\[hidden:8\\]"):
         mtf.gather(x, 5, "hidden", output_shape="hidden:8")
 

@@ -202,7 +202,7 @@ def gather(
     >>> # x = mtf.gather(emb, ids, vocab_dim)
     """
     from mtf_core.ops.creation import constant
-    from mtf_core.ops.reduce import transpose
+    from mtf_core.ops.reduce import broadcast
 
     if not isinstance(indices, Tensor):
         indices = constant(weights.mesh, indices, (), "int32")
@@ -227,9 +227,11 @@ def gather(
     shape = convert_to_shape(output_shape)
     if shape == out.shape:
         return out
-    if sorted(shape.dimension_names) != sorted(out.shape.dimension_names):
+    if not set(out.shape.dimension_names) <= set(shape.dimension_names):
         raise ShapeError(
             f"gather: output_shape [{shape}] does not have the result's dims "
             f"[{out.shape}]"
         )
-    return transpose(out, shape)
+    # Other dims order the result; new ones broadcast it (as Mesh
+    # TensorFlow's einsum-based gather does).
+    return broadcast(out, shape)
