@@ -3,6 +3,7 @@ shaped bodies, content types, finite numbers at the schema, opaque 500s."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import threading
@@ -333,15 +334,15 @@ def test_a_client_over_its_concurrency_gets_429_while_its_other_request_runs(
             target=lambda: results.append(post("a", slow()).status_code)
         )
         first.start()
-        # Once the server has taken the first request's slot (its headers are
-        # in; its body is not), the same client is refused.  Until then a
-        # second request may pass; it frees its slot when done.
-        for _ in range(300):
-            r = post("a", body)
-            if r.status_code == 429:
-                break
-            assert r.status_code == 200, r.text
-            time.sleep(0.05)
+        # Wait (on the server's own limiter, in this process) until the first
+        # request holds its slot: its headers are in, its body is not.
+        clients = server.server.config.app.state.guards.clients
+        key = "token:" + hashlib.sha256(b"a").hexdigest()[:16]
+        deadline = time.monotonic() + 60
+        while getattr(clients._clients.get(key), "inflight", 0) != 1:
+            assert time.monotonic() < deadline, "the first request never arrived"
+            time.sleep(0.01)
+        r = post("a", body)
         assert r.status_code == 429 and "client_max_concurrent" in r.json()["detail"]
         assert r.headers["retry-after"] == "1"
         assert post("b", body).status_code == 200  # another client is not limited
