@@ -319,6 +319,24 @@ def main() -> None:
     render(rows, args, machine, hw.name)
 
 
+EXPLAIN = """\
+Predicted: `cost_models.evaluate` on the calibrated profile, per backend
+(`hw.for_backend`).  Measured: each layout in a fresh process (both backends
+in it, one after the other), a warm-up step, then the fastest of the timed
+steps.  The main columns use the CPU clock (the step's process CPU seconds
+divided by the 2 cores the 8 logical devices share: what the wall time is on
+an otherwise idle host, since the devices keep both cores busy); the last
+column is the wall clock, which on this shared host (other jobs running,
+load average in the machine line) measures the other jobs as much as the
+step.  rho: Spearman rank correlation of predicted and measured; regret:
+measured time of the layout predicted fastest over the measured best; top-3
+hit: the measured best is among the 3 predicted fastest; within 25%: the
+share of layouts whose prediction is within 25% of the measurement.  Layouts:
+the planner's top 5 on the profile, the planner's baselines (replicated,
+data-parallel, ...) where they apply, then random valid layouts.
+"""
+
+
 def render(
     rows: list[dict], args: argparse.Namespace, machine: str, hw_name: str
 ) -> None:
@@ -362,7 +380,10 @@ def render(
     text = markdown_table(headers, table)
     print(text)
     if not args.no_write:
-        body = f"{machine}; profile `{hw_name}`.\n\n    {command_line()}\n\n{text}\n"
+        body = (
+            f"{machine}; profile `{hw_name}`.\n\n    {command_line()}\n\n{text}\n\n"
+            + EXPLAIN
+        )
         replace_section("fidelity", body, title="Cost model fidelity")
 
 

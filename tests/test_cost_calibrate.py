@@ -143,3 +143,19 @@ def test_calibrate_rejects_unknown_sweep_points(devices: list[str]) -> None:
 
     with pytest.raises(LoweringError, match="unknown sweep points \\['nope'\\]"):
         select_points(4, ["overhead", "nope"])
+
+
+def test_calibrate_without_a_gpu_says_so_and_auto_uses_the_cpu(
+    devices: list[str],
+) -> None:
+    import tensorflow as tf
+
+    from mtf_core.errors import LoweringError
+    from mtf_core.lowering.calibrate import pick_devices
+
+    if tf.config.list_physical_devices("GPU"):
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(LoweringError, match="no GPU is visible"):
+        pick_devices(2, "gpu")
+    got, kind = pick_devices(2, "auto")
+    assert kind == "cpu" and got == devices[:2]
