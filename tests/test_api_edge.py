@@ -289,7 +289,7 @@ def test_body_budget_refuses_bytes_over_the_budget_and_frees_them():
 
 def test_a_client_over_its_rate_gets_429_with_retry_after(tmp_path, doc):
     settings = service_settings(
-        tmp_path, api_tokens="a,b", client_rate_per_s=0.5, client_burst=2
+        tmp_path, api_tokens="a,b", client_rate_per_s=0.05, client_burst=2
     )
     body = {"graph": doc, "mesh_shape": "x:2", "layout_rules": ""}
     with TestClient(create_app(settings)) as c:
