@@ -267,13 +267,14 @@ def test_client_limiter_counts_concurrency_and_rate_per_client():
     lim.acquire("b")  # another client is not affected
     lim.release("a")
     lim.acquire("a")
-    rated = ClientLimiter(max_concurrent=100, rate_per_s=2, burst=3)
+    rated = ClientLimiter(max_concurrent=100, rate_per_s=0.5, burst=3)
     for _ in range(3):
         rated.acquire("a")
         rated.release("a")
     with pytest.raises(LimitExceeded) as e:
         rated.acquire("a")
-    assert e.value.retry_after == "1" and 0 < e.value.retry_after_s <= 0.5
+    # One request's worth of tokens comes back in 2 s at 0.5/s.
+    assert e.value.retry_after == "2" and 1 < e.value.retry_after_s <= 2
 
 
 def test_body_budget_refuses_bytes_over_the_budget_and_frees_them():
