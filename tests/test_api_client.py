@@ -250,3 +250,27 @@ def test_cli_serve_refuses_open_writes_on_a_public_address(host, tmp_path, capsy
     err = capsys.readouterr().err
     assert "MTF_PLANNER_API_TOKENS" in err and "--insecure" in err
     assert not (tmp_path / "planner.sqlite3").exists()
+
+
+def _plans_answered(url: str, status: int) -> float:
+    """POST /v1/plans answers with ``status`` so far, from the server's metrics."""
+    want = f'mtf_planner_requests_total{{method="POST",route="/v1/plans",status="{status}"}}'
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith(want):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_client_sends_a_bad_hardware_profile_once_and_raises_the_422(server):
+    # A bandwidth of 1e-300 once failed inside the solver as a 503, which the
+    # client retried; it is the request's fault, answered 422, never retried.
+    from cost_models.hardware import PRESETS
+
+    hw = PRESETS["tpu-v4"].to_dict()
+    hw["default_link"] = {**hw["default_link"], "bandwidth_bytes_per_s": 1e-300}
+    before = _plans_answered(server.url, 422)
+    with PlannerClient(server.url, retries=3) as client:
+        with pytest.raises(RemotePlannerError, match="bandwidth_bytes_per_s") as info:
+            client.plan({"graph": mlp_doc(), "mesh_shape": "x:2", "hardware": hw})
+    assert info.value.status == 422
+    assert _plans_answered(server.url, 422) == before + 1
