@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import hashlib
+import re
 import secrets
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -156,9 +157,12 @@ def _declared_length(request: Request) -> int | None:
     return int(value) if value is not None and value.isdigit() else None
 
 
+_OP_TYPE_KEY = re.compile(rb'"op_type"\s*:')
+
+
 def check_json_shape(raw: bytes, settings: Settings) -> None:
-    """422 for JSON nested too deep, with a string too long, or too many
-    values, before it is decoded."""
+    """422 for JSON nested too deep, with a string too long, too many values
+    or a graph of too many operations, before it is decoded."""
     shape = scan_json(raw)
     if shape.depth > settings.max_json_depth:
         raise LimitExceeded(
@@ -179,6 +183,15 @@ def check_json_shape(raw: bytes, settings: Settings) -> None:
         raise LimitExceeded(
             f"the JSON body has about {shape.tokens} values; this service accepts "
             f"at most {settings.max_json_tokens} (max_json_tokens)",
+            422,
+            0,
+        )
+    # Every operation of the graph format has one "op_type" key.
+    ops = len(_OP_TYPE_KEY.findall(raw))
+    if ops > settings.max_graph_operations:
+        raise LimitExceeded(
+            f"the graph has {ops} operations; this service allows at most "
+            f"{settings.max_graph_operations} (max_graph_operations)",
             422,
             0,
         )

@@ -149,11 +149,17 @@ def test_absurdly_large_graphs_are_refused_before_parsing(client, doc):
 def test_too_many_operations_is_a_422_naming_the_limit(client):
     many = mlp_doc(layers=32)  # more than 500 ops, fewer than 256 KiB
     assert len(many["operations"]) > 500
-    check_error(
-        client.post("/v1/plans", json={"graph": many, "mesh_shape": "x:2"}),
-        422,
-        "max_graph_operations",
-    )
+    for path in ("/v1/plans", "/v1/jobs", "/v1/evaluate"):
+        body = check_error(
+            client.post(
+                path, json={"graph": many, "mesh_shape": "x:2", "layout_rules": ""}
+            ),
+            422,
+            f"the graph has {len(many['operations'])} operations",
+            "at most 500 (max_graph_operations)",
+        )
+        # Counted in the raw bytes, before the body was decoded.
+        assert body["error"] == "request_too_complex"
 
 
 def test_a_chunked_body_over_the_limit_is_a_413(client):
