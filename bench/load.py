@@ -126,6 +126,18 @@ def wait_ready(url: str, timeout_s: float = 120) -> None:
     raise TimeoutError(f"{url} did not become ready")
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds the processes used so far (Linux /proc)."""
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return float("nan")
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
 def server_histogram(urls: list[str]) -> dict[float, float]:
     """The services' own POST /v1/plans latency histograms, summed: {le: count}."""
     out: dict[float, float] = {}
@@ -395,7 +407,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"planned {len(cached)} cached requests in {time.perf_counter() - t0:.1f} s"
             )
             before = server_histogram(urls)
+            cpu0 = cpu_seconds([s.pid for s in servers])
             stats, wall = asyncio.run(run_load(ports, args, cached, plan_ids, new))
+            cpu = cpu_seconds([s.pid for s in servers]) - cpu0
             after = server_histogram(urls)
         finally:
             for server in servers:
@@ -429,6 +443,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     table = markdown_table(
         ["requests", "count", "p50 ms", "p99 ms", "max ms", "req/s"], rows
+    )
+    served = total - len(stats.errors)
+    server_line += (
+        f"  The servers' processes used {cpu:.1f} CPU seconds for {served} answers: "
+        f"{cpu / max(served, 1) * 1e3:.2f} ms of CPU per answer (a measure that "
+        "other work on the machine changes little)."
     )
     print(table)
     print(server_line)
