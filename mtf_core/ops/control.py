@@ -126,7 +126,7 @@ class WhileLoop(Operation):
                 )
         # Variables made inside belong to the graph (created once, before).
         for op in cond_ops + body_ops:
-            if getattr(op, "trainable", None) is not None and op.op_type == "Variable":
+            if op.op_type == "Variable":
                 graph_ops.append(op)
         self._cond_output = cond_out
         self._body_outputs = body_out

@@ -12,9 +12,9 @@ from mtf_core.shapes import Shape
 def _geometry(spec: OpSpec, n: int = 2) -> tuple[list[int], str]:
     strides = spec.attrs.get_int_list("strides", minimum=1)
     if len(strides) != n:
+        names = ", ".join(f"stride_{a}" for a in "dhw"[3 - n :])
         raise SerializationError(
-            f"{spec.attrs.path}.strides: {strides} is not {n} strides, one per "
-            "spatial dim"
+            f"{spec.attrs.path}.strides: {strides} is not [{names}]"
         )
     return strides, spec.attrs.get_choice("padding", conv.PADDINGS)
 
