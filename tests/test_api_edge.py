@@ -351,3 +351,29 @@ def test_a_client_over_its_concurrency_gets_429_while_its_other_request_runs(
         first.join(60)
         assert results == [200]
         assert post("a", body).status_code == 200  # the slot came back
+
+
+def test_the_dashboard_forms_need_the_token_before_anything_is_planned(client, doc):
+    out = client.post(
+        "/v1/plans", json={"graph": doc, "mesh_shape": "x:2"}, headers=AUTH
+    ).json()
+    jobs_before = len(client.get("/v1/jobs").json()["jobs"])
+    for token in ("", "wrong"):
+        r = client.post(
+            f"/plans/{out['id']}/try", data={"mesh_shape": "x:4", "token": token}
+        )
+        assert r.status_code == 401
+        assert "a valid API token is needed to plan" in r.text
+        assert 'name="token" type="password"' in r.text  # the form asks for one
+    assert len(client.get("/v1/jobs").json()["jobs"]) == jobs_before  # none made
+    r = client.post(
+        f"/plans/{out['id']}/try",
+        data={"mesh_shape": "x:4", "token": TOKEN},
+        follow_redirects=False,
+    )
+    assert r.status_code == 303
+    job_id = r.headers["location"].rsplit("/", 1)[1]
+    # Cancelling from the job page needs it too.
+    r = client.post(f"/jobs/{job_id}/cancel", data={"token": "wrong"})
+    assert r.status_code == 401
+    assert "a valid API token is needed to cancel" in r.text
