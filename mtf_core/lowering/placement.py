@@ -140,13 +140,17 @@ class PlacementMeshImpl(MeshImpl):
                 out[p] = full
         return LaidOutTensor(out)
 
-    def alltoall(
-        self, x: LaidOutTensor, mesh_axis: int, split_axis: int, concat_axis: int
+    def _exchange(
+        self,
+        x: LaidOutTensor,
+        mesh_axis: int,
+        split_axis: int,
+        combine: Callable[[list[Any]], Any],
     ) -> LaidOutTensor:
+        """Every device of each group along ``mesh_axis`` cuts its slice in
+        ``n`` pieces along ``split_axis``; device ``j`` gets ``combine`` of
+        the group's ``j``-th pieces (in coordinate order)."""
         n = self.shape[mesh_axis].size
-        if n == 1:
-            return x
-        self.record("alltoall", [mesh_axis], x.slice_bytes)
         out: list[Any] = [None] * self.size
         for group in self.processor_groups([mesh_axis]):
             pieces = []
@@ -155,10 +159,18 @@ class PlacementMeshImpl(MeshImpl):
                     pieces.append(tf.split(x.slices[p], n, axis=split_axis))
             for j, p in enumerate(group):
                 with self.on(self.devices[p]):
-                    out[p] = tf.concat(
-                        [pieces[i][j] for i in range(n)], axis=concat_axis
-                    )
+                    out[p] = combine([pieces[i][j] for i in range(n)])
         return LaidOutTensor(out)
+
+    def alltoall(
+        self, x: LaidOutTensor, mesh_axis: int, split_axis: int, concat_axis: int
+    ) -> LaidOutTensor:
+        if self.shape[mesh_axis].size == 1:
+            return x
+        self.record("alltoall", [mesh_axis], x.slice_bytes)
+        return self._exchange(
+            x, mesh_axis, split_axis, lambda ps: tf.concat(ps, axis=concat_axis)
+        )
 
     def reduce_scatter(
         self, x: LaidOutTensor, mesh_axis: int, split_axis: int
@@ -167,20 +179,10 @@ class PlacementMeshImpl(MeshImpl):
         (tensor axis ``split_axis`` cut in ``n``): every device cuts its
         partial sum in ``n`` pieces and device ``j`` of a group adds up the
         group's ``j``-th pieces (one ``add_n`` per shard destination)."""
-        n = self.shape[mesh_axis].size
-        if n == 1:
+        if self.shape[mesh_axis].size == 1:
             return x
         self.record("reducescatter", [mesh_axis], x.slice_bytes)
-        out: list[Any] = [None] * self.size
-        for group in self.processor_groups([mesh_axis]):
-            pieces = []
-            for p in group:
-                with self.on(self.devices[p]):
-                    pieces.append(tf.split(x.slices[p], n, axis=split_axis))
-            for j, p in enumerate(group):
-                with self.on(self.devices[p]):
-                    out[p] = fast_tf.add_n([pieces[i][j] for i in range(n)])
-        return LaidOutTensor(out)
+        return self._exchange(x, mesh_axis, split_axis, fast_tf.add_n)
 
     def allsplit(
         self, x: LaidOutTensor, mesh_axis: int, split_axis: int
