@@ -42,6 +42,11 @@ class GraphError(MtfError, ValueError):
     """Tensors from different graphs or meshes are mixed, or a name is bad."""
 
 
+class GraphTypeError(GraphError, TypeError):
+    """A value of a type that cannot be a graph (or graph part) where one is
+    expected; a TypeError too, as in Mesh TensorFlow."""
+
+
 class LoweringError(MtfError, ValueError):
     """The graph cannot be lowered with the given mesh implementations."""
 

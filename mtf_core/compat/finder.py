@@ -41,6 +41,14 @@ ALIASES: dict[str, str] = {
     "mesh_tensorflow.test_utils": "mtf_core.lowering.numpy_converter",
     "mesh_tensorflow.auto_mtf": "mtf_core.compat.auto_mtf",
     "mesh_tensorflow.auto_mtf.api": "mtf_core.compat.auto_mtf.api",
+    "mesh_tensorflow.auto_mtf.graph_interface": (
+        "mtf_core.compat.auto_mtf.graph_interface"
+    ),
+    "mesh_tensorflow.auto_mtf.memory_estimator": (
+        "mtf_core.compat.auto_mtf.memory_estimator"
+    ),
+    "mesh_tensorflow.auto_mtf.scheduler": "mtf_core.compat.auto_mtf.scheduler",
+    "mesh_tensorflow.auto_mtf.valid_layouts": "mtf_core.compat.auto_mtf.valid_layouts",
 }
 
 # Mesh TF's model code, loaded from its own files (never part of mtf_core).

@@ -92,7 +92,9 @@ def OneHotOperation(  # noqa: N802
 def BroadcastOperation(  # noqa: N802
     x: Tensor, output_shape: Any, name: str | None = None
 ) -> Operation:
-    return _op(_m.broadcast(x, output_shape))
+    from mtf_core.ops.reduce import Broadcast
+
+    return Broadcast(x, convert_to_shape(output_shape), name=name)
 
 
 _REDUCTIONS: dict[str, Callable[..., Tensor]] = {
