@@ -6,7 +6,7 @@ its section of docs/benchmarks.md (without it, the docs are left alone).
     .venv/bin/python bench/load.py --write             # 50 clients, 60 s
     .venv/bin/python bench/load.py --clients 5 --duration 3
     .venv/bin/python bench/load.py --postgres --replicas 2 --clients 32 \\
-        --other-bytes-share 0.25 --get-share 0.25 --new-per-s 0
+        --other-bytes-share 0.2 --get-share 0.2 --list-share 0.2 --new-per-s 0
 
 It starts the real servers (``python -m api.cli serve``, one solve worker
 each) on free 127.0.0.1 ports: one on a fresh SQLite data dir, or with
@@ -19,7 +19,9 @@ the replicas).  Each request is one of:
 * ``cached, other bytes`` (``--other-bytes-share``): the same requests in
   bytes never sent before (keys reordered, the mesh as an object, defaults
   spelled out, and unique trailing whitespace): the canonical-request path;
-* ``GET /v1/plans/{id}`` (``--get-share``): a read from the database;
+* ``GET /v1/plans/{id}`` (``--get-share``): a stored plan by id (memory,
+  else the database);
+* ``GET /v1/plans (list)`` (``--list-share``): a read from the database;
 * ``new plans (solved)``, paced at ``--new-per-s``: each a distinct request,
   a real solve in a worker.
 
@@ -56,7 +58,12 @@ from common import command_line, machine_summary, markdown_table, replace_sectio
 
 from api.examples import example_graph  # noqa: E402
 
-KINDS = ("cached plans", "cached, other bytes", "GET /v1/plans/{id}")
+KINDS = (
+    "cached plans",
+    "cached, other bytes",
+    "GET /v1/plans/{id}",
+    "GET /v1/plans (list)",
+)
 NEW = "new plans (solved)"
 
 
@@ -297,6 +304,8 @@ async def run_load(
                 elif draw < args.other_bytes_share + args.get_share:
                     kind, method = KINDS[2], "GET"
                     path = f"/v1/plans/{rng.choice(plan_ids)}"
+                elif draw < args.other_bytes_share + args.get_share + args.list_share:
+                    kind, method, path = KINDS[3], "GET", "/v1/plans?limit=10"
                 else:
                     content = rng.choice(cached_bodies)
             t0 = time.perf_counter()
@@ -359,6 +368,12 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=0.0,
         help="share of requests that are GET /v1/plans/{id}",
+    )
+    p.add_argument(
+        "--list-share",
+        type=float,
+        default=0.0,
+        help="share of requests that are GET /v1/plans?limit=10 (a database read)",
     )
     p.add_argument("--workers", type=int, default=1, help="solve workers per replica")
     p.add_argument(
@@ -440,6 +455,8 @@ def main(argv: list[str] | None = None) -> int:
         f"Server side (the services' own histogram of POST /v1/plans, cached and "
         f"solved requests together; bucket upper bounds): "
         f"p50 <= {server_p50 * 1e3:g} ms, p99 <= {server_p99 * 1e3:g} ms."
+        if server_p50 != float("inf")
+        else "No POST /v1/plans in this run."
     )
     table = markdown_table(
         ["requests", "count", "p50 ms", "p99 ms", "max ms", "req/s"], rows
@@ -479,7 +496,8 @@ average (uniform 0.5x-1.5x) between requests.  Plan requests carry a whole graph
 (an MLP, {len(cached[0]["graph"]["operations"])} ops, about
 {len(json.dumps(cached[0])) // 1024} KiB of JSON): {len(cached)} distinct requests planned
 beforehand (cache hits; {args.other_bytes_share:.0%} of them in bytes never sent
-before), {args.get_share:.0%} GET /v1/plans/{{id}}, and distinct new requests at
+before), {args.get_share:.0%} GET /v1/plans/{{id}}, {args.list_share:.0%} GET /v1/plans
+(a list read from the database each time), and distinct new requests at
 {args.new_per_s:g}/s (each a real solve in a worker).  Errors (any non-200 answer or
 transport error): **{len(stats.errors)}**.
 

@@ -67,8 +67,11 @@ def test_short_load_on_two_postgresql_replicas_has_no_errors():
         "--other-bytes-share",
         "0.3",
         "--get-share",
-        "0.3",
+        "0.2",
+        "--list-share",
+        "0.2",
     )
-    for kind in ("cached plans", "cached, other bytes", "GET /v1/plans/{id}"):
+    kinds = ("cached, other bytes", "GET /v1/plans/{id}", "GET /v1/plans (list)")
+    for kind in ("cached plans", *kinds):
         assert counts[kind] > 0, counts
     assert counts["new plans (solved)"] > 0
