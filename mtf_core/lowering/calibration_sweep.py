@@ -265,11 +265,15 @@ def sweep_points(n: int) -> list[SweepPoint]:
         SweepPoint("assign", _all, "batch:all", _assign),
         SweepPoint("allreduce-all-64k", _all, "d:all", _allreduce(128, 8)),
         SweepPoint("allreduce-all-1m", _all, "d:all", _allreduce(512, 4)),
+        # Large sums (attention scores reduced over a split d_kv are 16 MiB).
+        SweepPoint("allreduce-all-4m", _all, "d:all", _allreduce(1024, 2)),
+        SweepPoint("allreduce-all-16m", _all, "d:all", _allreduce(2048, 1)),
+        SweepPoint("allconcat-all-4m", _all, "b:all", _relayout("allconcat", 2048, 2)),
         SweepPoint("allconcat-all", _all, "b:all", _relayout("allconcat", 512, 4)),
         SweepPoint("alltoall-all", _all, "b:all;a2:all", _relayout("alltoall", 512, 4)),
     ]
-    # Elementwise work across cache sizes: 64 KiB, 1 MiB and 4 MiB slices.
-    for rows in (32, 512, 2048):
+    # Elementwise work across cache sizes: 64 KiB, 1, 4 and 16 MiB slices.
+    for rows in (32, 512, 2048, 8192):
         pts.append(
             SweepPoint(
                 f"elementwise-{rows * 2}k",
