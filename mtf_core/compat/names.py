@@ -267,6 +267,25 @@ def _assign(variables: Any, new_values: Any, name: str | None = None) -> Operati
     return _m.Assign(_m.ops.variables.as_variable(variables), new_values, name=name)
 
 
+def _mesh_impl_base() -> type:
+    """Mesh TF's ``MeshImpl``: the backend base class, instantiable (its
+    backend methods raise NotImplementedError, as Mesh TF's do)."""
+    from mtf_core.lowering.mesh_impl import MeshImpl as Base
+
+    def missing(name: str) -> Any:
+        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+            raise NotImplementedError(
+                f"MeshImpl.{name}: a MeshImpl is the backend base class; use "
+                "PlacementMeshImpl or SimdMeshImpl to lower"
+            )
+
+        return method
+
+    body = {n: missing(n) for n in getattr(Base, "__abstractmethods__", ())}
+    body["__doc__"] = _mesh_impl_base.__doc__
+    return type("MeshImpl", (Base,), body)
+
+
 def _convert_to_shape(x: Any) -> Shape | None:
     """Mesh TF's ``convert_to_shape``: ``None`` passes through."""
     return None if x is None else convert_to_shape(x)
@@ -294,6 +313,7 @@ NAMES |= {
 NAMES["list_product"] = math.prod  # Mesh TF's helper
 
 OVERRIDES: dict[str, Any] = {
+    "MeshImpl": _mesh_impl_base(),
     "convert_to_shape": _convert_to_shape,
     "Assign": _assign,
 }
