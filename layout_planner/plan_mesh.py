@@ -6,7 +6,8 @@ shape; it runs three steps, each its own function:
 
 * :func:`solve_problem`: the integer program through CP-SAT (in process, or
   in the worker; :mod:`layout_planner.solver_process`), and the layout it
-  chose (when nothing fits, the layout with the smallest peak instead);
+  chose (when nothing fits, the layout with the smallest peak instead),
+  priced from the tables by :func:`price_solution`;
 * :func:`verify_plan`: the same layout priced by ``cost_models.evaluate``,
   which must agree with the planner's tables;
 * :func:`assemble_plan`: candidates, baselines, explanations and solver
