@@ -95,12 +95,17 @@ class HardwareIn(BaseModel):
     intra_host_link: LinkIn | None = None
     inter_host_link: LinkIn | None = None
     calibration: CalibrationIn | None = None
+    measured: dict[str, Any] | None = Field(
+        None,
+        description="What a calibration measured (profile files written by "
+        "mtf-planner calibrate have it); not used for planning, not stored.",
+    )
 
 
 def _profile_dict(value: Any) -> Any:
     # The service reads profiles as the dicts HardwareProfile.from_dict takes.
     if isinstance(value, HardwareIn):
-        d = value.model_dump()
+        d = value.model_dump(exclude={"measured"})
         if d["calibration"] is None:
             del d["calibration"]
         return d

@@ -377,3 +377,16 @@ def test_the_dashboard_forms_need_the_token_before_anything_is_planned(client, d
     r = client.post(f"/jobs/{job_id}/cancel", data={"token": "wrong"})
     assert r.status_code == 401
     assert "a valid API token is needed to cancel" in r.text
+
+
+def test_a_calibrated_profile_file_is_accepted_and_its_notes_dropped(client, doc):
+    hw = profile()
+    hw["measured"] = {"clock": "wall", "seconds": 12.5, "fit": {"placement": {}}}
+    r = client.post(
+        "/v1/plans",
+        json={"graph": doc, "mesh_shape": "x:2", "hardware": hw},
+        headers=AUTH,
+    )
+    assert r.status_code == 200, r.text
+    assert "measured" not in r.json()["plan"]["hardware"]
+    assert r.json()["plan"]["hardware"]["name"] == "tpu-v4"
