@@ -485,3 +485,49 @@ def test_reversible_half_residual_and_swap_is_the_revnet_block():
         a, None, b, None, lambda t: t + 1.0
     )
     assert y2 is b and y2b is None and y1b is None and y1.shape == a.shape
+
+
+@pytest.mark.tf
+@pytest.mark.parametrize("padding", ["SAME", "VALID"])
+def test_conv2d_transpose_matches_tensorflow_with_both_gradients(devices, padding):
+    import tensorflow as tf
+
+    graph, mesh = _graph()
+    x, xv = _x(mesh, "batch:8,h:3,w:2,c:4")
+    y = layers.conv2d_transpose(
+        x, D("hidden", 8), (2, 3), (2, 2), padding=padding, name="up"
+    )
+    h, w = (6, 4) if padding == "SAME" else (6, 5)
+    assert y.shape == mtf.convert_to_shape(f"batch:8,h:{h},w:{w},hidden:8")
+    loss = mtf.reduce_sum(mtf.square(y))
+    f = graph.all_variables[0].outputs[0]
+    dx, df = mtf.gradients([loss], [x, f])
+    got, got_dx, got_df = assert_same_under_layouts(graph, mesh, devices, [y, dx, df])
+    _, low = lower(graph, mesh, ONE_DEVICE, devices, [y])
+    fv = _vars(low, graph)["up_filters"]  # [2, 3, 8, 4]
+    xt, ft = tf.constant(xv), tf.constant(fv)
+    with tf.GradientTape() as tape:
+        tape.watch([xt, ft])
+        want = tf.nn.conv2d_transpose(xt, ft, [8, h, w, 8], 2, padding)
+        want_loss = tf.reduce_sum(tf.square(want))
+    gx, gf = tape.gradient(want_loss, [xt, ft])
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got_dx, gx.numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got_df, gf.numpy(), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.tf
+def test_conv3d_transpose_matches_tensorflow(devices):
+    import tensorflow as tf
+
+    graph, mesh = _graph()
+    x, xv = _x(mesh, "batch:8,d:2,h:2,w:2,c:2")
+    y = layers.conv3d_transpose(x, D("hidden", 4), name="up3")
+    assert y.shape == mtf.convert_to_shape("batch:8,d:4,h:4,w:4,hidden:4")
+    (got,) = assert_same_under_layouts(graph, mesh, devices, [y])
+    _, low = lower(graph, mesh, ONE_DEVICE, devices, [y])
+    fv = _vars(low, graph)["up3_filters"]
+    want = tf.nn.conv3d_transpose(xv, fv, [8, 4, 4, 4, 4], 2, "SAME").numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    with pytest.raises(mtf.ShapeError, match="does not give x's"):
+        mtf.ops.conv.conv_transpose(x, y, "batch:8,d:4,h:4,w:4,hidden:4", (2, 2, 2))

@@ -33,15 +33,13 @@ from mtf_core.layers.attention import (
     rename_length_to_memory_length,
 )
 from mtf_core.layers.conv import (
-    avg_pool2d,
-    avg_pool3d,
     conv1d,
     conv2d,
+    conv2d_transpose,
     conv2d_with_blocks,
     conv3d,
+    conv3d_transpose,
     conv3d_with_blocks,
-    max_pool2d,
-    max_pool3d,
     separable_conv1d,
 )
 from mtf_core.layers.dense import (
@@ -66,6 +64,7 @@ from mtf_core.layers.losses import (
     weights_nonzero,
 )
 from mtf_core.layers.norms import batch_norm, corr, layer_norm, rms_norm
+from mtf_core.layers.pooling import avg_pool2d, avg_pool3d, max_pool2d, max_pool3d
 from mtf_core.layers.regularization import (
     annealed_dropout,
     clip_activation_gradient,
@@ -90,7 +89,9 @@ __all__ = [
     "batch_norm",
     "conv1d",
     "conv2d",
+    "conv2d_transpose",
     "conv2d_with_blocks",
+    "conv3d_transpose",
     "conv3d",
     "conv3d_with_blocks",
     "corr",

@@ -1,12 +1,12 @@
-"""Convolution and pooling layers.
+"""Convolution layers.
 
-``conv2d`` (and ``conv1d``, a conv2d over a height of 1) run
-``mtf.ops.conv.conv2d`` on whole images per device: spatial dims stay whole,
-batch and channel dims may be split.  ``separable_conv1d`` is shifts and
-per-channel products (so its length may be split: shifts become neighbour
-exchanges).  Pooling is non-overlapping (stride = window), a reshape of each
-pooled dim into ``[dim / k, k]`` and a reduction, so any layout that splits
-the pooled dim into whole windows works.
+``conv2d``/``conv3d`` (and ``conv1d``, a conv2d over a height of 1) and the
+transposed convolutions run the ``mtf_core.ops.conv`` ops on whole images per
+device: spatial dims stay whole, batch and channel dims may be split; the
+``*_with_blocks`` forms cut the spatial dims into blocks that may be split,
+with halo exchanges.  ``separable_conv1d`` is shifts and per-channel products
+(so its length may be split: shifts become neighbour exchanges).  Pooling is
+in :mod:`.pooling`.
 """
 
 from __future__ import annotations
@@ -25,9 +25,8 @@ from mtf_core.layers.initializers import (
     normal_initializer,
     zeros_initializer,
 )
-from mtf_core.ops import reduce as red
 from mtf_core.ops.arguments import sized_dim
-from mtf_core.ops.reshape import replace_dimensions, reshape
+from mtf_core.ops.reshape import reshape
 from mtf_core.ops.shift import shift
 from mtf_core.ops.variables import get_variable
 from mtf_core.shapes import Dimension, Shape
@@ -151,6 +150,102 @@ def conv3d(
         variable_dtype,
         name or "conv3d",
         use_bias,
+    )
+
+
+def _conv_transpose_layer(
+    x: Tensor,
+    output_dim: Any,
+    filter_size: Sequence[int],
+    strides: Sequence[int],
+    padding: str,
+    filter_initializer: Any,
+    variable_dtype: Any,
+    name: str,
+) -> Tensor:
+    from mtf_core.ops.conv import conv_transpose
+
+    n = len(filter_size)
+    what = f"conv{n}d_transpose {name!r}"
+    out = sized_dim(output_dim, what)
+    if x.shape.ndims < n + 1 or len(strides) != n:
+        raise ShapeError(
+            f"{what}: {x.name} [{x.shape}] must have {n} spatial dims and channels, "
+            f"with {n} strides (got {tuple(strides)})"
+        )
+    cin = x.shape.dims[-1]
+    sizes = [int(k) for k in filter_size]
+    fshape = Shape(
+        [*(Dimension(a, k) for a, k in zip(_FILTER_DIMS[-n:], sizes)), out, cin]
+    )
+    fname = f"{name}_filters"
+    init = filter_initializer
+    if isinstance(init, DenseInitializer):
+        init = init([cin], list(fshape.dims[: n + 1]))
+    if init is None:
+        init = normal_initializer(cin.size**-0.5, fname)
+    vd = (
+        dtypes.VariableDType(activation_dtype=x.dtype)
+        if variable_dtype is None
+        else dtypes.as_variable_dtype(variable_dtype)
+    )
+    w = get_variable(
+        x.mesh, fname, fshape, vd, initializer=named_initializer(init, fname)
+    )
+    space = []
+    for d, k, st in zip(x.shape.dims[-(n + 1) : -1], sizes, strides):
+        size = d.size * int(st) if padding == "SAME" else (d.size - 1) * int(st) + k
+        space.append(Dimension(d.name, size))
+    out_shape = Shape([*x.shape.dims[: -(n + 1)], *space, out])
+    return conv_transpose(x, w, out_shape, strides, padding)
+
+
+def conv2d_transpose(
+    x: Tensor,
+    output_dim: Any,
+    filter_size: Sequence[int] = (2, 2),
+    strides: Sequence[int] = (2, 2),
+    padding: str = "SAME",
+    filter_initializer: Any = None,
+    variable_dtype: Any = None,
+    name: str | None = None,
+) -> Tensor:
+    """A learned transposed 2-D convolution (upsampling): ``x [batch..., h,
+    w, in_channels]`` to ``[batch..., h * stride, w * stride, output_dim]``
+    ("SAME"; "VALID" gives ``(h - 1) * stride + filter``).  The filter is
+    ``[filter_height, filter_width, output_dim, in_channels]``."""
+    return _conv_transpose_layer(
+        x,
+        output_dim,
+        filter_size,
+        strides,
+        padding,
+        filter_initializer,
+        variable_dtype,
+        name or "conv2d_transpose",
+    )
+
+
+def conv3d_transpose(
+    x: Tensor,
+    output_dim: Any,
+    filter_size: Sequence[int] = (2, 2, 2),
+    strides: Sequence[int] = (2, 2, 2),
+    padding: str = "SAME",
+    filter_initializer: Any = None,
+    variable_dtype: Any = None,
+    name: str | None = None,
+) -> Tensor:
+    """:func:`conv2d_transpose` with three spatial dims ``d, h, w``."""
+    return _conv_transpose_layer(
+        x,
+        output_dim,
+        filter_size,
+        strides,
+        padding,
+        filter_initializer,
+        variable_dtype,
+        name or "conv3d_transpose",
     )
 
 
@@ -350,58 +445,3 @@ def separable_conv1d(
         ),
         name=f"{name}_pointwise_dense",
     )
-
-
-def _pool(x: Tensor, ksize: Sequence[int], reduce: Any, what: str) -> Tensor:
-    """Non-overlapping pooling of the ``len(ksize)`` dims before the last."""
-    ksize = [int(k) for k in ksize]
-    if all(k == 1 for k in ksize):
-        return x
-    if x.shape.ndims < len(ksize) + 1:
-        raise ShapeError(
-            f"{what}: {x.name} [{x.shape}] needs {len(ksize)} spatial dims and channels"
-        )
-    pooled = list(x.shape.dims[-1 - len(ksize) : -1])
-    for d, k in zip(pooled, ksize):
-        if k < 1 or d.size % k:
-            raise ShapeError(
-                f"{what}: window {k} does not divide dimension {d} of {x.name}"
-            )
-    # One pooled dim at a time: the rank grows by one at most (TensorFlow's
-    # CPU kernels stop at rank 8 or so).
-    for d, k in zip(pooled, ksize):
-        if k == 1:
-            continue
-        w = Dimension(f"_{d.name}_window", k)
-        x = replace_dimensions(x, d, [Dimension(d.name, d.size // k), w])
-        x = reduce(x, reduced_dim=w)
-    return x
-
-
-def max_pool2d(
-    x: Tensor, ksize: Sequence[int] = (2, 2), name: str = "max_pool2d"
-) -> Tensor:
-    """2-D max pooling of ``x [batch..., h, w, channels]`` with windows
-    ``ksize`` and the same strides (which must divide ``h`` and ``w``)."""
-    return _pool(x, ksize, red.reduce_max, name)
-
-
-def max_pool3d(
-    x: Tensor, ksize: Sequence[int] = (2, 2, 2), name: str = "max_pool3d"
-) -> Tensor:
-    """3-D max pooling of ``x [batch..., d, h, w, channels]``."""
-    return _pool(x, ksize, red.reduce_max, name)
-
-
-def avg_pool2d(
-    x: Tensor, ksize: Sequence[int] = (2, 2), name: str = "avg_pool2d"
-) -> Tensor:
-    """2-D average pooling of ``x [batch..., h, w, channels]``."""
-    return _pool(x, ksize, red.reduce_mean, name)
-
-
-def avg_pool3d(
-    x: Tensor, ksize: Sequence[int] = (2, 2, 2), name: str = "avg_pool3d"
-) -> Tensor:
-    """3-D average pooling of ``x [batch..., d, h, w, channels]``."""
-    return _pool(x, ksize, red.reduce_mean, name)

@@ -24,7 +24,7 @@ from mtf_core.comm import CollectiveSpec, allreduce_collectives
 from mtf_core.errors import LayoutError, ShapeError
 from mtf_core.graph import Operation, Tensor, check_same_dtype, check_same_mesh
 from mtf_core.lazy_sum import LazyAllreduceSum
-from mtf_core.shapes import Dimension, Shape
+from mtf_core.shapes import Dimension, Shape, convert_to_shape
 
 PADDINGS = ("SAME", "VALID")
 
@@ -199,9 +199,17 @@ class Conv2dBackpropInput(_ConvBase):
         self._add_output(x_shape, dy.dtype)
 
     def gradient(self, grad_ys: Sequence[Tensor | None]) -> list[Tensor | None]:
-        raise NotImplementedError(
-            f"second derivatives of {self._what} are not supported"
-        )
+        # out = conv^T(dy, f): linear in each input, so its gradients are a
+        # convolution of the upstream gradient and a filter gradient.
+        g = grad_ys[0]
+        if g is None:
+            return [None, None]
+        dy, f = self.inputs
+        conv, _, grad_filter = _FAMILIES[self.spatial]
+        return [
+            conv(g, f, self.strides, self.padding).outputs[0],
+            grad_filter(g, dy, f.shape, self.strides, self.padding).outputs[0],
+        ]
 
     def communication(self, ctx: Any) -> list[CollectiveSpec]:
         return self._pending(ctx, [self.cout.name])
@@ -254,9 +262,15 @@ class Conv2dBackpropFilter(_ConvBase):
         self._add_output(f_shape, x.dtype)
 
     def gradient(self, grad_ys: Sequence[Tensor | None]) -> list[Tensor | None]:
-        raise NotImplementedError(
-            f"second derivatives of {self._what} are not supported"
-        )
+        g = grad_ys[0]
+        if g is None:
+            return [None, None]
+        x, dy = self.inputs
+        conv, grad_input, _ = _FAMILIES[self.spatial]
+        return [
+            grad_input(dy, g, x.shape, self.strides, self.padding).outputs[0],
+            conv(x, g, self.strides, self.padding).outputs[0],
+        ]
 
     def communication(self, ctx: Any) -> list[CollectiveSpec]:
         return self._pending(ctx, [d.name for d in self.batch_dims])
@@ -315,6 +329,11 @@ _GRADIENTS: dict[type, tuple[Any, Any]] = {
     Conv2d: (Conv2dBackpropInput, Conv2dBackpropFilter),
     Conv3d: (Conv3dBackpropInput, Conv3dBackpropFilter),
 }
+#: By number of spatial dims: the convolution and its two gradient ops.
+_FAMILIES: dict[int, tuple[Any, Any, Any]] = {
+    2: (Conv2d, Conv2dBackpropInput, Conv2dBackpropFilter),
+    3: (Conv3d, Conv3dBackpropInput, Conv3dBackpropFilter),
+}
 
 
 def conv2d(
@@ -337,3 +356,39 @@ def conv3d(
 ) -> Tensor:
     """``tf.nn.conv3d`` over named dims (NDHWC, batch dims flattened)."""
     return Conv3d(x, filters, strides, padding, name).outputs[0]
+
+
+def conv_transpose(
+    x: Tensor,
+    filters: Tensor,
+    output_shape: Shape,
+    strides: Sequence[int],
+    padding: str = "SAME",
+    name: str | None = None,
+) -> Tensor:
+    """The transposed convolution (``tf.nn.conv2d_transpose`` /
+    ``conv3d_transpose``): ``x [batch..., spatial..., in_channels]`` with
+    ``filters [spatial..., out_channels, in_channels]`` gives
+    ``output_shape`` (whose convolution by ``filters`` has ``x``'s shape).
+    It is the input gradient op of that convolution, so its layout rules,
+    communication and gradients are that op's."""
+    n = len(list(strides))
+    if n not in _FAMILIES:
+        raise ShapeError(f"conv_transpose: strides {strides} must be 2 or 3 ints")
+    out = convert_to_shape(output_shape)
+    strides = [int(v) for v in strides]
+    f = filters.shape
+    expected = None
+    if len(out) > n and len(f) == n + 2 and padding in PADDINGS:
+        space = [
+            Dimension(d.name, conv_output_size(d.size, k.size, st, padding))
+            for d, k, st in zip(out.dims[-(n + 1) : -1], f.dims[:n], strides)
+        ]
+        expected = Shape([*out.dims[: -(n + 1)], *space, f.dims[n + 1]])
+    if expected != x.shape or f.dims[n] != out.dims[-1]:
+        raise ShapeError(
+            f"conv{n}d_transpose: output [{out}] convolved by filters [{f}] "
+            f"(strides {strides}, {padding}) does not give x's [{x.shape}]"
+        )
+    grad_input = _FAMILIES[n][1]
+    return grad_input(x, filters, out, strides, padding, name).outputs[0]
