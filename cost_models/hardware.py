@@ -343,10 +343,14 @@ class Calibration:
                 f"calibration: backend {self.backend!r} has no coefficients; "
                 f"calibrated backends are {[b for b, _ in canonical]}"
             )
+        # Looked up once per op and layout by the pricing: kept as a dict (not
+        # a field, so equality and hashing stay the coefficients').
+        object.__setattr__(self, "_rates", dict(dict(canonical)[self.backend]))
 
     @property
     def rates(self) -> Mapping[str, float]:
-        return _rates(self)
+        rates: Mapping[str, float] = self.__dict__["_rates"]
+        return rates
 
     def for_backend(self, backend: str) -> Calibration:
         return Calibration(backend, self.coefficients)
@@ -369,11 +373,6 @@ class Calibration:
                 "backend to a mapping from feature name to seconds per unit"
             )
         return cls(str(d["backend"]), tuple(coefs.items()))
-
-
-@functools.lru_cache(maxsize=64)
-def _rates(cal: Calibration) -> Mapping[str, float]:
-    return dict(dict(cal.coefficients)[cal.backend])
 
 
 @functools.lru_cache(maxsize=4096)
