@@ -173,14 +173,16 @@ def scan_json(raw: bytes) -> JsonShape:
     b = np.frombuffer(raw, dtype=np.uint8)
     if b.size == 0:
         return JsonShape(0, 0, 0)
-    # A quote is escaped when an odd number of backslashes precede it.
-    idx = np.arange(b.size, dtype=np.int64)
-    not_bs = np.where(b != _BACKSLASH, idx, -1)
-    last_not_bs = np.maximum.accumulate(not_bs)
     quotes = np.flatnonzero(b == _QUOTE)
-    before = quotes - 1
-    run = np.where(before >= 0, before - last_not_bs[np.maximum(before, 0)], 0)
-    real = quotes[run % 2 == 0]
+    if b"\\" in raw:
+        # A quote is escaped when an odd number of backslashes precede it.
+        idx = np.arange(b.size, dtype=np.int64)
+        last_not_bs = np.maximum.accumulate(np.where(b != _BACKSLASH, idx, -1))
+        before = quotes - 1
+        run = np.where(before >= 0, before - last_not_bs[np.maximum(before, 0)], 0)
+        real = quotes[run % 2 == 0]
+    else:  # the usual body: no escapes at all
+        real = quotes
     # Real quotes alternate: opening, closing, ...; bytes from an opening
     # quote up to its closing one are inside a string.
     toggles = np.zeros(b.size, dtype=np.uint8)
