@@ -86,6 +86,14 @@ class Mesh:
         self.variable_placer = variable_placer
         graph.meshes.append(self)
 
+    def variable_created(self, var: Any) -> None:
+        """Called by each new variable on this mesh: a placer that makes
+        master variables (``mtf.utils.BalancedVariablePlacer`` in TF1 graph
+        mode) makes this one's now, as Mesh TF's ``get_variable`` does."""
+        make = getattr(self.variable_placer, "make_master", None)
+        if make is not None:
+            make(var)
+
     @property
     def variable_placer_fn(self) -> Any:
         """The placer's TF device function, or ``"cpu:0"`` without a placer."""

@@ -170,3 +170,19 @@ def test_compile_function_in_graph_mode_returns_tensors_for_a_session():
             sess.run(tf.compat.v1.global_variables_initializer())
             # Each run reads w, then doubles it.
             assert [float(sess.run(outs)[0]) for _ in range(3)] == [4.0, 8.0, 16.0]
+
+
+def test_a_balanced_placer_makes_masters_in_get_variable_and_lowering_reuses_them():
+    placer = mtf.utils.BalancedVariablePlacer(["/cpu:0", "/cpu:1"], [100, 0])
+    with tf.Graph().as_default() as g:
+        graph = mtf.Graph()
+        mesh = mtf.Mesh(graph, "m", placer)
+        for i in range(3):
+            mtf.get_variable(mesh, f"w{i}", "a:4,b:5")  # 80 bytes each
+        devices = [g.get_operation_by_name(f"w{i}").device for i in range(3)]
+        # cpu:1 starts empty; then 80 < 100 keeps it there; then cpu:0.
+        assert [d[-5:] for d in devices] == ["cpu:1", "cpu:1", "cpu:0"]
+        impl = mtf.PlacementMeshImpl("all:1", "", ["/cpu:0"])
+        lowering = mtf.Lowering(graph, {mesh: impl})
+        masters = list(lowering.variables.masters)
+        assert [m.name for m in masters] == ["w0:0", "w1:0", "w2:0"]

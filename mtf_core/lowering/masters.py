@@ -28,6 +28,33 @@ def _device(var: Any) -> Any:
     return placer.device_function
 
 
+def make_master(var: Any, device: Any, value: Any = None) -> tf.Variable:
+    """``var``'s master in the default graph (remembered on ``var``), from
+    ``value`` or, if None, from the variable's initializer."""
+    if value is None:
+        init = var.initializer
+        if init is None:
+            from mtf_core.lowering.variables import default_initializer
+
+            init = default_initializer(var.name)
+        value = init(var.shape.to_integer_list(), tf.as_dtype(var.master_dtype))
+    with outside_all_rewrites(), tf.compat.v1.device(device):
+        master = tf.Variable(
+            tf.cast(value, var.master_dtype), name=var.name, trainable=var.trainable
+        )
+    var.tf_master = master
+    return master
+
+
+def _early_master(var: Any) -> Any:
+    """A master made by the placer when ``var`` was created, if it belongs to
+    the current TF graph."""
+    master = getattr(var, "tf_master", None)
+    if master is not None and master.graph is tf.compat.v1.get_default_graph():
+        return master
+    return None
+
+
 class MasterVariables:
     """The master ``tf.Variable`` of each mtf variable of a VariableStore.
 
@@ -43,12 +70,9 @@ class MasterVariables:
             self._make(var, value)
 
     def _make(self, var: Any, value: Any) -> tf.Variable:
-        with outside_all_rewrites(), tf.compat.v1.device(_device(var)):
-            master = tf.Variable(
-                tf.cast(value, var.master_dtype),
-                name=var.name,
-                trainable=var.trainable,
-            )
+        master = None if tf.executing_eagerly() else _early_master(var)
+        if master is None:
+            master = make_master(var, _device(var), value)
         self._masters[var] = master
         return master
 

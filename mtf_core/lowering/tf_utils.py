@@ -51,6 +51,16 @@ class BalancedVariablePlacer:
         heapq.heapify(self._heap)
         self._last_device = devices[0]
 
+    def make_master(self, var: Any) -> None:
+        """In TF1 graph mode, ``var``'s master variable, made now in the
+        default graph on the device this placer picks (Mesh TF makes it in
+        ``get_variable``); the lowering then uses it.  Eagerly: nothing."""
+        if tf.executing_eagerly():
+            return
+        from mtf_core.lowering.masters import make_master
+
+        make_master(var, self.device_function)
+
     def device_function(self, op: Any) -> str:
         """The device for TF op ``op`` (a ``tf.Operation`` or NodeDef)."""
         if op.type not in _VARIABLE_OP_TYPES:

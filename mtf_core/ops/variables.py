@@ -50,6 +50,7 @@ class Variable(Operation):
         mesh.graph.all_variables.append(self)
         if trainable:
             mesh.graph.trainable_variables.append(self)
+        mesh.variable_created(self)
 
     @property
     def master_dtype(self) -> str:
