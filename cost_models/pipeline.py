@@ -2,10 +2,9 @@
 
 A pipeline of ``p`` stages holds ``L/p`` consecutive layers on each position of
 the pipeline axis and cuts the batch into ``m`` micro-batches.  One stage is
-planned and priced as an ordinary graph (its layers, at the batch of the
-micro-batches it holds at once, on the mesh without the pipeline axis); this
-module turns that stage's :class:`~cost_models.costs.Cost` into the pipelined
-step:
+planned and priced as an ordinary graph (its layers, at the batch of one
+micro-batch, on the mesh without the pipeline axis); this module turns that
+stage's :class:`~cost_models.costs.Cost` into the pipelined step:
 
 * :func:`split_step` cuts the stage's evaluation into the work done per
   micro-batch (forward and backward ops and their collectives) and the work
@@ -13,15 +12,18 @@ step:
   reduce-scatters and the allreduces the optimizer forces: gradients are
   accumulated over the micro-batches and synchronised once).  The two parts
   add up to ``evaluate``'s time exactly;
-* :func:`pipeline_cost`: with ``k`` micro-batches in the stage graph (the
-  most a stage holds: ``m`` for GPipe, ``min(p, m)`` for 1F1B),
+* :func:`pipeline_cost`:
 
   ``step = (m + p - 1) * (t_mb + 2 * t_send) + t_once``,
   ``bubble = (p - 1) * (t_mb + 2 * t_send)``,
+  ``peak = stage peak + (k - 1) * activations at the stage's peak``,
 
-  ``t_mb`` the per-micro-batch part over ``k``, ``t_send`` one stage-to-stage
-  send (a shift over the pipeline axis of the activation slice each device
-  holds at a stage boundary; the backward pass sends its gradient back).
+  ``t_mb`` the per-micro-batch part, ``t_send`` one stage-to-stage send (a
+  shift over the pipeline axis of the activation slice each device holds at
+  a stage boundary; the backward pass sends its gradient back), ``k`` the
+  micro-batches a stage holds at once (``m`` for GPipe, ``min(p, m)`` for
+  1F1B): each of the ``k - 1`` others holds at most what the one at the peak
+  holds (an overestimate by its working set).
 
 What this ignores: overlap of sends with compute, the first and last stages'
 extra work (the stage graph is the worst stage: it holds the embedding and the
@@ -146,21 +148,23 @@ def pipeline_cost(
     spec: PipelineSpec,
     split: StepSplit,
     stage_peak_bytes: int,
+    activation_peak_bytes: int,
     capacity_bytes: int,
     boundary_bytes: int,
     send_link_axis: Sequence[str],
     mesh_shape: object,
     hw: HardwareProfile,
 ) -> PipelineCost:
-    """The pipelined step from one stage's split step (evaluated holding
-    ``spec.in_flight`` micro-batches, whose peak is ``stage_peak_bytes``).
+    """The pipelined step from one stage's split step, evaluated for one
+    micro-batch (peak ``stage_peak_bytes``, of which
+    ``activation_peak_bytes`` activations).
 
     ``boundary_bytes``: per device, the activation slice crossing a stage
     boundary for one micro-batch; it goes over the pipeline axis
     ``send_link_axis`` of ``mesh_shape`` (the full mesh) as a shift.
     """
     k = spec.in_flight
-    t_mb = split.per_batch_s / k
+    t_mb = split.per_batch_s
     if spec.stages > 1:
         link = hw.slowest_link(tuple(send_link_axis), mesh_shape)
         t_send = shift_time_s(boundary_bytes, link)
@@ -175,6 +179,6 @@ def pipeline_cost(
         send_s=t_send,
         bubble_s=(spec.stages - 1) * per,
         once_s=split.once_s,
-        peak_memory_bytes=int(stage_peak_bytes),
+        peak_memory_bytes=int(stage_peak_bytes + (k - 1) * activation_peak_bytes),
         memory_capacity_bytes=int(capacity_bytes),
     )

@@ -11,8 +11,11 @@ devices of ``hardware``:
   the fewest bubbles for 1F1B) and the schedule;
 * recomputation per block class (keep all / attention scores / whole blocks);
 * the layout rules of a stage: one :func:`layout_planner.auto_layout` per
-  (mesh, recomputation) trial, on the stage's graph (its ``L/pp`` layers, the
-  micro-batches it holds at once), under the device memory.
+  (mesh, recomputation) trial, on the stage's graph (its ``L/pp`` layers at
+  one micro-batch), under the device memory; the other micro-batches a stage
+  holds at once are priced afterwards (``cost_models.pipeline``), and when
+  they break the capacity the stage is planned once more leaving room for
+  them.
 
 How the choices are made: recomputation, pipeline and mesh are enumerated
 (each trial a separate, exact CP-SAT solve of the stage's layout, priced by
@@ -361,51 +364,62 @@ def _trial(
 ) -> tuple[ScaleTrial, ScalePlan | None]:
     """Plans one trial's stage graph (or prices the given ``rules``) and
     prices its pipeline."""
-    held = spec.in_flight * cfg.batch // spec.micro_batches
     stage_cfg = cfg.replace(
         num_layers=cfg.num_layers // spec.stages,
-        batch=held,
+        batch=cfg.batch // spec.micro_batches,  # one micro-batch
         recompute_attention=choice.recompute_attention,
         recompute_ffn=choice.recompute_ffn,
     )
     model = builder(stage_cfg, optimizer=optimizer)
-    plan = auto_layout(
-        model.graph,
-        choice.stage_mesh,
-        [model.loss],
-        hw,
-        top_k=1,
-        time_limit_s=time_limit_s,
-    )
-    if rules is not None:  # a given layout, priced by the same model
-        from cost_models.costs import evaluate
-        from mtf_core.layout import convert_to_layout_rules
-
-        given = convert_to_layout_rules(rules)
-        cost = evaluate(model.graph, choice.stage_mesh, given, hw, [model.loss])
-        plan = dataclasses.replace(plan, layout_rules=given, evaluation=cost)
-    rules = str(plan.layout_rules)
-    if plan.evaluation is None:
-        return ScaleTrial(choice, None, None, False, rules, "not verified"), None
-    cost = plan.evaluation
-    ctx = LayoutContext.make(choice.stage_mesh, plan.layout_rules)
     first_update = next(
         i for i, op in enumerate(model.graph.operations) if op.name == "global_step"
     )
-    split = split_step(model.graph, cost, ctx, hw, first_update)
-    # The stage holds in_flight micro-batches: one boundary is that share.
-    held_bytes = ctx.slice_bytes(_boundary_shape(stage_cfg), cfg.activation_dtype)
-    boundary = held_bytes // spec.in_flight
-    priced = pipeline_cost(
-        spec,
-        split,
-        cost.peak_memory_bytes,
-        hw.memory_bytes,
-        boundary,
-        ("pp",),
-        choice.full_mesh,
-        hw,
-    )
+    k = spec.in_flight
+    limit = hw.memory_bytes
+    for _attempt in range(2):
+        plan = auto_layout(
+            model.graph,
+            choice.stage_mesh,
+            [model.loss],
+            hw,
+            memory_limit=limit,
+            top_k=1,
+            time_limit_s=time_limit_s,
+        )
+        if rules is not None:  # a given layout, priced by the same model
+            from cost_models.costs import evaluate
+            from mtf_core.layout import convert_to_layout_rules
+
+            given = convert_to_layout_rules(rules)
+            cost = evaluate(model.graph, choice.stage_mesh, given, hw, [model.loss])
+            plan = dataclasses.replace(plan, layout_rules=given, evaluation=cost)
+        if plan.evaluation is None:
+            note = "not verified"
+            return ScaleTrial(
+                choice, None, None, False, str(plan.layout_rules), note
+            ), None
+        cost = plan.evaluation
+        ctx = LayoutContext.make(choice.stage_mesh, plan.layout_rules)
+        split = split_step(model.graph, cost, ctx, hw, first_update)
+        boundary = ctx.slice_bytes(_boundary_shape(stage_cfg), cfg.activation_dtype)
+        priced = pipeline_cost(
+            spec,
+            split,
+            cost.peak_memory_bytes,
+            cost.activation_peak_bytes,
+            hw.memory_bytes,
+            boundary,
+            ("pp",),
+            choice.full_mesh,
+            hw,
+        )
+        # The CP-SAT program sees one micro-batch; the k - 1 others in flight
+        # are priced afterwards.  If they break the capacity, plan once more
+        # leaving room for them (as much as this layout's held).
+        room = hw.memory_bytes - (k - 1) * cost.activation_peak_bytes
+        if priced.fits or rules is not None or k == 1 or room <= 0 or room >= limit:
+            break
+        limit = room
     sharded = tuple(
         sorted(
             d.removeprefix("d_model_stored_")
@@ -426,7 +440,11 @@ def _trial(
         sharded_classes=sharded,
     )
     trial = ScaleTrial(
-        choice, priced.step_time_s, priced.peak_memory_bytes, priced.fits, rules
+        choice,
+        priced.step_time_s,
+        priced.peak_memory_bytes,
+        priced.fits,
+        str(plan.layout_rules),
     )
     return trial, scale
 
@@ -465,8 +483,8 @@ def price_layout(
 
 
 def _boundary_shape(cfg: TransformerConfig) -> Any:
-    """The activations crossing a stage boundary for the micro-batches a
-    stage holds (``cfg.batch`` is their batch)."""
+    """The activation crossing a stage boundary for one micro-batch
+    (``cfg.batch``)."""
     from mtf_core.shapes import Shape
 
     return Shape([cfg.batch_dim, cfg.length_dim, cfg.model_dim])

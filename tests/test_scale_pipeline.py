@@ -56,12 +56,14 @@ def test_split_step_adds_up_to_evaluate_and_one_stage_is_the_plain_step() -> Non
         PipelineSpec(1, 1),
         split,
         cost.peak_memory_bytes,
+        cost.activation_peak_bytes,
         HW.memory_bytes,
         1024,
         ("pp",),
         "pp:1;dp:4;tp:2",
         HW,
     )
+    assert one.peak_memory_bytes == cost.peak_memory_bytes
     assert one.step_time_s == pytest.approx(cost.time_s, rel=1e-12)
     assert one.bubble_s == 0.0 and one.send_s == 0.0
 
@@ -71,11 +73,15 @@ def test_pipelined_step_is_m_plus_p_minus_1_slots_and_sends_over_the_axis() -> N
     spec = PipelineSpec(4, 8, "1f1b")
     assert spec.in_flight == 4 and PipelineSpec(4, 8, "gpipe").in_flight == 8
     mesh = "pp:4;dp:4;tp:2"  # pp's groups span hosts of 8: InfiniBand
-    p = pipeline_cost(spec, split, cost.peak_memory_bytes, HW.memory_bytes,
-                      4096, ("pp",), mesh, HW)  # fmt: skip
+    p = pipeline_cost(spec, split, cost.peak_memory_bytes, cost.activation_peak_bytes,
+                      HW.memory_bytes, 4096, ("pp",), mesh, HW)  # fmt: skip
     send = shift_time_s(4096, HW.link_for_axis("pp", mesh))
     assert HW.link_for_axis("pp", mesh) == HW.inter_host_link
-    slot = split.per_batch_s / 4 + 2 * send
+    slot = split.per_batch_s + 2 * send
+    # 1F1B holds 4 micro-batches: three more micro-batches' activations.
+    assert (
+        p.peak_memory_bytes == cost.peak_memory_bytes + 3 * cost.activation_peak_bytes
+    )
     assert p.send_s == send
     assert p.step_time_s == pytest.approx((8 + 4 - 1) * slot + split.once_s)
     assert p.bubble_s == pytest.approx(3 * slot)
