@@ -12,10 +12,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag
 
+from api.store.base import JobStatus
 from cost_models.hardware import PRESETS
 from layout_planner.options import DEFAULT_TIME_LIMIT_S
-
-JobStatus = Literal["queued", "running", "done", "failed", "cancelled"]
 
 #: What each number of a request may be: (smallest, largest).  Wide enough for
 #: any real machine and model, narrow enough that the cost model's seconds

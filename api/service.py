@@ -40,6 +40,7 @@ from api.planning import (
 from api.schemas import EvaluateRequest, PlanRequest
 from api.settings import Settings
 from api.store import JobRecord, PlanRecord, Store, StoreUnavailable
+from api.store.base import JobStatus
 from api.workers import (
     QueueFull,
     TaskCancelled,
@@ -304,11 +305,11 @@ class PlannerService:
             with self._watch_lock:
                 self._watched.pop(job_id, None)
             record = None
-            if job is not None and job.status == "done" and job.plan_id:
+            if job is not None and job.status == JobStatus.DONE and job.plan_id:
                 record = self.store.get_plan(job.plan_id)
             if record is not None:
                 fut.set_result(record)
-            elif job is not None and job.status == "cancelled":
+            elif job is not None and job.status == JobStatus.CANCELLED:
                 fut.set_exception(TaskCancelled(job.error or "cancelled"))
             else:
                 why = job.error if job is not None else "the job disappeared"
@@ -393,7 +394,7 @@ class PlannerService:
             if record is not None:
                 self.store.update_job(
                     job.id,
-                    status="done",
+                    status=JobStatus.DONE,
                     phase="done (cached)",
                     progress=1.0,
                     plan_id=record.id,
@@ -413,7 +414,7 @@ class PlannerService:
                 )
             except QueueFull as e:
                 self.store.update_job(
-                    job.id, status="failed", phase="failed", error=str(e)
+                    job.id, status=JobStatus.FAILED, phase="failed", error=str(e)
                 )
                 raise
             self._inflight[spec.request_hash] = job.id
@@ -426,7 +427,7 @@ class PlannerService:
         return JobRecord(
             id=uuid.uuid4().hex[:16],
             request_hash=spec.request_hash,
-            status="queued",
+            status=JobStatus.QUEUED,
             phase="queued",
             progress=0.0,
             created_at=now,
@@ -446,7 +447,7 @@ class PlannerService:
     def _started(self, job_id: str) -> None:
         with self._lock:
             self._running.add(job_id)
-        self._progress(job_id, "starting", 0.05, status="running")
+        self._progress(job_id, "starting", 0.05, status=JobStatus.RUNNING)
 
     def _progress(
         self, job_id: str, phase: str, fraction: float, status: str | None = None
@@ -472,11 +473,11 @@ class PlannerService:
             try:
                 result = fut.result()
             except TaskCancelled as e:
-                self._close_job(job.id, spec, "cancelled", str(e))
+                self._close_job(job.id, spec, JobStatus.CANCELLED, str(e))
                 done.set_exception(e)
                 return
             except (TaskInvalid, TaskFailed) as e:
-                self._close_job(job.id, spec, "failed", str(e))
+                self._close_job(job.id, spec, JobStatus.FAILED, str(e))
                 done.set_exception(e)
                 return
             self.metrics.solve.observe(result["solve_time_s"])
@@ -491,7 +492,7 @@ class PlannerService:
                     plan_json=json.dumps(plan, separators=(",", ":"), allow_nan=False),
                 )
             )
-            self._close_job(job.id, spec, "done", None, plan_id=record.id)
+            self._close_job(job.id, spec, JobStatus.DONE, None, plan_id=record.id)
             done.set_result(record)
         except Exception:  # storing failed: report it, never lose the waiter
             error_id = uuid.uuid4().hex[:12]
@@ -499,7 +500,7 @@ class PlannerService:
             if not done.done():
                 why = f"storing the plan failed (error id {error_id}); submit it again"
                 try:
-                    self._close_job(job.id, spec, "failed", why)
+                    self._close_job(job.id, spec, JobStatus.FAILED, why)
                 finally:
                     done.set_exception(TaskFailed(why))
 
@@ -522,7 +523,7 @@ class PlannerService:
             job_id,
             status=status,
             phase=status,
-            progress=1.0 if status == "done" else 0.0,
+            progress=1.0 if status == JobStatus.DONE else 0.0,
             error=error,
             plan_id=plan_id,
         )

@@ -36,6 +36,7 @@ from api.service import (
     plan_header,
 )
 from api.store import JobRecord, PlanRecord
+from api.store.base import JobStatus
 from cost_models.hardware import PRESETS
 from layout_planner.plan import fmt_bytes, fmt_s
 from mtf_core.errors import MtfError
@@ -351,7 +352,7 @@ async def try_other(
 def _elapsed(job: JobRecord) -> float:
     """Seconds since the job was made; a finished job's run stops at its last
     update."""
-    end = job.updated_at if job.status not in ("queued", "running") else time.time()
+    end = job.updated_at if job.finished else time.time()
     return max(0.0, end - job.created_at)
 
 
@@ -362,7 +363,7 @@ def _job_page(
     message: str = "",
     status: int = 200,
 ) -> Response:
-    finished = job.status not in ("queued", "running")
+    finished = job.finished
     return _page(
         request,
         "job.html",
@@ -387,7 +388,7 @@ def job_page(job_id: str, request: Request, service: ServiceDep) -> Response:
     job = service.store.get_job(job_id)
     if job is None:
         return _not_found(request, "job", job_id)
-    if job.status == "done" and job.plan_id:
+    if job.status == JobStatus.DONE and job.plan_id:
         return RedirectResponse(f"/plans/{job.plan_id}", status_code=303)
     return _job_page(request, service, job)
 

@@ -14,6 +14,7 @@ from api.routes import error_responses
 from api.schemas import JobList, JobOut, PlanRequest
 from api.service import JobFinished, PlannerService, QueueFull, job_dict
 from api.store import JobRecord
+from api.store.base import JobStatus
 
 router = APIRouter(prefix="/v1", tags=["jobs"])
 
@@ -29,7 +30,7 @@ def _create(service: PlannerService, body: PlanRequest) -> JobRecord:
     job = JobRecord(
         id=f"c{spec.request_hash[:7]}{int(now * 1e6) % 10**8:08d}",
         request_hash=spec.request_hash,
-        status="done",
+        status=JobStatus.DONE,
         phase="done (cached)",
         progress=1.0,
         created_at=now,

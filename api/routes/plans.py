@@ -13,6 +13,7 @@ from api.errors import error_response, opaque_error
 from api.routes import error_responses
 from api.schemas import JobOut, PlanList, PlanOut, PlanRequest
 from api.service import QueueFull, job_dict, plan_body, plan_header
+from api.store.base import JobStatus
 from api.workers import TaskCancelled, TaskInvalid
 
 router = APIRouter(prefix="/v1", tags=["plans"])
@@ -89,7 +90,7 @@ async def create_plan(raw: JsonBody, service: ServiceDep) -> Response:
             return Response(plan_body(record, cached=False), media_type=JSON)
     latest = await run_in_threadpool(service.store.get_job, job.id)
     assert latest is not None
-    if latest.status == "done" and latest.plan_id is not None:
+    if latest.status == JobStatus.DONE and latest.plan_id is not None:
         # Joined an identical request's job that finished meanwhile.
         done_record = await run_in_threadpool(service.store.get_plan, latest.plan_id)
         if done_record is not None:

@@ -20,10 +20,23 @@ from __future__ import annotations
 import abc
 import json
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
+
+class JobStatus(StrEnum):
+    """Where a job is.  A ``StrEnum``: the store keeps the strings, and rows
+    read back compare equal to the members."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
 #: Jobs in these states have not finished.
-UNFINISHED = ("queued", "running")
+UNFINISHED = (JobStatus.QUEUED, JobStatus.RUNNING)
 
 
 class StoreUnavailable(Exception):
@@ -62,7 +75,7 @@ class JobRecord:
 
     id: str
     request_hash: str
-    status: str
+    status: str  # a JobStatus (canonicalized)
     phase: str
     progress: float
     created_at: float
@@ -71,6 +84,9 @@ class JobRecord:
     request: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
     plan_id: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", JobStatus(self.status))
 
     @property
     def finished(self) -> bool:

@@ -23,6 +23,7 @@ from typing import Any
 from api.store.base import (
     UNFINISHED,
     JobRecord,
+    JobStatus,
     MeasurementRecord,
     PlanRecord,
     Store,
@@ -474,7 +475,11 @@ class SqlStore(Store):
 
     def cancel_job(self, job_id: str, message: str) -> bool:
         return self.update_job(
-            job_id, status="cancelled", phase="cancelled", progress=0.0, error=message
+            job_id,
+            status=JobStatus.CANCELLED,
+            phase="cancelled",
+            progress=0.0,
+            error=message,
         )
 
     def schema_version(self) -> int:
