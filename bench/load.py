@@ -452,11 +452,11 @@ def main(argv: list[str] | None = None) -> int:
     server_p50 = histogram_pct(before, after, 50)
     server_p99 = histogram_pct(before, after, 99)
     server_line = (
-        f"Server side (the services' own histogram of POST /v1/plans, cached and "
-        f"solved requests together; bucket upper bounds): "
+        f"Server side (the services' own histogram of the /v1/plans route: POSTs, "
+        f"cached and solved together, and GET lists; bucket upper bounds): "
         f"p50 <= {server_p50 * 1e3:g} ms, p99 <= {server_p99 * 1e3:g} ms."
         if server_p50 != float("inf")
-        else "No POST /v1/plans in this run."
+        else "No request to the /v1/plans route in this run."
     )
     table = markdown_table(
         ["requests", "count", "p50 ms", "p99 ms", "max ms", "req/s"], rows
@@ -482,9 +482,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.pool_size} database connections each) on one PostgreSQL "
             "server"
             if args.postgres
-            else f"one server (`mtf-planner serve`, one uvicorn process, "
+            else f"One server (`mtf-planner serve`, one uvicorn process, "
             f"{args.workers} solve worker) on SQLite"
         )
+        cached_share = 1 - args.other_bytes_share - args.get_share - args.list_share
         body = f"""Command: `{command_line()}`
 
 Machine: {machine_summary()}.  {store}, and the load generator (one asyncio
@@ -494,12 +495,14 @@ round-robin over the replicas) share the machine, on 127.0.0.1.
 {args.clients} clients for {args.duration:g} s; each pauses {args.think_ms:g} ms on
 average (uniform 0.5x-1.5x) between requests.  Plan requests carry a whole graph
 (an MLP, {len(cached[0]["graph"]["operations"])} ops, about
-{len(json.dumps(cached[0])) // 1024} KiB of JSON): {len(cached)} distinct requests planned
-beforehand (cache hits; {args.other_bytes_share:.0%} of them in bytes never sent
-before), {args.get_share:.0%} GET /v1/plans/{{id}}, {args.list_share:.0%} GET /v1/plans
-(a list read from the database each time), and distinct new requests at
-{args.new_per_s:g}/s (each a real solve in a worker).  Errors (any non-200 answer or
-transport error): **{len(stats.errors)}**.
+{len(json.dumps(cached[0])) // 1024} KiB of JSON) and ask for one of {len(cached)} requests
+planned beforehand: {max(cached_share, 0):.0%} of all requests in the bytes that
+planned them, {args.other_bytes_share:.0%} in bytes never sent before (keys
+reordered, the mesh as an object, defaults spelled out).  The rest:
+{args.get_share:.0%} GET /v1/plans/{{id}}, {args.list_share:.0%} GET /v1/plans?limit=10 (a
+database read each time), and new requests at {args.new_per_s:g}/s (each a real
+solve in a worker).  Errors (any non-200 answer or transport error):
+**{len(stats.errors)}**.
 
 {table}
 
