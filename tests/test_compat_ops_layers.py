@@ -531,3 +531,44 @@ def test_conv3d_transpose_matches_tensorflow(devices):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     with pytest.raises(mtf.ShapeError, match="does not give x's"):
         mtf.ops.conv.conv_transpose(x, y, "batch:8,d:4,h:4,w:4,hidden:4", (2, 2, 2))
+
+
+def test_an_initializer_provider_supplies_mesh_tensorflows_defaults():
+    asked = []
+
+    def provider(distribution, stddev):
+        asked.append((distribution, round(stddev, 6)))
+        return lambda shape, dtype=None: np.full(shape, stddev, np.float32)
+
+    graph, mesh = _graph()
+    x = mtf.zeros(mesh, "batch:2,d:16")
+    layers.set_initializer_provider(provider)
+    try:
+        layers.dense(x, "h:4", reduced_dims=["d"], name="k")
+        layers.dense(
+            x,
+            "h:4",
+            reduced_dims=["d"],
+            name="v",
+            kernel_initializer=layers.VarianceScalingInitializer(mode="fan_out"),
+        )
+        layers.embedding_weights(mesh, "vocab:8", "d:16", name="emb")
+        layers.embedding_weights(
+            mesh,
+            "vocab:8",
+            "d:16",
+            name="own",
+            initializer=lambda s, d=None: np.zeros(s),
+        )
+    finally:
+        layers.set_initializer_provider(None)
+    assert asked == [
+        ("truncated_normal", 0.25),
+        ("truncated_normal", 0.5),
+        ("normal", 1.0),
+    ]
+    by_name = {v.name: v for v in graph.all_variables}
+    np.testing.assert_array_equal(by_name["k_kernel"].initializer((2,)), [0.25, 0.25])
+    # without a provider, mtf_core's NumPy draws seeded by name come back
+    layers.dense(x, "h:4", reduced_dims=["d"], name="after")
+    assert len(asked) == 3

@@ -56,6 +56,7 @@ from mtf_core.layers.initializers import (
     RandomInitializer,
     VarianceScalingInitializer,
     normal_initializer,
+    set_initializer_provider,
 )
 from mtf_core.layers.losses import (
     sigmoid_cross_entropy_with_logits,
@@ -114,6 +115,7 @@ __all__ = [
     "normal_initializer",
     "rename_length_to_memory_length",
     "rms_norm",
+    "set_initializer_provider",
     "separable_conv1d",
     "sigmoid_cross_entropy_with_logits",
     "softmax_cross_entropy_with_logits",

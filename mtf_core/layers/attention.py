@@ -19,7 +19,11 @@ from mtf_core import dtypes
 from mtf_core.errors import ShapeError
 from mtf_core.graph import Mesh, Tensor
 from mtf_core.layers.embedding import dropout
-from mtf_core.layers.initializers import RandomInitializer, normal_initializer
+from mtf_core.layers.initializers import (
+    RandomInitializer,
+    named_initializer,
+    normal_initializer,
+)
 from mtf_core.ops import elementwise as ew
 from mtf_core.ops import reduce as red
 from mtf_core.ops.arguments import sized_dim
@@ -203,7 +207,7 @@ def multihead_attention_params(
         w = get_variable(mesh, f"{name}_{part}", shape, vd)
         op = as_variable(w)
         # Seeded by the variable's final (unique) name.
-        op.initializer = RandomInitializer("normal", stddev).named(op.name)
+        op.initializer = named_initializer(RandomInitializer("normal", stddev), op.name)
         out.append(w)
     return out
 

@@ -22,6 +22,7 @@ from mtf_core.layers.initializers import (
     DenseInitializer,
     named_initializer,
     normal_initializer,
+    provided_or,
     zeros_initializer,
 )
 from mtf_core.ops import elementwise as ew
@@ -93,7 +94,11 @@ def get_dense_kernel_weights(
         fan_in = (
             1 if unit_scaling_convention() else math.prod(d.size for d in reduced_dims)
         )
-        init = normal_initializer(max(1, fan_in) ** -0.5, kname)
+        stddev = max(1, fan_in) ** -0.5
+        # Mesh TF's default is VarianceScalingInitializer(): a truncated normal
+        init = provided_or(
+            "truncated_normal", stddev, normal_initializer(stddev, kname)
+        )
     shape = Shape([*expert_dims, *reduced_dims, *new_dims])
     w = get_variable(
         x.mesh, kname, shape, vd, initializer=named_initializer(init, kname)

@@ -8,7 +8,11 @@ from mtf_core import dtypes
 from mtf_core.errors import ConfigError
 from mtf_core.graph import Mesh, Tensor
 from mtf_core.layers._dims import dims
-from mtf_core.layers.initializers import named_initializer, normal_initializer
+from mtf_core.layers.initializers import (
+    named_initializer,
+    normal_initializer,
+    provided_or,
+)
 from mtf_core.ops.arguments import sized_dim
 from mtf_core.ops.indexing import gather
 from mtf_core.ops.random import dropout as random_dropout
@@ -37,7 +41,11 @@ def embedding_weights(
     vd = dtypes.as_variable_dtype(
         variable_dtype if variable_dtype is not None else (dtype or "float32")
     )
-    init = normal_initializer(stddev, name) if initializer is None else initializer
+    init = (
+        provided_or("normal", stddev, normal_initializer(stddev, name))
+        if initializer is None
+        else initializer
+    )
     shape = Shape([*dims(ensemble_dim), v, d])
     return get_variable(
         mesh, name, shape, vd, initializer=named_initializer(init, name)

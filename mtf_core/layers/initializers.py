@@ -98,8 +98,42 @@ class RandomInitializer:
 
 
 def named_initializer(init: Any, seed_name: str) -> Any:
-    """``init`` seeded by ``seed_name`` when it is one of ours."""
-    return init.named(seed_name) if isinstance(init, RandomInitializer) else init
+    """``init`` seeded by ``seed_name`` when it is one of ours (or what the
+    installed provider gives for its distribution, see
+    :func:`set_initializer_provider`)."""
+    if not isinstance(init, RandomInitializer):
+        return init
+    if _PROVIDER:
+        given = _PROVIDER[0](init.distribution, init.stddev)
+        if given is not None:
+            return given
+    return init.named(seed_name)
+
+
+_PROVIDER: list[Callable[[str, float], Any]] = []
+
+
+def provided_or(distribution: str, stddev: float, fallback: Any) -> Any:
+    """What the installed provider gives for ``distribution`` and ``stddev``
+    (Mesh TensorFlow's own default for the variable), else ``fallback``."""
+    if _PROVIDER:
+        given = _PROVIDER[0](distribution, stddev)
+        if given is not None:
+            return given
+    return fallback
+
+
+def set_initializer_provider(provider: Callable[[str, float], Any] | None) -> None:
+    """Installs ``provider(distribution, stddev) -> initializer or None``,
+    asked when a layer creates a variable with one of the random
+    initializers here (``"normal"``, ``"truncated_normal"``, ``"uniform"``):
+    a Mesh TensorFlow compatibility layer returns TensorFlow's initializers
+    (``tf.random_normal_initializer(stddev=...)``), as Mesh TensorFlow's
+    layers create.  None (the default) keeps the NumPy draws seeded by the
+    variable's name, which give every compilation the same weights."""
+    _PROVIDER.clear()
+    if provider is not None:
+        _PROVIDER.append(provider)
 
 
 class DenseInitializer:

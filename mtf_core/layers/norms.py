@@ -12,6 +12,7 @@ from mtf_core.graph import Tensor
 from mtf_core.layers._dims import dim_in
 from mtf_core.layers.initializers import (
     RandomInitializer,
+    named_initializer,
     ones_initializer,
     zeros_initializer,
 )
@@ -102,7 +103,7 @@ def batch_norm(
     bias = var("bias", zeros_initializer())
     moving_mean = var(
         "moving_mean",
-        RandomInitializer("normal", 1.0).named(f"{name}_moving_mean"),
+        named_initializer(RandomInitializer("normal", 1.0), f"{name}_moving_mean"),
         trainable=False,
     )
     moving_var = var("moving_variance", ones_initializer(), trainable=False)
