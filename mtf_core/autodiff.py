@@ -14,6 +14,7 @@ from mtf_core.graph import Operation, Tensor
 from mtf_core.ops import elementwise as ew
 from mtf_core.ops.creation import ones, zeros_like
 from mtf_core.ops.variables import Variable
+from mtf_core.seams import LoweringContext
 
 
 def _as_tensor(x: Any) -> Tensor:
@@ -82,7 +83,8 @@ def _sum(gs: list[Tensor] | None) -> Tensor | None:
         return None
     if len(gs) == 1:
         return gs[0]
-    return ew.add_n(gs)
+    total: Tensor = ew.add_n(gs)
+    return total
 
 
 class CustomGradientOp(Operation):
@@ -117,7 +119,7 @@ class CustomGradientOp(Operation):
         gxs = list(self.grad_fn(ins, outs, gys))
         return gxs + [None] * len(outs)
 
-    def lower(self, lowering: Any) -> None:
+    def lower(self, lowering: LoweringContext) -> None:
         # Reading a pending sum forces it, as the cost model assumes of every
         # reader but identity/add/add_n (cost_models/deferred.py).
         for src, dst in zip(self.inputs[self._n_in :], self.outputs):

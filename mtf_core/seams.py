@@ -69,6 +69,8 @@ class LoweringContext(Protocol):
 
     tf: Any  # TensorFlow (mtf_core.lowering.fast_tf.FAST_TF)
     seed: Any  # the step counter, for random ops
+    feeds: dict[Any, Any]  # placeholder tensor -> the value fed for it
+    variables: Any  # the VariableStore holding the per-device slices
     tensors: Any  # Tensor -> laid-out value (forces pending sums on read)
     lowered_operations: dict[Any, Any]
 

@@ -28,6 +28,7 @@ from mtf_core import dtypes
 from mtf_core.comm import CollectiveSpec
 from mtf_core.errors import ArgumentError, GraphError, LoweringError, ShapeError
 from mtf_core.graph import Mesh, Operation, Tensor
+from mtf_core.seams import LoweringContext
 
 
 class LoopInput(Operation):
@@ -42,7 +43,7 @@ class LoopInput(Operation):
     def flops(self) -> float:
         return 0.0
 
-    def lower(self, lowering: Any) -> None:
+    def lower(self, lowering: LoweringContext) -> None:
         # The loop sets this op's tensor before lowering its sub-graph.
         if self.outputs[0] not in lowering.tensors:
             raise LoweringError(f"{self.name} is lowered only inside its while_loop")
@@ -193,7 +194,7 @@ class WhileLoop(Operation):
     def gradient(self, grad_ys: Sequence[Tensor | None]) -> list[Tensor | None]:
         return [None] * len(self._inputs)
 
-    def lower(self, lowering: Any) -> None:
+    def lower(self, lowering: LoweringContext) -> None:
         from mtf_core.ops._loop_lowering import lower_while_loop
 
         lower_while_loop(self, lowering)

@@ -24,6 +24,7 @@ from mtf_core.comm import CollectiveSpec, allreduce_collectives
 from mtf_core.errors import LayoutError, ShapeError
 from mtf_core.graph import Operation, Tensor, check_same_dtype, check_same_mesh
 from mtf_core.lazy_sum import LazyAllreduceSum
+from mtf_core.seams import LoweringContext
 from mtf_core.shapes import Dimension, Shape, convert_to_shape
 
 PADDINGS = ("SAME", "VALID")
@@ -163,7 +164,7 @@ class Conv2d(_ConvBase):
     def communication(self, ctx: Any) -> list[CollectiveSpec]:
         return self._pending(ctx, [self.cin.name])
 
-    def lower(self, lowering: Any) -> None:
+    def lower(self, lowering: LoweringContext) -> None:
         tf = lowering.tf
         impl = lowering.mesh_impl(self)
         impl.ctx.check_op(self)
@@ -214,7 +215,7 @@ class Conv2dBackpropInput(_ConvBase):
     def communication(self, ctx: Any) -> list[CollectiveSpec]:
         return self._pending(ctx, [self.cout.name])
 
-    def lower(self, lowering: Any) -> None:
+    def lower(self, lowering: LoweringContext) -> None:
         tf = lowering.tf
         impl = lowering.mesh_impl(self)
         dy, f = self.inputs
@@ -275,7 +276,7 @@ class Conv2dBackpropFilter(_ConvBase):
     def communication(self, ctx: Any) -> list[CollectiveSpec]:
         return self._pending(ctx, [d.name for d in self.batch_dims])
 
-    def lower(self, lowering: Any) -> None:
+    def lower(self, lowering: LoweringContext) -> None:
         tf = lowering.tf
         impl = lowering.mesh_impl(self)
         x, dy = self.inputs
@@ -391,4 +392,5 @@ def conv_transpose(
             f"(strides {strides}, {padding}) does not give x's [{x.shape}]"
         )
     grad_input = _FAMILIES[n][1]
-    return grad_input(x, filters, out, strides, padding, name).outputs[0]
+    result: Tensor = grad_input(x, filters, out, strides, padding, name).outputs[0]
+    return result

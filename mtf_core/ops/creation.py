@@ -9,6 +9,7 @@ import numpy as np
 from mtf_core import dtypes
 from mtf_core.errors import GraphError, LoweringError
 from mtf_core.graph import Mesh, Operation, Tensor
+from mtf_core.seams import LoweringContext
 from mtf_core.shapes import convert_to_shape
 
 
@@ -62,7 +63,7 @@ class ImportTensor(Operation):
     def gradient(self, grad_ys: Any) -> list[Tensor | None]:
         return []
 
-    def lower(self, lowering: Any) -> None:
+    def lower(self, lowering: LoweringContext) -> None:
         out = self.outputs[0]
         if out in lowering.feeds:
             value = lowering.feeds[out]
@@ -125,7 +126,7 @@ class Constant(Operation):
     def gradient(self, grad_ys: Any) -> list[Tensor | None]:
         return []
 
-    def lower(self, lowering: Any) -> None:
+    def lower(self, lowering: LoweringContext) -> None:
         tf = lowering.tf
         out = self.outputs[0]
         impl = lowering.mesh_impl(self)

@@ -13,6 +13,7 @@ from typing import Any
 from mtf_core.comm import CollectiveSpec
 from mtf_core.graph import Operation, Tensor
 from mtf_core.ops.arguments import dim_of
+from mtf_core.seams import LoweringContext
 from mtf_core.shapes import Dimension
 
 
@@ -56,7 +57,7 @@ class Cumsum(Operation):
             )
         ]
 
-    def lower(self, lowering: Any) -> None:
+    def lower(self, lowering: LoweringContext) -> None:
         tf = lowering.tf
         impl = lowering.mesh_impl(self)
         x = self.inputs[0]

@@ -26,6 +26,7 @@ from mtf_core.ops.onehot_einsum import (
     lower_onehot_einsum,
     plan_onehot_einsum,
 )
+from mtf_core.seams import LoweringContext
 from mtf_core.shapes import Shape, convert_to_shape, dimension_name
 
 
@@ -111,7 +112,7 @@ class Einsum(Operation):
             ctx, out.shape, out.dtype, ctx.reduced_axes(self.reduced_dims)
         )
 
-    def lower(self, lowering: Any) -> None:
+    def lower(self, lowering: LoweringContext) -> None:
         tf = lowering.tf
         impl = lowering.mesh_impl(self)
         out = self.outputs[0]

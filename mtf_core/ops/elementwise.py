@@ -53,6 +53,7 @@ from mtf_core.ops.unary import sqrt as sqrt
 from mtf_core.ops.unary import square as square
 from mtf_core.ops.unary import swish as swish
 from mtf_core.ops.unary import tanh as tanh
+from mtf_core.seams import LoweringContext
 from mtf_core.shapes import Shape, convert_to_shape
 
 
@@ -184,7 +185,7 @@ class BinaryOp(Operation):
             reduce_sum(gy, output_shape=y.shape),
         ]
 
-    def lower(self, lowering: Any) -> None:
+    def lower(self, lowering: LoweringContext) -> None:
         tf = lowering.tf
         fn = tf_function(tf, BINARY[self.fn_name])
         x, y = self.inputs
@@ -309,7 +310,7 @@ class WhereOp(Operation):
             reduce_sum(where(cond, zero, dz), output_shape=y.shape),
         ]
 
-    def lower(self, lowering: Any) -> None:
+    def lower(self, lowering: LoweringContext) -> None:
         tf = lowering.tf
         c, x, y = self.inputs
         zs = self.outputs[0].shape
@@ -364,7 +365,7 @@ class AddN(Operation):
     def gradient(self, grad_ys: Sequence[Tensor | None]) -> list[Tensor | None]:
         return [grad_ys[0]] * len(self.inputs)
 
-    def lower(self, lowering: Any) -> None:
+    def lower(self, lowering: LoweringContext) -> None:
         tf = lowering.tf
 
         def local_sum(*s: Any) -> Any:
@@ -409,7 +410,7 @@ class CastOp(Operation):
             return [None]
         return [cast(dy, x.dtype)]
 
-    def lower(self, lowering: Any) -> None:
+    def lower(self, lowering: LoweringContext) -> None:
         tf = lowering.tf
         dt = self.outputs[0].dtype
         res = lowering.mesh_impl(self).slicewise(
@@ -462,7 +463,7 @@ class Identity(Operation):
     def gradient(self, grad_ys: Sequence[Tensor | None]) -> list[Tensor | None]:
         return [None] if self.stop else [grad_ys[0]]
 
-    def lower(self, lowering: Any) -> None:
+    def lower(self, lowering: LoweringContext) -> None:
         lowering.set_tensor_lowering(
             self.outputs[0], lowering.raw_tensor(self.inputs[0])
         )

@@ -35,6 +35,7 @@ from mtf_core.ops.one_hot import one_hot as one_hot
 from mtf_core.ops.top_k import TopK as TopK
 from mtf_core.ops.top_k import argmax as argmax
 from mtf_core.ops.top_k import top_k as top_k
+from mtf_core.seams import LoweringContext
 from mtf_core.shapes import Dimension, convert_to_shape
 
 # --------------------------------------------------------------------------
@@ -60,7 +61,7 @@ class Range(Operation):
     def gradient(self, grad_ys: Sequence[Tensor | None]) -> list[Tensor | None]:
         return []
 
-    def lower(self, lowering: Any) -> None:
+    def lower(self, lowering: LoweringContext) -> None:
         tf = lowering.tf
         impl = lowering.mesh_impl(self)
         out = self.outputs[0]
@@ -150,7 +151,7 @@ class Gather(Operation):
             ctx, out.shape, out.dtype, [] if m is None else [m]
         )
 
-    def lower(self, lowering: Any) -> None:
+    def lower(self, lowering: LoweringContext) -> None:
         tf = lowering.tf
         impl = lowering.mesh_impl(self)
         m = self._check(impl.ctx)

@@ -16,6 +16,7 @@ from mtf_core import dtypes
 from mtf_core.errors import DTypeError, ShapeError
 from mtf_core.graph import Operation, Tensor
 from mtf_core.ops.arguments import sized_dim
+from mtf_core.seams import LoweringContext
 from mtf_core.shapes import Dimension
 
 
@@ -65,7 +66,7 @@ class OneHot(Operation):
     def gradient(self, grad_ys: Sequence[Tensor | None]) -> list[Tensor | None]:
         return [None]
 
-    def lower(self, lowering: Any) -> None:
+    def lower(self, lowering: LoweringContext) -> None:
         tf = lowering.tf
         impl = lowering.mesh_impl(self)
         out = self.outputs[0]

@@ -19,6 +19,7 @@ from mtf_core import dtypes
 from mtf_core.errors import ArgumentError, DTypeError, ShapeError
 from mtf_core.graph import Mesh, Operation, Tensor
 from mtf_core.ops.arguments import check_mesh
+from mtf_core.seams import LoweringContext
 from mtf_core.shapes import convert_to_shape
 
 #: Distributions :class:`RandomOp` draws from.
@@ -73,7 +74,7 @@ class RandomOp(Operation):
     def gradient(self, grad_ys: Sequence[Tensor | None]) -> list[Tensor | None]:
         return []
 
-    def lower(self, lowering: Any) -> None:
+    def lower(self, lowering: LoweringContext) -> None:
         tf = lowering.tf
         out = self.outputs[0]
         seed = tf.stack(

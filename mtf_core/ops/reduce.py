@@ -16,6 +16,7 @@ from mtf_core.graph import Operation, Tensor
 from mtf_core.lazy_sum import LazyAllreduceSum
 from mtf_core.ops import elementwise as ew
 from mtf_core.ops._local import align, maybe_transpose
+from mtf_core.seams import LoweringContext
 from mtf_core.shapes import Dimension, Shape, convert_to_shape, dimension_name
 
 #: Reductions :class:`Reduce` knows, with the ``tf.math`` function of each.
@@ -75,7 +76,7 @@ class Reduce(Operation):
         hit = ew.cast(ew.equal(x, broadcast(self.outputs[0], x.shape)), x.dtype)
         return [g * hit]
 
-    def lower(self, lowering: Any) -> None:
+    def lower(self, lowering: LoweringContext) -> None:
         tf = lowering.tf
         impl = lowering.mesh_impl(self)
         x = self.inputs[0]
@@ -284,7 +285,7 @@ class Broadcast(Operation):
             None if dy is None else reduce_sum(dy, output_shape=self.inputs[0].shape)
         ]
 
-    def lower(self, lowering: Any) -> None:
+    def lower(self, lowering: LoweringContext) -> None:
         tf = lowering.tf
         impl = lowering.mesh_impl(self)
         x, out = self.inputs[0], self.outputs[0]

@@ -36,6 +36,7 @@ from mtf_core.comm import CollectiveSpec, LayoutContext, layout_change_collectiv
 from mtf_core.errors import ShapeError
 from mtf_core.graph import Operation, Tensor
 from mtf_core.layout import TensorLayout
+from mtf_core.seams import LoweringContext
 from mtf_core.shapes import Dimension, Shape, convert_to_dimension, convert_to_shape
 
 # --------------------------------------------------------------------------
@@ -198,7 +199,7 @@ class Reshape(Operation):
             ctx, out.shape, out.dtype, plan.out_work, plan.out_layout
         )
 
-    def lower(self, lowering: Any) -> None:
+    def lower(self, lowering: LoweringContext) -> None:
         tf = lowering.tf
         impl = lowering.mesh_impl(self)
         x, out = self.inputs[0], self.outputs[0]

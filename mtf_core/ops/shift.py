@@ -17,6 +17,7 @@ from mtf_core.errors import ShapeError
 from mtf_core.graph import Operation, Tensor
 from mtf_core.ops._local import take
 from mtf_core.ops.arguments import dim_of
+from mtf_core.seams import LoweringContext
 from mtf_core.shapes import Dimension
 
 
@@ -92,7 +93,7 @@ class Shift(Operation):
             if how == "shift"
         ]
 
-    def lower(self, lowering: Any) -> None:
+    def lower(self, lowering: LoweringContext) -> None:
         tf = lowering.tf
         impl = lowering.mesh_impl(self)
         x = self.inputs[0]

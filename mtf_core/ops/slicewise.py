@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from mtf_core.graph import Operation, Tensor
+from mtf_core.seams import LoweringContext
 from mtf_core.shapes import convert_to_shape, dimension_name
 
 
@@ -54,7 +55,7 @@ class SlicewiseOperation(Operation):
             return list(self.grad_function(self, *grad_ys))
         return list(GenericGradOperation(self, grad_ys).outputs)
 
-    def lower(self, lowering: Any) -> None:
+    def lower(self, lowering: LoweringContext) -> None:
         impl = lowering.mesh_impl(self)
         laid = [lowering.tensors[x] for x in self.inputs]
         outs = _multi(impl, self.tf_fn, len(self.outputs), laid)
@@ -85,7 +86,7 @@ class GenericGradOperation(Operation):
         for x in forward_op.inputs:
             self._add_output(x.shape, x.dtype)
 
-    def lower(self, lowering: Any) -> None:
+    def lower(self, lowering: LoweringContext) -> None:
         tf = lowering.tf
         n_x = len(self.forward_op.inputs)
         fn, has_dy = self.forward_op.tf_fn, self._has_dy
@@ -159,7 +160,7 @@ class Depend(Operation):
     def gradient(self, grad_ys: Sequence[Tensor | None]) -> list[Tensor | None]:
         return [grad_ys[0]]
 
-    def lower(self, lowering: Any) -> None:
+    def lower(self, lowering: LoweringContext) -> None:
         tf = lowering.tf
         deps = []
         for op in self.control_inputs:
@@ -202,13 +203,16 @@ class PrintOperation(Operation):
         self.summarize = summarize
         self._add_output(x.shape, x.dtype)
 
+    def attrs(self) -> dict[str, Any]:
+        return {"message": self.message, "summarize": self.summarize}
+
     def flops(self) -> float:
         return 0.0
 
     def gradient(self, grad_ys: Sequence[Tensor | None]) -> list[Tensor | None]:
         return [grad_ys[0]] + [None] * (len(self.inputs) - 1)
 
-    def lower(self, lowering: Any) -> None:
+    def lower(self, lowering: LoweringContext) -> None:
         tf = lowering.tf
         impl = lowering.mesh_impl(self)
         full = [

@@ -34,6 +34,7 @@ from mtf_core.ops.reshape import (
 from mtf_core.ops.shift import Shift as Shift
 from mtf_core.ops.shift import shift as shift
 from mtf_core.ops.shift import shift_pieces as shift_pieces
+from mtf_core.seams import LoweringContext
 from mtf_core.shapes import Dimension, Shape, dimension_name
 
 
@@ -128,7 +129,7 @@ class Concat(WholeDimOp):
             return [None] * len(self.inputs)
         return list(split(dy, self.dim_name, self.sizes))
 
-    def lower(self, lowering: Any) -> None:
+    def lower(self, lowering: LoweringContext) -> None:
         tf = lowering.tf
         axis = self.inputs[0].shape.index(self.dim_name)
         ins = self._gathered_inputs(lowering)
@@ -171,7 +172,7 @@ class Split(WholeDimOp):
         parts = _zeros_where_missing(grad_ys, self.outputs)
         return [None if parts is None else concat(parts, self.dim_name)]
 
-    def lower(self, lowering: Any) -> None:
+    def lower(self, lowering: LoweringContext) -> None:
         tf = lowering.tf
         impl = lowering.mesh_impl(self)
         axis = self.inputs[0].shape.index(self.dim_name)
@@ -253,7 +254,7 @@ class Stack(Operation):
             return [None] * len(self.inputs)
         return list(unstack(dy, self.dim_name))
 
-    def lower(self, lowering: Any) -> None:
+    def lower(self, lowering: LoweringContext) -> None:
         tf = lowering.tf
         impl = lowering.mesh_impl(self)
         axis = self.axis
@@ -299,7 +300,7 @@ class Unstack(WholeDimOp):
             return [None]
         return [stack(parts, self.dim_name, self.inputs[0].shape.index(self.dim_name))]
 
-    def lower(self, lowering: Any) -> None:
+    def lower(self, lowering: LoweringContext) -> None:
         tf = lowering.tf
         impl = lowering.mesh_impl(self)
         axis = self.inputs[0].shape.index(self.dim_name)
@@ -344,7 +345,7 @@ class Slice(WholeDimOp):
         full = self.inputs[0].shape.get_dim_by_name(self.dim_name).size
         return [pad(dy, [self.begin, full - self.begin - self.size], self.dim_name)]
 
-    def lower(self, lowering: Any) -> None:
+    def lower(self, lowering: LoweringContext) -> None:
         tf = lowering.tf
         impl = lowering.mesh_impl(self)
         axis = self.inputs[0].shape.index(self.dim_name)
@@ -400,7 +401,7 @@ class Pad(WholeDimOp):
         size = self.inputs[0].shape.get_dim_by_name(self.dim_name).size
         return [slice(dy, self.paddings[0], size, self.dim_name)]
 
-    def lower(self, lowering: Any) -> None:
+    def lower(self, lowering: LoweringContext) -> None:
         tf = lowering.tf
         impl = lowering.mesh_impl(self)
         x_shape = self.inputs[0].shape

@@ -35,6 +35,7 @@ from mtf_core.comm import CollectiveSpec, LayoutContext, allreduce_collectives
 from mtf_core.errors import GraphError, LoweringError
 from mtf_core.graph import Graph, Tensor
 from mtf_core.ops.reshape import Reshape, plan_reshape
+from mtf_core.seams import LoweringContext
 from mtf_core.shapes import Shape, convert_to_shape
 
 #: ``policy(variable name, shape) -> {dim name: storage name}`` ({} = as is).
@@ -177,7 +178,7 @@ class ReduceScatter(Reshape):
             )
         ]
 
-    def lower(self, lowering: Any) -> None:
+    def lower(self, lowering: LoweringContext) -> None:
         raw = lowering.raw_tensor(self.inputs[0])
         impl = lowering.mesh_impl(self)
         found = None

@@ -9,10 +9,9 @@ graph (or one that targets the op) lowers it.
 
 from __future__ import annotations
 
-from typing import Any
-
 from mtf_core.graph import Operation, Tensor
 from mtf_core.ops.reduce import reduce_sum
+from mtf_core.seams import LoweringContext
 
 SCALAR_SUMMARIES_COLLECTION_KEY = "mtf_scalar_summaries"
 
@@ -34,7 +33,7 @@ class ScalarSummaryOperation(Operation):
     def flops(self) -> float:
         return 0.0
 
-    def lower(self, lowering: Any) -> None:
+    def lower(self, lowering: LoweringContext) -> None:
         tf = lowering.tf
         x = self.inputs[0]
         value = lowering.mesh_impl(self).export_to_tf_tensor(

@@ -21,6 +21,7 @@ from mtf_core.ops.arguments import dim_of, sized_dim
 from mtf_core.ops.einsum import einsum
 from mtf_core.ops.one_hot import one_hot
 from mtf_core.ops.reshape import gather_collectives, lower_gathered, lower_resplit
+from mtf_core.seams import LoweringContext
 from mtf_core.shapes import Dimension, Shape
 
 
@@ -103,7 +104,7 @@ class TopK(Operation):
             CollectiveSpec("allconcat", axis, per_pos * self.k * 4),
         ]
 
-    def lower(self, lowering: Any) -> None:
+    def lower(self, lowering: LoweringContext) -> None:
         tf = lowering.tf
         impl = lowering.mesh_impl(self)
         x = self.inputs[0]

@@ -13,6 +13,7 @@ from typing import Any
 from mtf_core.errors import ArgumentError
 from mtf_core.graph import Operation, Tensor
 from mtf_core.ops._local import tf_function
+from mtf_core.seams import LoweringContext
 
 #: A gradient formula: ``(x, y, dy) -> dx`` for ``y = f(x)``.
 GradFn = Callable[[Tensor, Tensor, Tensor], Tensor]
@@ -150,7 +151,7 @@ class UnaryOp(Operation):
             return [None]
         return [g(self.inputs[0], self.outputs[0], grad_ys[0])]
 
-    def lower(self, lowering: Any) -> None:
+    def lower(self, lowering: LoweringContext) -> None:
         fn = tf_function(lowering.tf, UNARY[self.fn_name][0])
         if self.fn_name == "gelu":
             f = fn

@@ -16,6 +16,7 @@ from mtf_core import dtypes
 from mtf_core.errors import ArgumentError, GraphError, ShapeError
 from mtf_core.graph import Mesh, Operation, Tensor
 from mtf_core.ops.elementwise import CastOp, cast
+from mtf_core.seams import LoweringContext
 from mtf_core.shapes import convert_to_shape
 
 
@@ -89,7 +90,7 @@ class Variable(Operation):
     def gradient(self, grad_ys: Sequence[Tensor | None]) -> list[Tensor | None]:
         return []
 
-    def lower(self, lowering: Any) -> None:
+    def lower(self, lowering: LoweringContext) -> None:
         impl = lowering.mesh_impl(self)
         laid = impl.read_variables(lowering.variables.slices(self))
         lowering.set_tensor_lowering(self.outputs[0], laid)
@@ -252,7 +253,7 @@ class Assign(Operation):
     def gradient(self, grad_ys: Sequence[Tensor | None]) -> list[Tensor | None]:
         return [None, None]
 
-    def lower(self, lowering: Any) -> None:
+    def lower(self, lowering: LoweringContext) -> None:
         impl = lowering.mesh_impl(self)
         laid = lowering.tensors[self.inputs[1]]
         lowering.lowered_operations[self] = impl.assign_variables(
