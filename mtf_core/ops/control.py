@@ -25,7 +25,7 @@ from dataclasses import replace
 from typing import Any
 
 from mtf_core import dtypes
-from mtf_core.comm import CollectiveSpec
+from mtf_core.comm import CollectiveSpec, LayoutContext
 from mtf_core.errors import ArgumentError, GraphError, LoweringError, ShapeError
 from mtf_core.graph import Mesh, Operation, Tensor
 from mtf_core.seams import LoweringContext
@@ -171,7 +171,7 @@ class WhileLoop(Operation):
         """One iteration's flops (condition and body)."""
         return float(sum(op.flops() for op in self._cond_ops + self._body_ops))
 
-    def communication(self, ctx: Any) -> list[CollectiveSpec]:
+    def communication(self, ctx: LayoutContext) -> list[CollectiveSpec]:
         """One iteration's collectives: the condition's, then the body's.
 
         Every one is issued inside the iteration (the loop variables leave it

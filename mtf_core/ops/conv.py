@@ -20,7 +20,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from mtf_core.comm import CollectiveSpec, allreduce_collectives
+from mtf_core.comm import CollectiveSpec, LayoutContext, allreduce_collectives
 from mtf_core.errors import LayoutError, ShapeError
 from mtf_core.graph import Operation, Tensor, check_same_dtype, check_same_mesh
 from mtf_core.lazy_sum import LazyAllreduceSum
@@ -161,7 +161,7 @@ class Conv2d(_ConvBase):
             grad_filter(x, dy, f.shape, self.strides, self.padding).outputs[0],
         ]
 
-    def communication(self, ctx: Any) -> list[CollectiveSpec]:
+    def communication(self, ctx: LayoutContext) -> list[CollectiveSpec]:
         return self._pending(ctx, [self.cin.name])
 
     def lower(self, lowering: LoweringContext) -> None:
@@ -212,7 +212,7 @@ class Conv2dBackpropInput(_ConvBase):
             grad_filter(g, dy, f.shape, self.strides, self.padding).outputs[0],
         ]
 
-    def communication(self, ctx: Any) -> list[CollectiveSpec]:
+    def communication(self, ctx: LayoutContext) -> list[CollectiveSpec]:
         return self._pending(ctx, [self.cout.name])
 
     def lower(self, lowering: LoweringContext) -> None:
@@ -273,7 +273,7 @@ class Conv2dBackpropFilter(_ConvBase):
             conv(x, g, self.strides, self.padding).outputs[0],
         ]
 
-    def communication(self, ctx: Any) -> list[CollectiveSpec]:
+    def communication(self, ctx: LayoutContext) -> list[CollectiveSpec]:
         return self._pending(ctx, [d.name for d in self.batch_dims])
 
     def lower(self, lowering: LoweringContext) -> None:

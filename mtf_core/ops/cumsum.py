@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from mtf_core.comm import CollectiveSpec
+from mtf_core.comm import CollectiveSpec, LayoutContext
 from mtf_core.graph import Operation, Tensor
 from mtf_core.ops.arguments import dim_of
 from mtf_core.seams import LoweringContext
@@ -45,7 +45,7 @@ class Cumsum(Operation):
             return [None]
         return [cumsum(dy, self.dim, self.exclusive, reverse=not self.reverse)]
 
-    def communication(self, ctx: Any) -> list[CollectiveSpec]:
+    def communication(self, ctx: LayoutContext) -> list[CollectiveSpec]:
         m = ctx.effective_mesh_axis(self.dim.name)
         if m is None:
             return []

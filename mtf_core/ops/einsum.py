@@ -16,7 +16,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from mtf_core.comm import CollectiveSpec, allreduce_collectives
+from mtf_core.comm import CollectiveSpec, LayoutContext, allreduce_collectives
 from mtf_core.errors import ShapeError
 from mtf_core.graph import Operation, Tensor, check_same_dtype, check_same_mesh
 from mtf_core.lazy_sum import LazyAllreduceSum
@@ -105,7 +105,7 @@ class Einsum(Operation):
             grads.append(_einsum_or_broadcast(others, t.shape))
         return grads
 
-    def communication(self, ctx: Any) -> list[CollectiveSpec]:
+    def communication(self, ctx: LayoutContext) -> list[CollectiveSpec]:
         ctx.check_op(self)
         out = self.outputs[0]
         return allreduce_collectives(

@@ -144,7 +144,7 @@ class Gather(Operation):
         ctx.check_op(self)
         return ctx.effective_mesh_axis(self.dim.name)
 
-    def communication(self, ctx: Any) -> list[CollectiveSpec]:
+    def communication(self, ctx: LayoutContext) -> list[CollectiveSpec]:
         m = self._check(ctx)
         out = self.outputs[0]
         return allreduce_collectives(

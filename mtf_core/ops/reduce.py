@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from mtf_core.comm import CollectiveSpec, allreduce_collectives
+from mtf_core.comm import CollectiveSpec, LayoutContext, allreduce_collectives
 from mtf_core.errors import ArgumentError, ShapeError
 from mtf_core.graph import Operation, Tensor
 from mtf_core.lazy_sum import LazyAllreduceSum
@@ -99,7 +99,7 @@ class Reduce(Operation):
                 res = impl.allreduce(res, axes, self.reduction)
         lowering.set_tensor_lowering(out, res)
 
-    def communication(self, ctx: Any) -> list[CollectiveSpec]:
+    def communication(self, ctx: LayoutContext) -> list[CollectiveSpec]:
         out = self.outputs[0]
         return allreduce_collectives(
             ctx,

@@ -190,7 +190,7 @@ class Reshape(Operation):
         dy = grad_ys[0]
         return [None if dy is None else reshape(dy, self.inputs[0].shape)]
 
-    def communication(self, ctx: Any) -> list[CollectiveSpec]:
+    def communication(self, ctx: LayoutContext) -> list[CollectiveSpec]:
         x, out = self.inputs[0], self.outputs[0]
         plan = plan_reshape(ctx, x.shape, out.shape)
         return layout_change_collectives(

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from mtf_core.comm import CollectiveSpec
+from mtf_core.comm import CollectiveSpec, LayoutContext
 from mtf_core.errors import ShapeError
 from mtf_core.graph import Operation, Tensor
 from mtf_core.ops._local import take
@@ -78,7 +78,7 @@ class Shift(Operation):
         n = ctx.mesh_shape[m].size
         return m, shift_pieces(self.offset, self.dim.size // n, n, self.wrap)
 
-    def communication(self, ctx: Any) -> list[CollectiveSpec]:
+    def communication(self, ctx: LayoutContext) -> list[CollectiveSpec]:
         m, pieces = self._pieces(ctx)
         if m is None:
             return []

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from mtf_core.comm import CollectiveSpec
+from mtf_core.comm import CollectiveSpec, LayoutContext
 from mtf_core.errors import ShapeError
 from mtf_core.graph import (
     Operation,
@@ -64,7 +64,7 @@ class WholeDimOp(Operation):
     def flops(self) -> float:
         return 0.0
 
-    def communication(self, ctx: Any) -> list[CollectiveSpec]:
+    def communication(self, ctx: LayoutContext) -> list[CollectiveSpec]:
         out: list[CollectiveSpec] = []
         for x in self.inputs:
             out += gather_collectives(ctx, x, [self.dim_name])

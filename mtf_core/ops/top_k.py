@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mtf_core import dtypes
-from mtf_core.comm import CollectiveSpec
+from mtf_core.comm import CollectiveSpec, LayoutContext
 from mtf_core.errors import ShapeError
 from mtf_core.graph import Operation, Tensor
 from mtf_core.ops._local import maybe_transpose
@@ -86,7 +86,7 @@ class TopK(Operation):
             return None, False
         return m, self.reduced_dim.size // ctx.mesh_shape[m].size < self.k
 
-    def communication(self, ctx: Any) -> list[CollectiveSpec]:
+    def communication(self, ctx: LayoutContext) -> list[CollectiveSpec]:
         m, whole = self._plan(ctx)
         x = self.inputs[0]
         if m is None:
