@@ -11,9 +11,9 @@ from typing import Any
 
 from mtf_core.errors import LoweringError
 from mtf_core.graph import Graph, Mesh, Operation, Tensor
+from mtf_core.lazy_sum import LazyAllreduceSum  # noqa: F401  (re-exported)
 from mtf_core.lowering.counters import Counters
 from mtf_core.lowering.fast_tf import FAST_TF
-from mtf_core.lazy_sum import LazyAllreduceSum  # noqa: F401  (re-exported)
 from mtf_core.lowering.mesh_impl import MeshImpl
 from mtf_core.lowering.variables import VariableStore
 
