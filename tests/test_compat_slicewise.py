@@ -114,3 +114,17 @@ def test_add_n_of_nothing_is_zero_and_broadcasts_by_dim_names():
     impl = mtf.PlacementMeshImpl("all:2", "a:all", mtf.logical_devices(8)[:2])
     value = mtf.Lowering(graph, {mesh: impl}).export_to_tf_tensor(total).numpy()
     np.testing.assert_array_equal(value, [[3.0] * 3, [5.0] * 3])
+
+
+def test_print_and_scalar_summary_round_trip_and_slicewise_is_refused():
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "m")
+    x = mtf.zeros(mesh, "a:4")
+    mtf.scalar_summary("total", mtf.Print(x, [x], "x: ", summarize=2))
+    loaded = mtf.graph_from_json(mtf.graph_to_json(graph))
+    ops = {op.op_type: op for op in loaded.graph.operations}
+    assert ops["Print"].message == "x: " and ops["Print"].summarize == 2
+    assert ops["ScalarSummary"].summary_name == "total"
+    mtf.slicewise(tf.exp, [x])
+    with pytest.raises(mtf.SerializationError, match="Python TensorFlow function"):
+        mtf.graph_from_json(mtf.graph_to_json(graph))

@@ -18,6 +18,7 @@ can ask them ``communication(ctx)``.
 # Importing the builder modules registers their builders.
 from mtf_core.serialization import (
     builders,
+    builders_compat,
     builders_control,
     builders_conv,
     builders_indexing,
@@ -54,6 +55,7 @@ __all__ = [
     "OpSpec",
     "TensorSpec",
     "builders",
+    "builders_compat",
     "builders_control",
     "builders_conv",
     "builders_indexing",
