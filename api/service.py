@@ -422,19 +422,36 @@ class PlannerService:
         fut.add_done_callback(lambda f: self._finished(job, spec, f, done))
         return job, done
 
-    def _new_job(self, spec: PlanSpec) -> JobRecord:
+    def _new_job(self, spec: PlanSpec, **fields: Any) -> JobRecord:
+        """A queued job of this replica for ``spec``; ``fields`` override."""
         now = time.time()
-        return JobRecord(
-            id=uuid.uuid4().hex[:16],
-            request_hash=spec.request_hash,
-            status=JobStatus.QUEUED,
-            phase="queued",
-            progress=0.0,
-            created_at=now,
-            updated_at=now,
-            instance=self.replica_id,
-            request=spec.describe(),
+        values: dict[str, Any] = {
+            "id": uuid.uuid4().hex[:16],
+            "request_hash": spec.request_hash,
+            "status": JobStatus.QUEUED,
+            "phase": "queued",
+            "progress": 0.0,
+            "created_at": now,
+            "updated_at": now,
+            "instance": self.replica_id,
+            "request": spec.describe(),
+        }
+        values.update(fields)
+        return JobRecord(**values)
+
+    def cached_job(self, spec: PlanSpec, record: PlanRecord) -> JobRecord:
+        """A job row that is done already, for a request whose plan is stored
+        (POST /v1/jobs), so that clients poll one way."""
+        job = self._new_job(
+            spec,
+            id="c" + uuid.uuid4().hex[:15],
+            status=JobStatus.DONE,
+            phase="done (cached)",
+            progress=1.0,
+            plan_id=record.id,
         )
+        self.store.create_job(job)
+        return job
 
     def _stale(self, job: JobRecord) -> bool:
         return job.updated_at < time.time() - self.settings.stale_job_s

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 from fastapi import APIRouter, Query
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
@@ -14,7 +12,6 @@ from api.routes import error_responses
 from api.schemas import JobList, JobOut, PlanRequest
 from api.service import JobFinished, PlannerService, QueueFull, job_dict
 from api.store import JobRecord
-from api.store.base import JobStatus
 
 router = APIRouter(prefix="/v1", tags=["jobs"])
 
@@ -25,22 +22,7 @@ def _create(service: PlannerService, body: PlanRequest) -> JobRecord:
     if record is None:
         service.validate(spec)
         return service.submit(spec)[0]
-    # Cached: a job that is done already, so that clients poll one way.
-    now = time.time()
-    job = JobRecord(
-        id=f"c{spec.request_hash[:7]}{int(now * 1e6) % 10**8:08d}",
-        request_hash=spec.request_hash,
-        status=JobStatus.DONE,
-        phase="done (cached)",
-        progress=1.0,
-        created_at=now,
-        updated_at=now,
-        instance=service.replica_id,
-        request=spec.describe(),
-        plan_id=record.id,
-    )
-    service.store.create_job(job)
-    return job
+    return service.cached_job(spec, record)
 
 
 @router.post(
