@@ -247,6 +247,7 @@ def main() -> None:
         "--render", nargs="+", metavar="JSON", help="only tabulate rows of earlier runs"
     )
     p.add_argument("--machine", help="with --render: the machine line to print")
+    p.add_argument("--note", default="", help="a paragraph to add to the docs section")
     args = p.parse_args()
     if args.child:
         w, mesh, rules, backend, n = args.child
@@ -452,6 +453,7 @@ def render(rows: list[dict], args: argparse.Namespace, machine: str, hw: Any) ->
         body = (
             f"{machine}; profile `{name}`.\n\n    {command_line()}\n\n{text}\n\n"
             + EXPLAIN
+            + (f"\n{args.note}\n" if args.note else "")
         )
         replace_section("fidelity", body, title="Cost model fidelity")
 

@@ -156,3 +156,40 @@ def test_measurement_errors_are_4xx_with_a_reason(client: TestClient) -> None:
     assert r.status_code == 422
     r = client.get("/v1/measurements/profile", params={"hardware": "tpu-v4"})
     assert r.status_code == 404 and "tpu-v4" in r.json()["detail"]
+
+
+def test_mtf_train_reports_its_fastest_step_to_the_service(
+    devices: list[str], tmp_path: Any
+) -> None:
+    from api_cases import ServerThread, mlp_doc
+
+    from mtf_core.train import cli
+
+    with ServerThread(service_settings(tmp_path)) as server:
+        import httpx
+
+        r = httpx.post(
+            f"{server.url}/v1/plans",
+            json={"graph": mlp_doc(), "mesh_shape": "x:2", "hardware": "cpu-host"},
+            timeout=120,
+        )
+        assert r.status_code == 200, r.text
+        plan_id = r.json()["id"]
+        argv = [
+            "--layers", "1", "--d_model", "16", "--heads", "8", "--d_kv", "2",
+            "--d_ff", "32", "--length", "8", "--batch", "8", "--vocab", "32",
+            "--corpus_bytes", "20000", "--no_progress", "--no_eval", "--steps", "4",
+            "--layout", "batch:x", "--mesh", "x:2",
+            "--report", server.url, "--plan_id", plan_id,
+        ]  # fmt: skip
+        summary = cli.train(cli.parse_args(argv))
+        assert summary["step_s"] > 0
+        report = summary["report"]
+        assert (
+            report["plan_id"] == plan_id and report["measured_s"] == summary["step_s"]
+        )
+        listed = httpx.get(
+            f"{server.url}/v1/measurements", params={"plan_id": plan_id}
+        ).json()["measurements"]
+        assert [m["detail"]["source"] for m in listed] == ["mtf-train"]
+        assert listed[0]["detail"]["steps"] == 3  # the first step traces: left out
