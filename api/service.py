@@ -263,7 +263,7 @@ class PlannerService:
         is older than ``stale_job_s``; returns how many."""
         stale_s = self.settings.stale_job_s
         n = self.store.reap_stale_jobs(
-            time.time() - stale_s, STALE_MESSAGE.format(s=stale_s)
+            self.store.now() - stale_s, STALE_MESSAGE.format(s=stale_s)
         )
         if n:
             log.warning("marked %d job(s) of stopped replicas failed", n)
@@ -424,7 +424,7 @@ class PlannerService:
 
     def _new_job(self, spec: PlanSpec, **fields: Any) -> JobRecord:
         """A queued job of this replica for ``spec``; ``fields`` override."""
-        now = time.time()
+        now = self.store.now()
         values: dict[str, Any] = {
             "id": uuid.uuid4().hex[:16],
             "request_hash": spec.request_hash,
@@ -454,7 +454,7 @@ class PlannerService:
         return job
 
     def _stale(self, job: JobRecord) -> bool:
-        return job.updated_at < time.time() - self.settings.stale_job_s
+        return job.updated_at < self.store.now() - self.settings.stale_job_s
 
     def future(self, job_id: str) -> concurrent.futures.Future[PlanRecord] | None:
         """Resolves to the job's plan (or raises why not); None once finished."""

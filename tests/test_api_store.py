@@ -480,3 +480,33 @@ def test_a_database_restart_is_a_503_then_the_replica_recovers_by_itself(
             assert time.monotonic() < deadline, "no recovery after the restart"
             time.sleep(0.2)
         assert client.get("/readyz").status_code == 200
+
+
+def test_job_times_follow_the_database_clock_not_a_skewed_hosts(
+    postgres_url, monkeypatch
+):
+    import types
+
+    import api.store.postgres
+    import api.store.sql
+
+    empty_database(postgres_url)
+    honest = PostgresStore(postgres_url)
+    real = time.time
+    behind = types.SimpleNamespace(time=lambda: real() - 3600)  # an hour slow
+    monkeypatch.setattr(api.store.sql, "time", behind)
+    monkeypatch.setattr(api.store.postgres, "time", behind)
+    skewed = PostgresStore(postgres_url)  # a replica on that host
+    try:
+        assert abs(skewed.clock_offset_s - 3600) < 5
+        assert abs(skewed.now() - real()) < 5
+        skewed.create_job(job_record("live", "skewed-host", at=skewed.now()))
+        assert skewed.heartbeat("skewed-host", ["live"]) == set()
+        monkeypatch.undo()
+        # Its heartbeat is fresh on the database's clock: not reaped.
+        assert abs(honest.clock_offset_s) < 5
+        assert honest.reap_stale_jobs(honest.now() - 20, "stale") == 0
+        assert honest.get_job("live").status == "running"
+    finally:
+        skewed.close()
+        honest.close()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import abc
 import json
+import time
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -188,6 +189,13 @@ class Store(abc.ABC):
         self, plan_id: str | None = None, hardware: str | None = None, limit: int = 100
     ) -> list[MeasurementRecord]:
         """Newest first, of one plan and/or one hardware profile."""
+
+    def now(self) -> float:
+        """Seconds since the epoch on the store's clock (the database server's,
+        for PostgreSQL), for every time written into or compared with job
+        rows, so that replicas on hosts whose clocks disagree agree on which
+        heartbeat is stale."""
+        return time.time()
 
     @abc.abstractmethod
     def schema_version(self) -> int:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
 from api.store.base import StoreUnavailable
@@ -68,8 +70,28 @@ class PostgresStore(SqlStore):
                     applied = apply_migrations(execute)
                 if applied:
                     log.info("applied schema migrations %s", applied)
+                self._measure_clock(lambda sql: conn.execute(sql).fetchone())
             finally:
                 conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK,))
+
+    def _measure_clock(self, query: Callable[[str], Any]) -> None:
+        """Sets ``clock_offset_s`` from the server's clock, read by
+        ``query(sql) -> row`` (half the round trip is the error)."""
+        t0 = time.time()
+        db = float(query("SELECT EXTRACT(EPOCH FROM clock_timestamp())")[0])
+        t1 = time.time()
+        self.clock_offset_s = db - (t0 + t1) / 2
+        if abs(self.clock_offset_s) > 1:
+            log.warning(
+                "this host's clock is %.1f s off the database's; job times use "
+                "the database's",
+                -self.clock_offset_s,
+            )
+
+    def heartbeat(self, instance: str, job_ids: list[str]) -> set[str]:
+        # Clocks drift: measure again at every heartbeat.
+        self._measure_clock(lambda sql: self._run(sql, (), "one"))
+        return super().heartbeat(instance, job_ids)
 
     def _connection(self, timeout_s: float | None = None) -> Any:
         return self._pool.connection(timeout=timeout_s)

@@ -208,6 +208,13 @@ class SqlStore(Store):
     #: the driver's placeholder ("?" for sqlite3, "%s" for psycopg)
     placeholder = "?"
 
+    #: The database's clock minus this host's (PostgreSQL measures it): job
+    #: heartbeats and the reaper compare times written by several hosts.
+    clock_offset_s = 0.0
+
+    def now(self) -> float:
+        return time.time() + self.clock_offset_s
+
     @abc.abstractmethod
     def _connection(self, timeout_s: float | None = None) -> Any:
         """A context manager lending one autocommit connection from the pool;
@@ -257,7 +264,7 @@ class SqlStore(Store):
         self._run(
             "INSERT INTO graphs (hash, name, created_at, doc) VALUES (?, ?, ?, ?) "
             "ON CONFLICT (hash) DO NOTHING",
-            (graph_hash, name, time.time(), graph_json),
+            (graph_hash, name, self.now(), graph_json),
         )
 
     def get_graph(self, graph_hash: str) -> str | None:
@@ -406,7 +413,7 @@ class SqlStore(Store):
         sets = ", ".join(f"{n} = ?" for n in names + ["updated_at"])
         changed = self._run(
             f"UPDATE jobs SET {sets} WHERE id = ? AND {_ACTIVE}",
-            (*(fields[n] for n in names), time.time(), job_id),
+            (*(fields[n] for n in names), self.now(), job_id),
         )
         return bool(changed)
 
@@ -451,7 +458,7 @@ class SqlStore(Store):
     def heartbeat(self, instance: str, job_ids: list[str]) -> set[str]:
         self._run(
             f"UPDATE jobs SET updated_at = ? WHERE instance = ? AND {_ACTIVE}",
-            (time.time(), instance),
+            (self.now(), instance),
         )
         if not job_ids:
             return set()
@@ -469,7 +476,7 @@ class SqlStore(Store):
         changed = self._run(
             "UPDATE jobs SET status = 'failed', phase = 'failed', progress = 0, "
             f"error = ?, updated_at = ? WHERE {_ACTIVE} AND updated_at < ?",
-            (message, time.time(), stale_before),
+            (message, self.now(), stale_before),
         )
         return int(changed)
 
