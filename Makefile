@@ -45,6 +45,7 @@ $(VENV)/.compat-stamp: pyproject.toml $(STAMP)
 
 conformance: $(VENV)/.compat-stamp
 	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m conformance --min-passed $(CONFORMANCE_MIN)
+	TF_CPP_MIN_LOG_LEVEL=2 $(VENV)/bin/pytest -q -n 0 tests/test_compat_transformer.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache
