@@ -572,3 +572,45 @@ def test_an_initializer_provider_supplies_mesh_tensorflows_defaults():
     # without a provider, mtf_core's NumPy draws seeded by name come back
     layers.dense(x, "h:4", reduced_dims=["d"], name="after")
     assert len(asked) == 3
+
+
+@pytest.mark.tf
+def test_incremental_self_attention_steps_equal_causal_attention(devices):
+    graph, mesh = _graph()
+    x, _ = _x(mesh, "batch:8,length:4,io:6")
+    heads, kv = D("hidden", 4), D("d_kv", 2)
+    length, memory = D("length", 4), D("memory_length", 4)
+    mask = layers.attention_mask_autoregressive(mtf.range(mesh, length, "int32"))
+    full = layers.multihead_attention(
+        x, None, mask, kv_channels=kv, heads=heads, is_training=False, name="mha"
+    )
+    k = v = mtf.zeros(mesh, mtf.Shape([D("batch", 8), heads, memory, kv]))
+    steps = []
+    for t in range(4):
+        step = mtf.constant(mesh, t, (), "int32")
+        y, k, v = layers.multihead_self_attention_incremental(
+            mtf.gather(x, step, length), k, v, step, "float32", "float32", name="mha"
+        )
+        steps.append(y)
+    assert len(graph.all_variables) == 1  # the steps reuse the layer's weights
+    got = assert_same_under_layouts(graph, mesh, devices, [full, *steps])
+    for t in range(4):
+        np.testing.assert_allclose(got[1 + t], got[0][:, t], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.tf
+def test_compress_mean_and_local_1d_halo_exchange(devices):
+    graph, mesh = _graph()
+    x, xv = _x(mesh, "batch:8,hidden:8")
+    kk, _ = _x(mesh, "batch:8,hidden:4,w:2", 1)
+    k, v = layers.local_1d_halo_exchange(kk, kk, D("hidden", 4), D("w", 2), True)
+    kp, _ = layers.local_1d_halo_exchange(kk, kk, None, D("w", 2), False)
+    outs = [layers.compress_mean(x, "hidden", 2), k, kp]
+    got = assert_same_under_layouts(graph, mesh, devices, outs)
+    np.testing.assert_allclose(got[0], xv.reshape(8, 4, 2).mean(2), rtol=1e-6)
+    assert got[1].shape == (8, 4, 4) and got[2].shape == (8, 4, 6)
+    # each block's left halo is the previous block; the first block's is zeros
+    np.testing.assert_array_equal(got[1][:, 1:, :2], got[1][:, :-1, 2:])
+    assert not got[1][:, 0, :2].any()
+    # without blocks dim: zero padding on both sides
+    assert not got[2][:, :, :2].any() and not got[2][:, :, 4:].any()

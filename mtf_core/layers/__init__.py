@@ -32,6 +32,12 @@ from mtf_core.layers.attention import (
     multiplicative_jitter,
     rename_length_to_memory_length,
 )
+from mtf_core.layers.attention_steps import (
+    compress_mean,
+    local_1d_halo_exchange,
+    multihead_encdec_attention_incremental,
+    multihead_self_attention_incremental,
+)
 from mtf_core.layers.conv import (
     conv1d,
     conv2d,
@@ -73,6 +79,10 @@ from mtf_core.layers.regularization import (
 )
 
 __all__ = [
+    "compress_mean",
+    "local_1d_halo_exchange",
+    "multihead_encdec_attention_incremental",
+    "multihead_self_attention_incremental",
     "annealed_dropout",
     "clip_activation_gradient",
     "reversible_half_residual_and_swap",
