@@ -58,8 +58,9 @@ def text_batches(seed: int = 0) -> np.ndarray:
     return np.stack([data[s : s + LENGTH] for s in starts]).astype(np.int32)
 
 
-def build(mtf: Any) -> dict[str, Any]:
-    """The LM's graph: loss, Adafactor updates and greedy samples."""
+def build(mtf: Any, decoding: bool = True) -> dict[str, Any]:
+    """The LM's graph: loss, Adafactor updates and (``decoding``) greedy
+    samples and beam search."""
     import tensorflow as tf
     from mesh_tensorflow.transformer import transformer, transformer_layers
 
@@ -99,11 +100,17 @@ def build(mtf: Any) -> dict[str, Any]:
     updates = mtf.optimize.AdafactorOptimizer(learning_rate=0.01).apply_grads(
         grads, variables
     )
-    samples = model.sample_autoregressive(inputs, temperature=0.0)
-    return dict(
+    built = dict(
         mtf=mtf, graph=graph, mesh=mesh, inputs=inputs, targets=targets,
-        loss=loss, updates=updates, samples=samples,
+        loss=loss, updates=updates,
     )  # fmt: skip
+    if not decoding:
+        return built
+    samples = model.sample_autoregressive(inputs, temperature=0.0)
+    beam_dim = mtf.Dimension("beam", 2)
+    beam_inputs = mtf.placeholder(mesh, [shape[0], beam_dim, shape[1]], dtype=tf.int32)
+    beams = model.beam_search(beam_inputs, mtf.constant(mesh, LENGTH, dtype=tf.int32))
+    return built | dict(samples=samples, beam_inputs=beam_inputs, beams=beams)
 
 
 def train(
@@ -141,6 +148,19 @@ def decode(m: dict[str, Any], state: dict, prompt: bytes) -> list[bytes]:
     return [bytes(row.astype(np.uint8)) for row in fn(ids)[0]]
 
 
+def beam_decode(m: dict[str, Any], state: dict) -> list[bytes]:
+    """Mesh TF's ``beam_search`` (2 beams) from empty prompts: the best beam."""
+    mtf = m["mtf"]
+    impl = mtf.PlacementMeshImpl("all:4", "batch:all", mtf.logical_devices(4))
+    fn = mtf.compile_function(
+        m["graph"], {m["mesh"]: impl}, [m["beam_inputs"]], [m["beams"]]
+    )
+    names = {v.name for v in fn.variables.variables}
+    fn.variables.load_dict({k: v for k, v in state.items() if k in names})
+    out = fn(np.zeros((BATCH, 2, LENGTH), np.int32))[0]
+    return [bytes(row.astype(np.uint8)) for row in out]
+
+
 DATA_PARALLEL = ("all:4", "batch:all")
 MODEL_PARALLEL = ("all:4", "heads:all;d_ff:all")
 
@@ -163,6 +183,13 @@ def main(argv: list[str] | None = None) -> None:
     resumed, state = train(m, MODEL_PARALLEL, saved, args.steps - half, half)
     print(f"data-parallel to step {half}, resumed model-parallel", np.round(resumed, 5))
     print("decode:", decode(m, state, b"Beautiful ")[0])
+    print("beam search:", beam_decode(m, state)[0])
+    # The planner plans the training step (its graph without the decoders'
+    # while_loops); the rules it picks name dims, so they apply to m as well.
+    step_only = build(mtf, decoding=False)
+    plan = mtf.auto_layout(step_only["graph"], "all:4", outputs=[step_only["loss"]])
+    planned, _ = train(m, ("all:4", str(plan.layout_rules)), init, args.steps)
+    print(f"auto_layout chose {str(plan.layout_rules)!r}; losses", np.round(planned, 5))
 
 
 if __name__ == "__main__":

@@ -42,3 +42,8 @@ def test_mesh_tf_lm_trains_equally_under_two_layouts_resumes_and_decodes():
     (decoded,) = [ln for ln in out if ln.startswith("decode: ")]
     text = ast.literal_eval(decoded.removeprefix("decode: "))
     assert text.startswith(b"Beautiful ") and len(text) == 16
+    (beam,) = [ln for ln in out if ln.startswith("beam search: ")]
+    assert len(ast.literal_eval(beam.removeprefix("beam search: "))) == 16
+    (planned,) = [ln for ln in out if ln.startswith("auto_layout chose")]
+    planned_losses = [float(v) for v in planned.split("[", 1)[1].rstrip("]").split()]
+    assert planned_losses == pytest.approx(dp, rel=1e-5)
