@@ -29,6 +29,7 @@ from layout_planner.choices import (  # noqa: E402
     plan_transformer,
     price_layout,
 )
+from layout_planner.errors import PlannerError  # noqa: E402
 from mtf_core.models import TransformerConfig  # noqa: E402
 
 MEGATRON = "batch:dp;heads:tp;d_ff:tp;vocab:tp"
@@ -147,7 +148,7 @@ def _row(plan, planning: float | None) -> list[str]:
     ]
 
 
-def run(cases: list[Case]) -> str:
+def run(cases: list[Case], quick: bool = False) -> str:
     header = (
         "| model | layout | mesh (pp x dp x tp, micro-batches) | recompute "
         "attn/ffn | ZeRO-sharded classes | step s | MFU | peak GiB | fits | "
@@ -158,11 +159,23 @@ def run(cases: list[Case]) -> str:
     for case in cases:
         start = time.perf_counter()
         try:
+            pub = case.published
+            narrow = {}
+            if quick:  # the published sizes and their neighbours only
+                narrow = {
+                    "stages": sorted(
+                        {s for s in (pub.stages // 2, pub.stages, pub.stages * 2)
+                         if s >= 1 and case.config.num_layers % s == 0}
+                    ),
+                    "tensor": sorted({max(1, pub.tensor // 2), pub.tensor,
+                                      pub.tensor * 2}),
+                }  # fmt: skip
             ours = plan_transformer(
                 case.config,
                 case.devices,
                 case.hardware,
                 encoder_decoder=case.encoder_decoder,
+                **narrow,
             )
             planning = time.perf_counter() - start
             rows.append(
@@ -176,13 +189,17 @@ def run(cases: list[Case]) -> str:
                 f"| {case.title} | planned | no plan fits: {e} |||||||{planning:.1f}|"
             )
             print(case.title, "no plan:", e, flush=True)
-        pub = price_layout(
-            case.config,
-            case.published,
-            case.published_rules,
-            case.hardware,
-            encoder_decoder=case.encoder_decoder,
-        )
+        try:
+            pub = price_layout(
+                case.config,
+                case.published,
+                case.published_rules,
+                case.hardware,
+                encoder_decoder=case.encoder_decoder,
+            )
+        except PlannerError as e:
+            rows.append(f"| | published | not priced: {e} ||||||||")
+            continue
         rows.append("| | published | " + " | ".join(_row(pub, None)) + " |")
         notes.append(f"* {case.title}: published layout from {case.source}.")
         print("published:", pub.explain(), flush=True)
@@ -193,13 +210,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
     ap.add_argument("--only", default="", help="comma-separated case keys")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="search only the published pipeline and tensor sizes, halved and doubled",
+    )
     args = ap.parse_args()
     keys = [k for k in args.only.split(",") if k]
     cases = [c for c in CASES if not keys or c.key in keys]
-    table = run(cases)
+    table = run(cases, args.quick)
     print(table)
     if args.write:
-        cmd = "`.venv/bin/python bench/scale.py --write`"
+        flags = " --quick" if args.quick else ""
+        cmd = f"`.venv/bin/python bench/scale.py --write{flags}`"
         replace_section(
             "scale",
             f"Command: {cmd} (load average {os.getloadavg()[0]:.1f}).\n\n{table}",

@@ -311,17 +311,21 @@ def plan_transformer(
             break  # no remaining mesh can be faster
         for rank, (attn, ffn) in enumerate(recompute):
             choice = ScaleChoice(pp, dp, tp, m, schedule, attn, ffn)
-            trial, plan = _trial(
-                cfg,
-                choice,
-                spec,
-                hw,
-                builder,
-                optimizer,
-                time_limit_s,
-                flops,
-                devices,
-            )
+            try:
+                trial, plan = _trial(
+                    cfg,
+                    choice,
+                    spec,
+                    hw,
+                    builder,
+                    optimizer,
+                    time_limit_s,
+                    flops,
+                    devices,
+                )
+            except PlannerError as e:  # e.g. a program CP-SAT rejects: say so
+                trials.append(ScaleTrial(choice, None, None, False, "", str(e)))
+                continue
             trials.append(trial)
             if plan is None or not trial.fits:
                 continue
