@@ -143,6 +143,17 @@ class Dims(tuple[Dimension, ...]):
     __hash__ = tuple.__hash__
 
 
+class IntList(list[int]):
+    """A list of ints that returns itself when called, so that
+    ``shape.to_integer_list`` (a property in Mesh TF) and
+    ``shape.to_integer_list()`` both give the sizes."""
+
+    __slots__ = ()
+
+    def __call__(self) -> IntList:
+        return self
+
+
 @dataclass(frozen=True, init=False)
 class Shape:
     """An ordered tuple of named dimensions with distinct names."""
@@ -221,8 +232,11 @@ class Shape:
     def size(self) -> int:
         return math.prod(d.size for d in self.dims)
 
-    def to_integer_list(self) -> list[int]:
-        return [d.size for d in self.dims]
+    @property
+    def to_integer_list(self) -> IntList:
+        """The sizes, in order: ``shape.to_integer_list`` (Mesh TF's property)
+        or ``shape.to_integer_list()``."""
+        return IntList(d.size for d in self.dims)
 
     def to_string(self) -> str:
         return str(self)

@@ -65,3 +65,10 @@ def test_mesh_takes_a_variable_placer():
     assert mesh.variable_placer is placer
     assert mesh.variable_placer_fn == placer.device_function
     assert mtf.Mesh(g, "n").variable_placer_fn == "cpu:0"
+
+
+def test_to_integer_list_is_a_property_that_can_still_be_called():
+    s = mtf.Shape("a:2,b:3")
+    assert s.to_integer_list == [2, 3]  # Mesh TF: a property
+    assert s.to_integer_list() == [2, 3]  # mtf_core's callers: a method
+    assert mtf.Shape([]).to_integer_list == []
