@@ -450,8 +450,15 @@ def render(rows: list[dict], args: argparse.Namespace, machine: str, hw: Any) ->
     print(text)
     if not args.no_write:
         name = hw.name if hw is not None else ""
+        cmd = command_line()
+        if args.render:  # the rows' files, not the notes given with them
+            files = " ".join(args.render)
+            cmd = (
+                f".venv/bin/python bench/fidelity.py --render {files} --hardware "
+                f"{args.hardware}"
+            )
         body = (
-            f"{machine}; profile `{name}`.\n\n    {command_line()}\n\n{text}\n\n"
+            f"{machine}; profile `{name}`.\n\n    {cmd}\n\n{text}\n\n"
             + EXPLAIN
             + (f"\n{args.note}\n" if args.note else "")
         )
