@@ -57,6 +57,16 @@ class DimInfo:
         return all(s % n == 0 for s in self.sizes)
 
 
+def _with_nested(operations: Iterable[Operation]) -> list[Operation]:
+    """``operations`` and, after each, the operations nested in it (a loop's
+    body), so that every dim an op names has a node with its sizes."""
+    out: list[Operation] = []
+    for op in operations:
+        out.append(op)
+        out.extend(_with_nested(op.sub_operations))
+    return out
+
+
 class DimensionGraph:
     """A networkx graph over dimension names (see the module docstring).
 
@@ -74,7 +84,7 @@ class DimensionGraph:
         cls, graph: Graph, operations: Iterable[Operation] | None = None
     ) -> DimensionGraph:
         """Builds the dimension graph of ``graph`` (or of ``operations`` only)."""
-        ops = list(graph.operations if operations is None else operations)
+        ops = _with_nested(graph.operations if operations is None else operations)
         sizes: dict[str, set[int]] = {}
         unsplittable: dict[str, list[str]] = {}
         tensor_edges: dict[tuple[str, str], str] = {}

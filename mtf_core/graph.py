@@ -292,6 +292,12 @@ class Operation:
 
     # -- what the planner reads ---------------------------------------------
     @property
+    def sub_operations(self) -> list[Operation]:
+        """Operations nested inside this one (a loop's body), whose tensors'
+        dims the planner lays out with the graph's; none for most ops."""
+        return []
+
+    @property
     def all_dim_names(self) -> frozenset[str]:
         # Cached: the planner asks every op many times, and an op's tensors
         # never change once its outputs are added.

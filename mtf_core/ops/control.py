@@ -160,6 +160,10 @@ class WhileLoop(Operation):
         return super().all_dim_names | self._sub_dims
 
     @property
+    def sub_operations(self) -> list[Operation]:
+        return self._cond_ops + self._body_ops
+
+    @property
     def body_operations(self) -> list[Operation]:
         return list(self._body_ops)
 
