@@ -29,7 +29,7 @@ from layout_planner.choices import (  # noqa: E402
     plan_transformer,
     price_layout,
 )
-from layout_planner.errors import PlannerError  # noqa: E402
+from layout_planner.errors import PlannerError, SolverError  # noqa: E402
 from mtf_core.models import TransformerConfig  # noqa: E402
 
 MEGATRON = "batch:dp;heads:tp;d_ff:tp;vocab:tp"
@@ -197,7 +197,7 @@ def run(cases: list[Case], quick: bool = False) -> str:
                 case.hardware,
                 encoder_decoder=case.encoder_decoder,
             )
-        except PlannerError as e:
+        except (PlannerError, SolverError) as e:
             rows.append(f"| | published | not priced: {e} ||||||||")
             continue
         rows.append("| | published | " + " | ".join(_row(pub, None)) + " |")

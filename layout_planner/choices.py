@@ -45,7 +45,7 @@ from cost_models.pipeline import (
     pipeline_cost,
     split_step,
 )
-from layout_planner.errors import PlannerError
+from layout_planner.errors import PlannerError, SolverError
 from layout_planner.plan import LayoutPlan
 from layout_planner.planner import auto_layout
 from mtf_core import dtypes
@@ -323,7 +323,7 @@ def plan_transformer(
                     flops,
                     devices,
                 )
-            except PlannerError as e:  # e.g. a program CP-SAT rejects: say so
+            except (PlannerError, SolverError) as e:  # a program CP-SAT rejects
                 trials.append(ScaleTrial(choice, None, None, False, "", str(e)))
                 continue
             trials.append(trial)
