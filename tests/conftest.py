@@ -26,3 +26,17 @@ def devices() -> list[str]:
 @pytest.fixture
 def rng() -> np.random.RandomState:
     return np.random.RandomState(0)
+
+
+@pytest.fixture(autouse=True)
+def _mtf_core_compat_off():
+    """``import mtf_core.compat`` (at collection, by a test module) installs
+    process-wide hooks: TF variable scopes in names and TF's initializers for
+    layers' default weights.  Every test starts without them; a test that
+    wants them calls ``mtf_core.compat.install()`` (and uninstalls)."""
+    import sys
+
+    compat = sys.modules.get("mtf_core.compat")
+    if compat is not None:
+        compat.uninstall()
+    yield

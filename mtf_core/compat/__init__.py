@@ -24,19 +24,7 @@ from mtf_core.compat.finder import (
     install,
     uninstall,
 )
-from mtf_core.layers.initializers import set_initializer_provider
 
 install()
-
-
-def _mesh_tf_initializer(distribution: str, stddev: float) -> object:
-    # Mesh TF's layers draw default weights with TensorFlow's initializers
-    # (mtf_core's own draw with NumPy); TensorFlow loads on first use.
-    from mtf_core.lowering.tf_initializers import mesh_tf_initializer
-
-    return mesh_tf_initializer(distribution, stddev)
-
-
-set_initializer_provider(_mesh_tf_initializer)
 
 __all__ = ["ALIASES", "MESH_TF_PACKAGES", "add_mesh_tf_path", "install", "uninstall"]

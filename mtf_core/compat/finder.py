@@ -202,19 +202,34 @@ def _tf_variable_scope() -> str:
 def install() -> None:
     """Put the finder first on ``sys.meta_path`` (idempotent), and make
     variable names take TF's variable scope as a prefix, as Mesh TF's do (its
-    Transformer names ``encoder/block_000/layer_000/SelfAttention/q`` so)."""
+    Transformer names ``encoder/block_000/layer_000/SelfAttention/q`` so), and
+    default weights come from TF's initializers as Mesh TF's do.
+    :func:`uninstall` undoes all three."""
+    from mtf_core.layers.initializers import set_initializer_provider
     from mtf_core.ops.variables import set_variable_scope_provider
 
     if _FINDER not in sys.meta_path:
         sys.meta_path.insert(0, _FINDER)
     set_variable_scope_provider(_tf_variable_scope)
+    set_initializer_provider(_mesh_tf_initializer)
+
+
+def _mesh_tf_initializer(distribution: str, stddev: float) -> object:
+    # Mesh TF's layers draw default weights with TensorFlow's initializers
+    # (mtf_core's own draw with NumPy); TensorFlow loads on first use.
+    from mtf_core.lowering.tf_initializers import mesh_tf_initializer
+
+    return mesh_tf_initializer(distribution, stddev)
 
 
 def uninstall() -> None:
-    """Remove the finder and forget the ``mesh_tensorflow`` modules it made."""
+    """Remove the finder, forget the ``mesh_tensorflow`` modules it made, and
+    give variable names and default weights back to mtf_core's own rules."""
+    from mtf_core.layers.initializers import set_initializer_provider
     from mtf_core.ops.variables import set_variable_scope_provider
 
     set_variable_scope_provider(None)
+    set_initializer_provider(None)
     if _FINDER in sys.meta_path:
         sys.meta_path.remove(_FINDER)
     for name in list(sys.modules):
