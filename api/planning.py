@@ -22,6 +22,7 @@ from cost_models.hardware import PRESETS, HardwareProfile
 from layout_planner.errors import PlannerError
 from layout_planner.options import SERVER_CHOSEN, PlanOptions
 from layout_planner.plan import FORMAT_VERSION as PLAN_FORMAT_VERSION
+from layout_planner.plan import mesh_text
 from layout_planner.program import Objective
 from mtf_core.errors import MtfError
 from mtf_core.serialization import LoadedGraph, graph_from_dict
@@ -60,7 +61,9 @@ class PlanSpec:
             "graph_name": self.graph_name,
             "graph_hash": self.graph_hash,
             "num_operations": self.num_operations,
-            "mesh_shape": self.mesh_shape,
+            "mesh_shape": None
+            if self.mesh_shape is None
+            else mesh_text(self.mesh_shape),
             "num_devices": self.num_devices,
             "hardware": self.hardware_name,
             "objective": opts.objective.value,

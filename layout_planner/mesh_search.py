@@ -23,7 +23,7 @@ from dataclasses import replace
 from cost_models.hardware import HardwareProfile
 from layout_planner.analysis import GraphAnalysis
 from layout_planner.errors import PlannerError
-from layout_planner.plan import LayoutPlan, MeshTrial
+from layout_planner.plan import LayoutPlan, MeshTrial, mesh_text
 from layout_planner.plan_mesh import check_graph, plan_problem
 from layout_planner.problem import LayoutProblem
 from layout_planner.program import Objective, SolveParams, SolveStatus
@@ -108,14 +108,19 @@ def search_mesh_shape(
             break
         mesh = Shape([Dimension(axis_names[k], s) for k, s in enumerate(sizes)])
         if progress is not None:
-            progress(f"mesh shape {i + 1} of {len(shapes)}: {mesh}", i / len(shapes))
+            progress(
+                f"mesh shape {i + 1} of {len(shapes)}: {mesh_text(mesh)}",
+                i / len(shapes),
+            )
         problem = LayoutProblem(graph, mesh, hardware, outputs, analysis)
         trial_params = replace(params, top_k=1, time_limit_s=max(left, _MIN_SOLVE_S))
         plan = plan_problem(
             problem, objective, trial_params, verify=False, extras=False
         )
         value = plan.solver.objective_value
-        trials.append(MeshTrial(str(mesh), plan.status, value, str(plan.layout_rules)))
+        trials.append(
+            MeshTrial(mesh_text(mesh), plan.status, value, str(plan.layout_rules))
+        )
         if not plan.status.has_solution:
             continue
         key = _rank_key(plan, objective, sizes)
@@ -135,7 +140,9 @@ def search_mesh_shape(
             f"no mesh shape of {num_devices} devices has a layout: {tried}"
         )
     if progress is not None:
-        progress(f"planning on {best[1].mesh_shape}", len(trials) / len(shapes))
+        progress(
+            f"planning on {mesh_text(best[1].mesh_shape)}", len(trials) / len(shapes)
+        )
     left = deadline - time.monotonic()
     final = plan_problem(
         best[1],

@@ -169,6 +169,12 @@ class DimChoice:
         )
 
 
+def mesh_text(mesh: Shape | str) -> str:
+    """A mesh shape as users write it, ``'x:2;y:4'`` (a tensor shape prints
+    ``'x:2,y:4'``): plans, trials and the service echo meshes in this form."""
+    return ";".join(f"{d.name}:{d.size}" for d in convert_to_shape(mesh).dims)
+
+
 @dataclass(frozen=True)
 class MeshTrial:
     """One mesh shape the mesh-shape search tried."""
@@ -278,7 +284,7 @@ class LayoutPlan:
     def explain(self) -> str:
         """Why each dim is split where it is (or not split), as text."""
         lines = [
-            f"mesh [{self.mesh_shape}], objective {self.objective.value}, "
+            f"mesh [{mesh_text(self.mesh_shape)}], objective {self.objective.value}, "
             f"status {self.status.value}: {self.layout_rules or '(nothing split)'}",
             f"  step time {fmt_s(self.cost.time_s)} (compute "
             f"{fmt_s(self.cost.compute_s)}, communication {fmt_s(self.cost.comm_s)}"
@@ -298,7 +304,7 @@ class LayoutPlan:
     def to_dict(self) -> dict[str, Any]:
         return {
             "format_version": FORMAT_VERSION,
-            "mesh_shape": str(self.mesh_shape),
+            "mesh_shape": mesh_text(self.mesh_shape),
             "layout_rules": str(self.layout_rules),
             "rules": self.layout_rules.as_dict(),
             "objective": self.objective.value,

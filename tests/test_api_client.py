@@ -150,7 +150,7 @@ def test_cli_exports_a_model_and_plans_it_locally_and_on_the_server(
         == EXIT_OK
     )
     plan = json.loads(capsys.readouterr().out)
-    assert [t["mesh_shape"] for t in plan["mesh_trials"]] == ["x:4", "x:2,y:2"]
+    assert [t["mesh_shape"] for t in plan["mesh_trials"]] == ["x:4", "x:2;y:2"]
 
 
 def test_cli_plan_exits_non_zero_when_nothing_fits(server, tmp_path, capsys):

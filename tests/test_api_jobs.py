@@ -33,8 +33,8 @@ def test_job_goes_from_queued_to_done_with_progress_and_a_plan(client):
         done["status"] == "done" and done["progress"] == 1.0 and done["error"] is None
     )
     plan = client.get(f"/v1/plans/{done['plan_id']}").json()
-    assert plan["mesh_shape"] == "x:2,y:2" and plan["graph_name"] == "mlp"
-    assert done["request"]["mesh_shape"] == "x:2,y:2"
+    assert plan["mesh_shape"] == "x:2;y:2" and plan["graph_name"] == "mlp"
+    assert done["request"]["mesh_shape"] == "x:2;y:2"
     listed = client.get("/v1/jobs").json()["jobs"]
     assert listed[0]["id"] == job["id"]
 

@@ -63,7 +63,7 @@ def test_plan_returns_the_same_layout_and_costs_as_local_planning(client, doc):
     assert r.status_code == 200, r.text
     out = r.json()
     assert out["cached"] is False
-    assert out["mesh_shape"] == "x:2,y:2" and out["hardware"] == "h100-nvlink-ib"
+    assert out["mesh_shape"] == "x:2;y:2" and out["hardware"] == "h100-nvlink-ib"
     served = LayoutPlan.from_dict(out["plan"])
     local = local_plan(doc, "x:2;y:2", hardware="h100-nvlink-ib", top_k=3)
     # Equal but for the solver's timings and thread count.
@@ -132,7 +132,7 @@ def test_device_count_searches_mesh_shapes(client, doc):
     assert r.status_code == 200, r.text
     plan = r.json()["plan"]
     tried = [t["mesh_shape"] for t in plan["mesh_trials"]]
-    assert tried == ["x:4", "x:2,y:2"]
+    assert tried == ["x:4", "x:2;y:2"]
     assert plan["mesh_shape"] in tried
 
 
@@ -338,7 +338,7 @@ def test_dashboard_form_plans_the_same_graph_on_another_mesh(client, doc):
     job = wait_job(client, r.headers["location"].rsplit("/", 1)[1], ("done", "failed"))
     assert job["status"] == "done", job
     assert (
-        job["request"]["mesh_shape"] == "x:2,y:4"
+        job["request"]["mesh_shape"] == "x:2;y:4"
         and job["request"]["hardware"] == "tpu-v4"
     )
     page = client.get(r.headers["location"])  # the job page forwards to its plan

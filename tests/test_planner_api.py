@@ -106,7 +106,7 @@ def test_a_device_count_searches_mesh_shapes_and_puts_the_model_axis_in_a_host()
     )
     model = transformer(**MEGATRON_SIZES)
     plan = mtf.auto_layout(model.graph, 8, [model.loss], hosts, top_k=2)
-    assert [t.mesh_shape for t in plan.mesh_trials] == ["x:8", "x:4,y:2", "x:2,y:4"]
+    assert [t.mesh_shape for t in plan.mesh_trials] == ["x:8", "x:4;y:2", "x:2;y:4"]
     assert str(plan.mesh_shape) == "x:2,y:4"
     assert str(plan.layout_rules) == "batch:x;d_ff:y;heads:y;vocab:y"
     best = min(t.objective_value for t in plan.mesh_trials)

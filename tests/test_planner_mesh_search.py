@@ -17,6 +17,7 @@ from test_planner_graphs import transformer
 import mtf_core as mtf
 from layout_planner.errors import PlannerError
 from layout_planner.mesh_search import factorizations
+from layout_planner.plan import mesh_text
 
 pytestmark = pytest.mark.solver
 
@@ -44,14 +45,14 @@ def test_the_time_limit_bounds_the_whole_mesh_search_and_the_plan_says_so() -> N
     assert f"after {tried} of the 576 shapes of 65536 devices" in plan.reason
     assert "time_limit_s=0.5 s" in plan.reason
     # The plan is one of the shapes tried, and the best of them.
-    assert str(plan.mesh_shape) in [t.mesh_shape for t in plan.mesh_trials]
+    assert mesh_text(plan.mesh_shape) in [t.mesh_shape for t in plan.mesh_trials]
     best = min(t.objective_value for t in plan.mesh_trials if t.objective_value)
     assert plan.solver.objective_value == pytest.approx(best, rel=1e-12)
     # Progress: once per shape tried, then once for the final plan, rising.
     assert len(seen) == tried + 1
     assert [f for _, f in seen] == sorted(f for _, f in seen)
     assert seen[0] == (f"mesh shape 1 of 576: {plan.mesh_trials[0].mesh_shape}", 0.0)
-    assert seen[-1][0] == f"planning on {plan.mesh_shape}"
+    assert seen[-1][0] == f"planning on {mesh_text(plan.mesh_shape)}"
     # Not a speed claim: a hang guard (the search used to run for 78 s).
     assert elapsed < 30
 
@@ -68,7 +69,7 @@ def test_a_search_within_its_limit_tries_every_shape_and_stays_optimal() -> None
         progress=lambda phase, fraction: seen.append(fraction),
     )
     assert [t.mesh_shape for t in plan.mesh_trials] == [
-        ",".join(f"{n}:{v}" for n, v in zip("xyz", s)) for s in factorizations(8, 3)
+        ";".join(f"{n}:{v}" for n, v in zip("xyz", s)) for s in factorizations(8, 3)
     ]
     assert plan.status.value == "optimal" and plan.reason is None
     n = len(factorizations(8, 3))  # 8, 4x2, 2x4, 2x2x2
