@@ -24,26 +24,29 @@ from mtf_core.ops.variables import Assign, assign, get_variable
 from mtf_core.shapes import Shape
 
 
+def _norm_variable(
+    x: Tensor, name: str, shape: Shape, initializer: Any, trainable: bool = True
+) -> Tensor:
+    """A normalization's learned (or moving) statistic of ``shape``, read in
+    ``x``'s dtype."""
+    return get_variable(
+        x.mesh,
+        name,
+        shape,
+        activation_dtype=x.dtype,
+        initializer=initializer,
+        trainable=trainable,
+    )
+
+
 def layer_norm(
     x: Tensor, dim: Any, epsilon: float = 1e-6, name: str = "layer_prepostprocess"
 ) -> Tensor:
     """Normalizes over ``dim`` and applies a learned scale and bias (both
     ``[dim]``, named ``{name}_scale`` / ``{name}_bias``)."""
     d = dim_in(x, dim, f"layer_norm {name!r}")
-    scale = get_variable(
-        x.mesh,
-        f"{name}_scale",
-        Shape([d]),
-        activation_dtype=x.dtype,
-        initializer=ones_initializer(),
-    )
-    bias = get_variable(
-        x.mesh,
-        f"{name}_bias",
-        Shape([d]),
-        activation_dtype=x.dtype,
-        initializer=zeros_initializer(),
-    )
+    scale = _norm_variable(x, f"{name}_scale", Shape([d]), ones_initializer())
+    bias = _norm_variable(x, f"{name}_bias", Shape([d]), zeros_initializer())
     rest = x.shape - [d]
     mean = red.reduce_mean(x, output_shape=rest)
     centered = x - mean
@@ -56,13 +59,7 @@ def rms_norm(
 ) -> Tensor:
     """``x / sqrt(mean(x^2 over dim) + eps) * scale`` (no centering, no bias)."""
     d = dim_in(x, dim, f"rms_norm {name!r}")
-    scale = get_variable(
-        x.mesh,
-        f"{name}_scale",
-        Shape([d]),
-        activation_dtype=x.dtype,
-        initializer=ones_initializer(),
-    )
+    scale = _norm_variable(x, f"{name}_scale", Shape([d]), ones_initializer())
     ms = red.reduce_mean(ew.square(x), output_shape=x.shape - [d])
     return x * ew.rsqrt(ms + epsilon) * scale
 
@@ -90,14 +87,7 @@ def batch_norm(
     kept = x.shape - norm
 
     def var(suffix: str, init: Any, trainable: bool = True) -> Tensor:
-        return get_variable(
-            x.mesh,
-            f"{name}_{suffix}",
-            kept,
-            activation_dtype=x.dtype,
-            initializer=init,
-            trainable=trainable,
-        )
+        return _norm_variable(x, f"{name}_{suffix}", kept, init, trainable)
 
     scale = var("scale", zeros_initializer() if init_zero else ones_initializer())
     bias = var("bias", zeros_initializer())

@@ -13,10 +13,12 @@ from mtf_core.ops import slicing as sl
 from mtf_core.ops.reshape import Reshape
 from mtf_core.ops.shift import Shift
 from mtf_core.serialization.registry import OpSpec, register
+from mtf_core.shapes import Shape
 
 
-@register(Reshape)
-def _reshape(spec: OpSpec) -> Operation:
+def declared_new_shape(spec: OpSpec) -> Shape:
+    """The output shape of a one-input op that renames or reshapes, checked
+    against its ``new_shape`` attribute where one is written."""
     spec.expect_inputs(1)
     shape = spec.output_shape()
     written = spec.attrs.raw("new_shape")
@@ -25,7 +27,12 @@ def _reshape(spec: OpSpec) -> Operation:
             f"{spec.attrs.path}.new_shape: {written!r} disagrees with the declared "
             f"output shape [{shape}]"
         )
-    return Reshape(spec.inputs[0], shape, name=spec.name)
+    return shape
+
+
+@register(Reshape)
+def _reshape(spec: OpSpec) -> Operation:
+    return Reshape(spec.inputs[0], declared_new_shape(spec), name=spec.name)
 
 
 @register(sl.Concat)

@@ -5,18 +5,12 @@ from __future__ import annotations
 from mtf_core.errors import SerializationError
 from mtf_core.graph import Operation
 from mtf_core.ops.stored import ReduceScatter, StoredRead
+from mtf_core.serialization.builders_slicing import declared_new_shape
 from mtf_core.serialization.registry import OpSpec, register
 
 
 def _renamed(spec: OpSpec) -> object:
-    spec.expect_inputs(1)
-    shape = spec.output_shape()
-    written = spec.attrs.raw("new_shape")
-    if written is not None and written != str(shape):
-        raise SerializationError(
-            f"{spec.attrs.path}.new_shape: {written!r} disagrees with the declared "
-            f"output shape [{shape}]"
-        )
+    shape = declared_new_shape(spec)
     if shape.size != spec.inputs[0].shape.size:
         raise SerializationError(
             f"{spec.attrs.path}: output [{shape}] and input "
