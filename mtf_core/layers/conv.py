@@ -34,6 +34,13 @@ from mtf_core.shapes import Dimension, Shape
 _FILTER_DIMS = ("filter_depth", "filter_height", "filter_width")
 
 
+def _variable_dtype(x: Tensor, variable_dtype: Any) -> dtypes.VariableDType:
+    """A conv layer's variable dtypes: as given, else ``x``'s dtype."""
+    if variable_dtype is None:
+        return dtypes.VariableDType(activation_dtype=x.dtype)
+    return dtypes.as_variable_dtype(variable_dtype)
+
+
 def _conv_layer(
     x: Tensor,
     output_dim: Any,
@@ -69,11 +76,7 @@ def _conv_layer(
         for k in sizes:
             fan_in *= k
         init = normal_initializer(fan_in**-0.5, fname)
-    vd = (
-        dtypes.VariableDType(activation_dtype=x.dtype)
-        if variable_dtype is None
-        else dtypes.as_variable_dtype(variable_dtype)
-    )
+    vd = _variable_dtype(x, variable_dtype)
     w = get_variable(
         x.mesh, fname, fshape, vd, initializer=named_initializer(init, fname)
     )
@@ -184,11 +187,7 @@ def _conv_transpose_layer(
         init = init([cin], list(fshape.dims[: n + 1]))
     if init is None:
         init = normal_initializer(cin.size**-0.5, fname)
-    vd = (
-        dtypes.VariableDType(activation_dtype=x.dtype)
-        if variable_dtype is None
-        else dtypes.as_variable_dtype(variable_dtype)
-    )
+    vd = _variable_dtype(x, variable_dtype)
     w = get_variable(
         x.mesh, fname, fshape, vd, initializer=named_initializer(init, fname)
     )
