@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 
 import mtf_core as mtf
 from api.main import create_app
+from mtf_core.errors import ConfigError
 from mtf_core.models import MlpConfig, build_mlp_classifier
 from mtf_core.serialization import graph_to_dict
 
@@ -85,7 +86,13 @@ def test_run_report_refit_moves_the_next_prediction_to_the_measurement(
     report = mtf.report_measurement(
         "http://testserver",
         first["id"],
-        StepMeasurement(wall_s=measured, cpu_s=measured, steps=5, clock="cpu"),
+        StepMeasurement(
+            wall_s=measured,
+            cpu_s=measured,
+            steps=5,
+            clock="cpu",
+            op_profile={"matmul": 0.03, "elementwise": 0.01, "total": 0.04},
+        ),
         source="test",
         transport=client._transport,  # the app itself, no socket
     )
@@ -138,6 +145,7 @@ def test_run_report_refit_moves_the_next_prediction_to_the_measurement(
     assert page.status_code == 200
     assert 'id="measurements"' in page.text
     assert f"{100 * report['error']:+.0f}%" in page.text
+    assert "matmul 75%, elementwise 25%" in page.text  # where its time went
 
 
 def test_measurement_errors_are_4xx_with_a_reason(client: TestClient) -> None:
@@ -178,9 +186,9 @@ def test_mtf_train_reports_its_fastest_step_to_the_service(
         argv = [
             "--layers", "1", "--d_model", "16", "--heads", "8", "--d_kv", "2",
             "--d_ff", "32", "--length", "8", "--batch", "8", "--vocab", "32",
-            "--corpus_bytes", "20000", "--no_progress", "--no_eval", "--steps", "4",
+            "--corpus_bytes", "20000", "--no_progress", "--no_eval", "--steps", "5",
             "--layout", "batch:x", "--mesh", "x:2",
-            "--report", server.url, "--plan_id", plan_id,
+            "--report", server.url, "--plan_id", plan_id, "--profile_ops",
         ]  # fmt: skip
         summary = cli.train(cli.parse_args(argv))
         assert summary["step_s"] > 0
@@ -192,4 +200,14 @@ def test_mtf_train_reports_its_fastest_step_to_the_service(
             f"{server.url}/v1/measurements", params={"plan_id": plan_id}
         ).json()["measurements"]
         assert [m["detail"]["source"] for m in listed] == ["mtf-train"]
-        assert listed[0]["detail"]["steps"] == 3  # the first step traces: left out
+        # The first step traces and the last two are profiled: left out.
+        assert listed[0]["detail"]["steps"] == 2
+        # Where the profiled steps' time went, per op class, stored with it.
+        profile = listed[0]["detail"]["profile"]
+        assert profile == pytest.approx(summary["op_profile"])
+        assert profile["matmul"] > 0 and profile["add_n"] > 0  # allreduce over x
+        assert profile["total"] == pytest.approx(
+            sum(v for k, v in profile.items() if k != "total")
+        )
+    with pytest.raises(ConfigError, match="--profile_ops needs at least 3 steps"):
+        cli.train(cli.parse_args([*argv[:-1], "--steps", "2", "--profile_ops"]))

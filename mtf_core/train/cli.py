@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
 from collections.abc import Sequence
+from contextlib import ExitStack
 from typing import Any
 
 from mtf_core.errors import ConfigError, MtfError
@@ -109,6 +111,12 @@ def _train_parser(p: argparse.ArgumentParser) -> None:
     r.add_argument("--report", metavar="URL", help="planner service to report to")
     r.add_argument("--plan_id", help="the stored plan this run's layout came from")
     r.add_argument("--token", help="API token for --report (or $MTF_PLANNER_TOKEN)")
+    r.add_argument(
+        "--profile_ops",
+        action="store_true",
+        help="profile the last two steps with TensorFlow's profiler: seconds per "
+        "op class, printed in the summary and sent with --report",
+    )
 
 
 def _sample_parser(p: argparse.ArgumentParser) -> None:
@@ -195,6 +203,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     as a measurement of plan ``--plan_id``."""
     if args.report and not args.plan_id:
         raise ConfigError("--report needs --plan_id (the plan this layout came from)")
+    _profiled_steps(args)  # checked before any slow work
     n = device_count(args)
     auto = args.layout.strip().lower() == "auto"
     # Checked before any slow work, so a typo fails at once.
@@ -249,7 +258,14 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     saved = None
     t_start = time.perf_counter()
     step_times: list[float] = []
+    profiled = _profiled_steps(args)
+    spans = ExitStack()
+    prof = None
     for i in range(args.steps):
+        if i == args.steps - profiled:
+            from mtf_core.lowering.op_profile import profiling
+
+            prof = spans.enter_context(profiling())
         t0 = time.perf_counter()
         loss = trainer.step(data.batch(trainer.global_step))
         dt = time.perf_counter() - t0
@@ -266,8 +282,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         if args.checkpoint_dir and (last or step % args.save_every == 0):
             saved = trainer.save(args.checkpoint_dir, {**meta, "loss": loss})
     bar.close()
+    spans.close()  # ends the profile: its steps' times are in step_times too
     eval_loss = None if args.no_eval else trainer.evaluate(data.eval_batch())
-    summary = {
+    summary: dict[str, Any] = {
         "steps": trainer.global_step - first,
         "global_step": trainer.global_step,
         "loss": loss,
@@ -278,8 +295,10 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "mesh_shape": str(layout.mesh_shape),
         "checkpoint": saved,
         # The first step traces and optimizes the function: not a step time.
-        "step_s": min(step_times[1:] or step_times or [float("nan")]),
+        "step_s": min(step_times[1 : -profiled or None] or step_times or [math.nan]),
     }
+    if prof is not None:
+        summary["op_profile"] = prof.per_step(profiled)
     if args.report:
         summary["report"] = _report(args, summary, layout)
     print(json.dumps(summary), flush=True)
@@ -294,15 +313,31 @@ def _report(args: argparse.Namespace, summary: dict[str, Any], layout: Any) -> A
     m = StepMeasurement(
         wall_s=summary["step_s"],
         cpu_s=summary["step_s"],
-        steps=max(1, summary["steps"] - 1),
+        steps=max(1, summary["steps"] - 1 - _profiled_steps(args)),
         mesh_shape=str(layout.mesh_shape),
         layout_rules=str(layout.rules),
+        op_profile=summary.get("op_profile"),
     )
     try:
         report = mtf_core.report_measurement
     except (AttributeError, ImportError) as e:
         raise ConfigError(f"--report needs the planner client: {e}") from None
     return report(args.report, args.plan_id, m, token=args.token, source="mtf-train")
+
+
+def _profiled_steps(args: argparse.Namespace) -> int:
+    """How many of the last steps ``--profile_ops`` profiles (none without it;
+    the first step, which traces, never): they are left out of ``step_s``,
+    since the profiler slows them."""
+    if not args.profile_ops:
+        return 0
+    steps: int = args.steps
+    if steps < 3:
+        raise ConfigError(
+            f"--profile_ops needs at least 3 steps (one to trace, one to time, "
+            f"one to profile), got --steps {steps}"
+        )
+    return min(2, steps - 2)
 
 
 def _progress(total: int, initial: int, disabled: bool) -> Any:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -38,6 +38,8 @@ class StepMeasurement:
     clock: str = "wall"
     mesh_shape: str = ""
     layout_rules: str = ""
+    #: Seconds per op class per step (:mod:`mtf_core.lowering.op_profile`).
+    op_profile: Mapping[str, float] | None = None
 
     @property
     def step_s(self) -> float:
@@ -52,6 +54,7 @@ class StepMeasurement:
             "backend": self.backend,
             "steps": self.steps,
             "source": source or f"mtf {self.clock} clock, {self.layout_rules}",
+            "profile": dict(self.op_profile or {}),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -67,10 +70,13 @@ def measure_step(
     cores: int | None = None,
     mesh_shape: str = "",
     layout_rules: str = "",
+    profile_ops: int = 0,
 ) -> StepMeasurement:
     """Calls ``step(*args)`` once to warm up, then ``steps`` times; returns the
     fastest call.  ``cores``: the cores the devices can keep busy (default:
-    the CPUs this process may run on), which CPU seconds are divided by."""
+    the CPUs this process may run on), which CPU seconds are divided by.
+    ``profile_ops``: that many more calls under TensorFlow's profiler, for
+    the seconds per op class (not timed: the profiler slows them)."""
     if steps < 1:
         raise ConfigError(f"steps must be at least 1, got {steps}")
     if clock not in ("wall", "cpu"):
@@ -86,6 +92,21 @@ def measure_step(
         step(*args)
         wall = min(wall, time.perf_counter() - t0)
         cpu = min(cpu, time.process_time() - c0)
+    op_profile = None
+    if profile_ops:
+        from mtf_core.lowering.op_profile import profiling
+
+        with profiling() as prof:
+            for _ in range(profile_ops):
+                step(*args)
+        op_profile = prof.per_step(profile_ops)
     return StepMeasurement(
-        wall, cpu / max(cores, 1), steps, backend, clock, mesh_shape, layout_rules
+        wall,
+        cpu / max(cores, 1),
+        steps,
+        backend,
+        clock,
+        mesh_shape,
+        layout_rules,
+        op_profile,
     )
