@@ -200,7 +200,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def _hardware(value: str) -> Any:
-    from cost_models.hardware import PRESETS, get_hardware
+    from cost_models.hardware import PRESETS
+    from cost_models.profiles import get_hardware
 
     if value in PRESETS:
         return value
@@ -208,7 +209,7 @@ def _hardware(value: str) -> Any:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from cost_models.hardware import get_hardware
+    from cost_models.profiles import get_hardware
     from layout_planner.plan import LayoutPlan
     from mtf_core.serialization import graph_from_json
 

@@ -25,9 +25,9 @@ from cost_models.hardware import (
     HardwareError,
     HardwareProfile,
     LinkSpec,
-    get_hardware,
 )
 from cost_models.memory import MemoryModel, TensorInfo, describe_overflow, memory_model
+from cost_models.profiles import get_hardware
 from cost_models.units import (
     CostUnit,
     UnitClass,

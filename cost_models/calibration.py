@@ -37,18 +37,20 @@ from cost_models.deferred import DeferredAllreduces
 from cost_models.gc_pause import gc_paused
 from cost_models.hardware import (
     BACKENDS,
+    PRESETS,
     Calibration,
     CostModelError,
+    HardwareError,
     HardwareProfile,
-    get_hardware,
 )
+from cost_models.layout_cache import LayoutSizes, layout_context
 from cost_models.op_classes import (
     FEATURES,
     collective_features,
     op_features,
     roofline_rates,
 )
-from cost_models.op_costs import LayoutSizes, flops_per_device
+from cost_models.op_costs import flops_per_device
 from mtf_core.comm import CollectiveSpec
 from mtf_core.graph import Graph, Tensor
 
@@ -66,8 +68,6 @@ def step_features(
     compute features and every collective's (deferred allreduces where the
     lowering forces them, exported outputs last), summed.  For a calibrated
     profile ``hw``, ``sum(hw.rates[f] * x)`` is ``evaluate(...).time_s``."""
-    from cost_models.costs import layout_context
-
     with gc_paused():
         ctx = layout_context(graph, mesh_shape, layout_rules)
         sizes = LayoutSizes(ctx)
@@ -238,7 +238,7 @@ def fit_profile(
             "measurements were given)"
         )
     base.pop("calibration", None)
-    roof = roofline_rates(get_hardware(base | {"measured": {}}))
+    roof = roofline_rates(HardwareProfile.from_dict(base | {"measured": {}}))
     old = profile.get("calibration") or {}
     coefs: dict[str, dict[str, float]] = {}
     report: dict[str, Any] = {}
@@ -270,8 +270,10 @@ def refit(
     """``hw`` with the rates of ``backend`` (default: the profile's) refitted from ``measurements``
     (:class:`Measurement` s, their dicts, or ``(features, seconds)`` rows of
     that backend), starting from its current rates (the roofline's for an
-    uncalibrated profile such as ``cpu-host``).  Other backends keep theirs."""
-    hw = get_hardware(hw)
+    uncalibrated profile such as ``cpu-host``).  Other backends keep theirs.
+    ``hw`` given by name must be a preset; read a profile file with
+    :func:`cost_models.profiles.get_hardware` first."""
+    hw = _profile(hw)
     if backend is None:
         backend = _backend(hw)
     elif backend not in BACKENDS:
@@ -294,6 +296,20 @@ def refit(
     coefs = {b: tuple(c) for b, c in old.items()}
     coefs[backend] = tuple(sorted(rates.items()))
     return replace(hw, calibration=Calibration(backend, tuple(sorted(coefs.items()))))
+
+
+def _profile(hw: HardwareProfile | Mapping[str, Any] | str) -> HardwareProfile:
+    if isinstance(hw, HardwareProfile):
+        return hw
+    if isinstance(hw, Mapping):
+        return HardwareProfile.from_dict(hw)
+    if hw in PRESETS:
+        return PRESETS[hw]
+    raise HardwareError(
+        f"refit: hardware {hw!r} is not a preset name (expected one of "
+        f"{sorted(PRESETS)}); for a profile file, pass "
+        "cost_models.get_hardware(path)"
+    )
 
 
 def _backend(hw: HardwareProfile) -> str:

@@ -28,8 +28,8 @@ from typing import Any
 
 from cost_models.deferred import DeferredAllreduces
 from cost_models.gc_pause import gc_paused
-from cost_models.hardware import HardwareProfile, get_hardware
-from cost_models.layout_cache import CachedLayoutContext
+from cost_models.hardware import HardwareProfile
+from cost_models.layout_cache import LayoutSizes, layout_context
 from cost_models.memory import (
     PARAM,
     SLOT,
@@ -37,7 +37,8 @@ from cost_models.memory import (
     max_collective_buffer_bytes,
     memory_model,
 )
-from cost_models.op_costs import LayoutSizes, op_compute
+from cost_models.op_costs import op_compute
+from cost_models.profiles import get_hardware
 from cost_models.units import (
     CostUnit,
     UnitCost,
@@ -45,8 +46,8 @@ from cost_models.units import (
     cost_units,
     unit_cost,
 )
-from mtf_core.comm import CollectiveSpec, LayoutContext
-from mtf_core.errors import GraphError, LayoutError
+from mtf_core.comm import CollectiveSpec
+from mtf_core.errors import GraphError
 from mtf_core.graph import Graph, Tensor
 from mtf_core.layout import LayoutRulesLike
 from mtf_core.shapes import ShapeLike
@@ -144,25 +145,6 @@ class Cost(StepTotals):
                 for c, op in zip(self.collectives, self.collective_ops)
             ],
         }
-
-
-def layout_context(graph: Graph, mesh_shape: Any, layout_rules: Any) -> LayoutContext:
-    """A LayoutContext for ``graph``, with every tensor's layout checked the way
-    the lowering checks it up front (LayoutError naming the tensor)."""
-    ctx = CachedLayoutContext.make(mesh_shape, layout_rules)
-    meshes = {op.mesh for op in graph.operations}
-    if len(meshes) > 1:
-        raise GraphError(
-            f"graph uses {len(meshes)} meshes ({sorted(m.name for m in meshes)}); "
-            "the cost model prices one mesh"
-        )
-    for op in graph.operations:
-        for t in op.outputs:
-            try:
-                ctx.tensor_layout(t.shape)
-            except LayoutError as e:
-                raise type(e)(f"tensor {t.name}: {e}") from None
-    return ctx
 
 
 def evaluate(

@@ -14,7 +14,7 @@ mesh axis runs over.  Which link an axis uses is decided by
 
 Units are in the field names: bytes, bytes per second, seconds, flop/s.
 
->>> hw = get_hardware("h100-nvlink-ib")
+>>> hw = PRESETS["h100-nvlink-ib"]
 >>> hw.link_for_axis("model", "batch:4;model:8").name
 'nvlink4'
 >>> hw.link_for_axis("batch", "batch:4;model:8").name
@@ -24,9 +24,7 @@ Units are in the field names: bytes, bytes per second, seconds, flop/s.
 from __future__ import annotations
 
 import functools
-import json
 import math
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -472,47 +470,6 @@ PRESETS: dict[str, HardwareProfile] = {
         ),
     )
 }
-
-
-def get_hardware(
-    hardware: str | HardwareProfile | Mapping[str, Any],
-) -> HardwareProfile:
-    """A profile from a preset name, a profile, a ``to_dict()`` mapping, or the
-    path of a JSON file holding one (what ``calibrate`` writes)."""
-    if isinstance(hardware, HardwareProfile):
-        return hardware
-    if isinstance(hardware, Mapping):
-        return HardwareProfile.from_dict(hardware)
-    if isinstance(hardware, str):
-        if hardware in PRESETS:
-            return PRESETS[hardware]
-        if hardware.endswith(".json") and os.path.isfile(hardware):
-            with open(hardware) as f:
-                data = json.load(f)
-            if _needs_fit(data):
-                # Raw measurements from ``python -m mtf_core.lowering.calibrate``
-                # (which cannot import the cost model): fit the rates now.
-                from cost_models.calibration import fit_profile
-
-                data = fit_profile(data)
-            return HardwareProfile.from_dict(data)
-        raise HardwareError(
-            f"unknown hardware {hardware!r}; expected one of {sorted(PRESETS)}, a "
-            "HardwareProfile, a profile dict or the path of a profile .json file"
-        )
-    raise HardwareError(
-        f"hardware {hardware!r} is not a preset name, HardwareProfile or dict; "
-        f"known presets: {sorted(PRESETS)}"
-    )
-
-
-def _needs_fit(data: Any) -> bool:
-    measured = data.get("measured") if isinstance(data, Mapping) else None
-    return (
-        isinstance(measured, Mapping)
-        and bool(measured.get("sweep"))
-        and data.get("calibration") is None
-    )
 
 
 def mesh_axis_sizes(mesh_shape: Any) -> dict[str, int]:

@@ -7,14 +7,22 @@ answers each question once, by asking :class:`mtf_core.comm.LayoutContext`
 (the code the lowering runs), and then from a dict.  Shapes are looked up by
 identity first: hashing a Shape hashes every Dimension, and most tensors of a
 graph share their Shape objects.
+
+:func:`layout_context` makes one for a graph (checking every tensor's layout
+up front, as the lowering does); :class:`LayoutSizes` answers the two
+questions op pricing asks most from one.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from typing import Any
 
 from mtf_core import dtypes
 from mtf_core.comm import LayoutContext
+from mtf_core.errors import GraphError, LayoutError
+from mtf_core.graph import Graph, Tensor
 from mtf_core.layout import TensorLayout
 from mtf_core.shapes import Shape
 
@@ -99,3 +107,45 @@ class CachedLayoutContext(LayoutContext):
             used |= 1 << a
             nbytes *= d.size // n
         return nbytes
+
+
+def layout_context(graph: Graph, mesh_shape: Any, layout_rules: Any) -> LayoutContext:
+    """A LayoutContext for ``graph``, with every tensor's layout checked the way
+    the lowering checks it up front (LayoutError naming the tensor)."""
+    ctx = CachedLayoutContext.make(mesh_shape, layout_rules)
+    meshes = {op.mesh for op in graph.operations}
+    if len(meshes) > 1:
+        raise GraphError(
+            f"graph uses {len(meshes)} meshes ({sorted(m.name for m in meshes)}); "
+            "the cost model prices one mesh"
+        )
+    for op in graph.operations:
+        for t in op.outputs:
+            try:
+                ctx.tensor_layout(t.shape)
+            except LayoutError as e:
+                raise type(e)(f"tensor {t.name}: {e}") from None
+    return ctx
+
+
+class LayoutSizes:
+    """Slice bytes and work division under one layout.
+
+    Answers what ``ctx.slice_bytes`` and ``ctx.devices_splitting`` answer:
+    slice bytes from a :class:`CachedLayoutContext` (by shape: most tensors
+    share a few shapes; layouts the lowering rejects raise as there), the
+    work division from a dim-name -> mesh-axis map.
+    """
+
+    def __init__(self, ctx: LayoutContext) -> None:
+        names = ctx.mesh_shape.dimension_names
+        self._axis = {t: names.index(m) for t, m in ctx.rules if m in names}
+        self._sizes = ctx.mesh_shape.to_integer_list()
+        self._ctx = CachedLayoutContext.wrap(ctx)
+
+    def slice_bytes(self, t: Tensor) -> int:
+        return self._ctx.slice_bytes(t.shape, t.dtype)
+
+    def devices_splitting(self, dim_names: Iterable[str]) -> int:
+        axes = {a for n in dim_names if (a := self._axis.get(n)) is not None}
+        return math.prod(self._sizes[a] for a in axes)

@@ -45,14 +45,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from cost_models.hardware import CostModelError, HardwareProfile
+from cost_models.layout_cache import LayoutSizes
 from mtf_core.comm import CollectiveSpec, LayoutContext
 from mtf_core.graph import Operation
-
-if TYPE_CHECKING:
-    from cost_models.hardware import HardwareProfile
-    from cost_models.op_costs import LayoutSizes
 
 COMPUTE_CLASSES = (
     "matmul",
@@ -209,8 +207,6 @@ def collective_features(spec: CollectiveSpec, n: int) -> tuple[tuple[str, float]
     if k == "broadcast":
         steps = float(math.ceil(math.log2(n)))
         return (("broadcast_bytes", b), ("broadcast_steps", steps))
-    from cost_models.hardware import CostModelError
-
     raise CostModelError(
         f"unknown collective kind {k!r}; expected one of {COLLECTIVE_KINDS}"
     )

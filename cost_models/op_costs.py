@@ -22,43 +22,19 @@ The flops per device are the same either way.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable
-
 from cost_models.hardware import HardwareProfile
-from cost_models.layout_cache import CachedLayoutContext
+
+# LayoutSizes lives beside the context it caches; re-exported for importers here.
+from cost_models.layout_cache import LayoutSizes as LayoutSizes
 from cost_models.op_classes import op_features, priced
 from mtf_core.comm import LayoutContext
-from mtf_core.graph import Operation, Tensor
+from mtf_core.graph import Operation
 from mtf_core.ops.elementwise import Identity
 from mtf_core.ops.random import RandomOp
 from mtf_core.ops.variables import Variable
 
 # Ops whose output is a view of existing memory: no HBM traffic of their own.
 _ALIASING = (Variable, Identity)
-
-
-class LayoutSizes:
-    """Slice bytes and work division under one layout.
-
-    Answers what ``ctx.slice_bytes`` and ``ctx.devices_splitting`` answer:
-    slice bytes from a :class:`CachedLayoutContext` (by shape: most tensors
-    share a few shapes; layouts the lowering rejects raise as there), the
-    work division from a dim-name -> mesh-axis map.
-    """
-
-    def __init__(self, ctx: LayoutContext) -> None:
-        names = ctx.mesh_shape.dimension_names
-        self._axis = {t: names.index(m) for t, m in ctx.rules if m in names}
-        self._sizes = ctx.mesh_shape.to_integer_list()
-        self._ctx = CachedLayoutContext.wrap(ctx)
-
-    def slice_bytes(self, t: Tensor) -> int:
-        return self._ctx.slice_bytes(t.shape, t.dtype)
-
-    def devices_splitting(self, dim_names: Iterable[str]) -> int:
-        axes = {a for n in dim_names if (a := self._axis.get(n)) is not None}
-        return math.prod(self._sizes[a] for a in axes)
 
 
 def flops_per_device(

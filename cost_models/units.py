@@ -32,8 +32,8 @@ from cost_models.collectives import axes_key, collective_time_s
 from cost_models.deferred import DeferredAllreduces, may_defer, static_deferral
 from cost_models.gc_pause import gc_paused
 from cost_models.hardware import CostModelError, HardwareProfile
-from cost_models.layout_cache import CachedLayoutContext
-from cost_models.op_costs import LayoutSizes, op_compute
+from cost_models.layout_cache import CachedLayoutContext, LayoutSizes
+from cost_models.op_costs import op_compute
 from cost_models.signatures import Signature, Signer
 from mtf_core.comm import CollectiveSpec, LayoutContext
 from mtf_core.errors import GraphError

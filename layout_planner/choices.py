@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cost_models.hardware import HardwareProfile, get_hardware
+from cost_models.hardware import HardwareProfile
 from cost_models.pipeline import (
     PipelineCost,
     PipelineError,
@@ -45,6 +45,7 @@ from cost_models.pipeline import (
     pipeline_cost,
     split_step,
 )
+from cost_models.profiles import get_hardware
 from layout_planner.errors import PlannerError, SolverError
 from layout_planner.plan import LayoutPlan
 from layout_planner.planner import auto_layout

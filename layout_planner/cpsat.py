@@ -1,6 +1,6 @@
 """The layout integer program in OR-tools CP-SAT, and the solve loop.
 
-OR-tools is imported through :func:`layout_planner.solver_process.cp_sat_import`
+OR-tools is imported through :func:`layout_planner.ortools_import.cp_sat_import`
 (``RTLD_DEEPBIND``), so that TensorFlow's native libraries, loaded before or
 after, cannot break CP-SAT in this process (see that module).
 """
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from layout_planner.errors import SolverError
-from layout_planner.solver_process import cp_sat_import
+from layout_planner.ortools_import import cp_sat_import
 
 with cp_sat_import():
     from ortools.sat.python import cp_model

@@ -21,7 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from cost_models.hardware import PRESETS, HardwareProfile, get_hardware
+from cost_models.hardware import PRESETS, HardwareProfile
+from cost_models.profiles import get_hardware
 from layout_planner.errors import PlannerError
 from layout_planner.program import Objective, SolveParams
 from mtf_core.shapes import ShapeLike

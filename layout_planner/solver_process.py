@@ -1,15 +1,8 @@
-"""Where CP-SAT runs: in this process, imported so that TensorFlow cannot break it.
+"""Where CP-SAT runs: in this process, or in a clean worker process.
 
-OR-tools 9.15's CP-SAT crashes (SIGSEGV inside ``Solve``) in a process that
-loaded TensorFlow 2.21 first, when OR-tools is imported the ordinary way.  The
-cause is symbol interposition: TensorFlow loads its native libraries with
-``RTLD_GLOBAL``, and its own copies of Abseil and protobuf then stand in for
-the ones OR-tools bundles, which are built differently.  :func:`cp_sat_import`
-imports OR-tools with ``RTLD_DEEPBIND``, so OR-tools' libraries look up
-symbols in their own dependencies first; then CP-SAT works in process whatever
-was loaded before or after it (``tests/test_planner_tf_safety.py`` proves both
-orders, many solves, several CP-SAT workers and a large model, each in its own
-interpreter).  :mod:`layout_planner.cpsat` imports OR-tools only that way.
+In this process is the rule: :mod:`layout_planner.ortools_import` imports
+OR-tools with ``RTLD_DEEPBIND``, so that TensorFlow's native libraries, loaded
+before or after, cannot break CP-SAT (that module says why it would).
 
 A clean worker process (``python -m layout_planner.solver_worker``, which never
 imports TensorFlow, started once and reused) remains the fallback, used only
@@ -26,7 +19,6 @@ where the in-process solve is not known to be safe:
 from __future__ import annotations
 
 import atexit
-import contextlib
 import os
 import pickle
 import struct
@@ -34,20 +26,26 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import IO, Any
 
-from layout_planner.errors import SolverError
+from layout_planner.errors import PlannerError, SolverError
+from layout_planner.ortools_import import cp_sat_import, how_loaded, load_cp_sat
 from layout_planner.program import IntegerProgram, ProgramResult, Solution, SolveParams
 
+# Re-exported: how OR-tools was imported decides where the solve runs.
+__all__ = [
+    "cp_sat_import",
+    "how_loaded",
+    "inprocess_safe",
+    "read_message",
+    "solve",
+    "solver_location",
+    "write_message",
+]
+
 _ENV = "MTF_PLANNER_SOLVER"
-_ORTOOLS = "ortools.sat.python.cp_model"
 _lock = threading.RLock()
-# How OR-tools came into this process: "deepbind" (imported by
-# cp_sat_import with RTLD_DEEPBIND), "before-tf" (imported the ordinary way
-# while TensorFlow was not loaded), "after-tf" (the ordinary way, TensorFlow
-# already loaded: unsafe), or None (not imported yet).
-_how_loaded: str | None = None
 _worker: _Worker | None = None
 
 
@@ -61,6 +59,8 @@ def solve(
     :func:`layout_planner.cpsat.solve_program` (not called in the worker)."""
     where = solver_location()
     if where == "inprocess":
+        # Here, not at the top: loading cpsat loads OR-tools, which a process
+        # that solves in the worker never needs.
         from layout_planner.cpsat import solve_program
 
         return solve_program(program, params, on_best), where
@@ -85,8 +85,6 @@ def solver_location() -> str:
     if forced in ("inprocess", "subprocess"):
         return forced
     if forced:
-        from layout_planner.errors import PlannerError
-
         raise PlannerError(
             f"{_ENV}={forced!r} is not understood; expected 'inprocess' or "
             "'subprocess' (or unset)"
@@ -96,51 +94,10 @@ def solver_location() -> str:
 
 def inprocess_safe() -> bool:
     """Whether CP-SAT can solve in this process (imports OR-tools if needed)."""
-    with _lock:
-        if _how_loaded is None:
-            import layout_planner.cpsat  # noqa: F401  (through cp_sat_import)
-        return _how_loaded in ("deepbind", "before-tf")
-
-
-def how_loaded() -> str | None:
-    """How OR-tools was imported into this process (see the module doc), or
-    None if it was not."""
-    return _how_loaded
-
-
-@contextlib.contextmanager
-def cp_sat_import() -> Iterator[None]:
-    """The context in which to import ``ortools.sat.python.cp_model``.
-
-    With ``RTLD_DEEPBIND`` (where the platform has it), every native library
-    the import loads binds to its own dependencies before the process's global
-    symbols, so TensorFlow's bundled Abseil and protobuf, loaded before or
-    after, cannot stand in for OR-tools'.  The process's dlopen flags are
-    restored afterwards (they are process-wide: a native module imported by
-    another thread in this short window gets the same flags, which only makes
-    it prefer its own dependencies too).
-    """
-    global _how_loaded
-    with _lock:
-        if _ORTOOLS in sys.modules:  # imported before, by us or by someone else
-            if _how_loaded is None:
-                _how_loaded = "after-tf" if "tensorflow" in sys.modules else "before-tf"
-            yield
-            return
-        deepbind = getattr(os, "RTLD_DEEPBIND", None)
-        tf_loaded = "tensorflow" in sys.modules
-        flags = sys.getdlopenflags()
-        if deepbind is not None:
-            sys.setdlopenflags(os.RTLD_NOW | deepbind)
-        try:
-            yield
-        finally:
-            sys.setdlopenflags(flags)
-        if _ORTOOLS in sys.modules:
-            if deepbind is not None:
-                _how_loaded = "deepbind"
-            else:
-                _how_loaded = "after-tf" if tf_loaded else "before-tf"
+    how = how_loaded()
+    if how is None:
+        how = load_cp_sat()
+    return how in ("deepbind", "before-tf")
 
 
 class _Worker:

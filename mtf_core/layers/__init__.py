@@ -53,7 +53,6 @@ from mtf_core.layers.dense import (
     dense_product,
     dense_relu_dense,
     get_dense_kernel_weights,
-    unit_scaling_convention,
     us_einsum,
 )
 from mtf_core.layers.embedding import dropout, embedding, embedding_weights
@@ -63,6 +62,7 @@ from mtf_core.layers.initializers import (
     VarianceScalingInitializer,
     normal_initializer,
     set_initializer_provider,
+    unit_scaling_convention,
 )
 from mtf_core.layers.losses import (
     sigmoid_cross_entropy_with_logits,

@@ -23,28 +23,15 @@ from mtf_core.layers.initializers import (
     named_initializer,
     normal_initializer,
     provided_or,
+    unit_scaling_convention,
     zeros_initializer,
 )
 from mtf_core.ops import elementwise as ew
+from mtf_core.ops import unary
 from mtf_core.ops.einsum import einsum
 from mtf_core.ops.reshape import rename_dimension
 from mtf_core.ops.variables import get_variable
 from mtf_core.shapes import Dimension, Shape
-
-_UNIT_SCALING = {"on": False}
-
-
-def unit_scaling_convention(value: bool | None = None) -> bool:
-    """Whether the unit-scaling convention is on (Mesh TensorFlow's switch,
-    off by default): weights start with unit variance and :func:`us_einsum`
-    divides each contraction by ``sqrt`` of the contracted size instead.
-
-    ``unit_scaling_convention(True)`` turns it on for layers built afterwards
-    (process-wide, as a gin binding is in Mesh TensorFlow).
-    """
-    if value is not None:
-        _UNIT_SCALING["on"] = bool(value)
-    return _UNIT_SCALING["on"]
 
 
 def us_einsum(xs: Sequence[Tensor], *args: Any, **kwargs: Any) -> Tensor:
@@ -176,21 +163,35 @@ def dense(
     return y
 
 
+#: Activations by their mtf function name (Mesh TF resolves the name on the
+#: ``mtf`` module): the unary math and activations and the elementwise
+#: one-argument functions beside them.
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    **{name: getattr(unary, name) for name in unary.UNARY},
+    "swish": unary.swish,
+    "leaky_relu": ew.leaky_relu,
+    "identity": ew.identity,
+    "stop_gradient": ew.stop_gradient,
+    "to_float": ew.to_float,
+    "to_bfloat16": ew.to_bfloat16,
+    "to_int32": ew.to_int32,
+}
+
+
 def _activation(fn: Any) -> Callable[[Tensor], Tensor] | None:
-    """An activation given as a callable, an mtf function name, or
-    None/``"linear"`` for none."""
+    """An activation given as a callable, an mtf function name (one of
+    :data:`ACTIVATIONS`), or None/``"linear"`` for none."""
     if fn is None or fn == "linear":
         return None
     if callable(fn):
         return fn  # type: ignore[no-any-return]
-    import mtf_core
-
-    found = getattr(mtf_core, str(fn), None)
-    if not callable(found):
+    found = ACTIVATIONS.get(str(fn))
+    if found is None:
         raise ConfigError(
-            f"dense_product: activation {fn!r} is not an mtf function name"
+            f"dense_product: activation {fn!r} is not an mtf activation name; "
+            f"expected one of {sorted(ACTIVATIONS)}, 'linear' or a callable"
         )
-    return found  # type: ignore[no-any-return]
+    return found
 
 
 def dense_product(

@@ -24,6 +24,22 @@ import numpy as np
 from mtf_core.errors import ConfigError
 from mtf_core.shapes import Dimension
 
+_UNIT_SCALING = {"on": False}
+
+
+def unit_scaling_convention(value: bool | None = None) -> bool:
+    """Whether the unit-scaling convention is on (Mesh TensorFlow's switch,
+    off by default): weights start with unit variance and
+    :func:`mtf_core.layers.dense.us_einsum` divides each contraction by
+    ``sqrt`` of the contracted size instead.
+
+    ``unit_scaling_convention(True)`` turns it on for layers built afterwards
+    (process-wide, as a gin binding is in Mesh TensorFlow).
+    """
+    if value is not None:
+        _UNIT_SCALING["on"] = bool(value)
+    return _UNIT_SCALING["on"]
+
 
 def name_seed(name: str) -> int:
     """A deterministic 31-bit seed for the variable called ``name``."""
@@ -173,8 +189,6 @@ class VarianceScalingInitializer(DenseInitializer):
     def __call__(
         self, reduced_dims: Sequence[Dimension], new_dims: Sequence[Dimension]
     ) -> RandomInitializer:
-        from mtf_core.layers.dense import unit_scaling_convention
-
         fan_in = math.prod(d.size for d in reduced_dims)
         fan_out = math.prod(d.size for d in new_dims)
         unit = unit_scaling_convention()
