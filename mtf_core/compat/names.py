@@ -17,6 +17,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import mtf_core as _m
+from mtf_core.compat.coordinates import (
+    pnum_to_processor_coordinates,
+    processor_coordinates_to_pnum,
+)
 from mtf_core.graph import Mesh, Operation, Tensor
 from mtf_core.shapes import Shape, convert_to_shape
 
@@ -311,6 +315,8 @@ NAMES |= {
 }
 
 NAMES["list_product"] = math.prod  # Mesh TF's helper
+NAMES["pnum_to_processor_coordinates"] = pnum_to_processor_coordinates
+NAMES["processor_coordinates_to_pnum"] = processor_coordinates_to_pnum
 
 OVERRIDES: dict[str, Any] = {
     "MeshImpl": _mesh_impl_base(),
