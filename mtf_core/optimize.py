@@ -9,6 +9,24 @@ counted in memory exactly like the parameters they belong to.
 >>> # grads = mtf.gradients([loss], [v.outputs[0] for v in graph.trainable_variables])
 >>> # updates = mtf.optimize.AdamWeightDecayOptimizer(1e-3).apply_grads(
 >>> #     grads, graph.trainable_variables)
+
+Optimizer slots only sharding (ZeRO-1, Megatron-LM's distributed optimizer):
+a variable that ``get_variable`` made under :func:`mtf_core.ops.stored.
+slot_names` is updated under its slot names.  :func:`training_gradients`
+differentiates such a variable's *read* (the value the model computes with,
+its gradient still a pending sum over the data axis), and ``apply_grads``
+
+* reduce-scatters that gradient into the slot names (``ReduceScatter``; cast
+  to the variable's dtype after),
+* keeps the slots under the slot names (a shard each when they are split),
+* updates the variable's value renamed to the slot names (a local slice of
+  the whole value), and
+* renames the updated shard back to the variable's names for the assignment
+  (an allgather over the axis that splits the slot name).
+
+Under layout rules that leave the slot names whole the chain is a plain
+update: the gradient's sum is forced whole (an allreduce) and the renames are
+free.
 """
 
 from __future__ import annotations
@@ -19,11 +37,14 @@ from typing import Any
 
 import numpy as np
 
+from mtf_core.autodiff import gradients
 from mtf_core.errors import ConfigError, GraphError
 from mtf_core.graph import Graph, Mesh, Tensor
 from mtf_core.ops import elementwise as ew
 from mtf_core.ops import reduce as red
 from mtf_core.ops.creation import constant
+from mtf_core.ops.reshape import reshape
+from mtf_core.ops.stored import ReduceScatter, SlotSharding, slot_sharding
 from mtf_core.ops.variables import Assign, Variable, as_variable, assign, get_variable
 from mtf_core.shapes import Dimension, Shape
 
@@ -92,11 +113,17 @@ class Optimizer:
         pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
         if not pairs:
             raise GraphError("apply_grads: every gradient is None; nothing to train")
+        self._sharded: dict[Variable, SlotSharding] = {}
         for g, v in pairs:
-            if g.shape != v.shape:
+            sharding = slot_sharding(v.graph, v.name)
+            read_shape = sharding.reads[0].shape if sharding is not None else None
+            if sharding is not None and g.shape == read_shape:
+                self._sharded[v] = sharding  # the read's gradient: ZeRO-1
+            elif g.shape != v.shape:
                 raise GraphError(
                     f"gradient {g.name} has shape [{g.shape}] but variable {v.name} "
                     f"has shape [{v.shape}]"
+                    + (f" (or its read's, [{read_shape}])" if read_shape else "")
                 )
         mesh = pairs[0][1].mesh
         self.step = global_step(mesh)
@@ -104,6 +131,13 @@ class Optimizer:
         self._lr: Tensor | None = None
         updates: list[Assign] = []
         for g, v in pairs:
+            sharding = self._sharded.get(v)
+            if sharding is not None:
+                # The pending sum of the read's gradient, reduce-scattered
+                # into the slot names, then in the variable's dtype.
+                g = ReduceScatter(g, sharding.slot_shape).outputs[0]
+                if g.dtype != v.dtype:
+                    g = ew.cast(g, v.dtype)
             updates.extend(self.apply_grad(g, v))
         one = constant(mesh, 1, (), "int32")
         updates.append(assign(self.step, self.step + one, name="increment_step"))
@@ -111,6 +145,26 @@ class Optimizer:
 
     def apply_grad(self, grad: Tensor, var: Variable) -> list[Assign]:
         raise NotImplementedError
+
+    # -- the variable as the update sees it (a shard under slot names) --------
+    def var_shape(self, var: Variable) -> Shape:
+        """The shape the update works in: the variable's, or its slot shape."""
+        sharding = self._sharded.get(var) if hasattr(self, "_sharded") else None
+        return var.shape if sharding is None else sharding.slot_shape
+
+    def value(self, var: Variable) -> Tensor:
+        """The variable's value in :meth:`var_shape` (renamed: a local slice
+        of the whole value when the slot names are split)."""
+        v = var.outputs[0]
+        shape = self.var_shape(var)
+        return v if shape == var.shape else reshape(v, shape, name=f"{var.name}/shard")
+
+    def update(self, var: Variable, new_value: Tensor) -> Assign:
+        """Assigns ``new_value`` (in :meth:`var_shape`) to ``var``, renamed
+        back to its names (an allgather when the slot names are split)."""
+        if new_value.shape != var.shape:
+            new_value = reshape(new_value, var.shape, name=f"{var.name}/gather")
+        return assign(var, new_value)
 
     # -- helpers --------------------------------------------------------------
     def const(self, mesh: Mesh, value: float) -> Tensor:
@@ -141,13 +195,13 @@ class Optimizer:
             self._consts[key] = t
         return t
 
-    @staticmethod
-    def slot(var: Variable, suffix: str, shape: Shape | None = None) -> Tensor:
-        """A zero-initialized, non-trainable slot variable named after ``var``."""
+    def slot(self, var: Variable, suffix: str, shape: Shape | None = None) -> Tensor:
+        """A zero-initialized, non-trainable slot variable named after ``var``
+        (in :meth:`var_shape` unless ``shape`` is given)."""
         return get_variable(
             var.mesh,
             f"{var.name}/{suffix}",
-            var.shape if shape is None else shape,
+            self.var_shape(var) if shape is None else shape,
             var.dtype,
             initializer=_zeros,
             trainable=False,
@@ -158,8 +212,7 @@ class SgdOptimizer(Optimizer):
     """``var -= lr * grad``."""
 
     def apply_grad(self, grad: Tensor, var: Variable) -> list[Assign]:
-        value = var.outputs[0]
-        return [assign(var, value - grad * self.lr(var.mesh))]
+        return [self.update(var, self.value(var) - grad * self.lr(var.mesh))]
 
 
 class MomentumOptimizer(Optimizer):
@@ -181,7 +234,7 @@ class MomentumOptimizer(Optimizer):
         step = grad + new_m * mu if self.nesterov else new_m
         return [
             assign(m, new_m),
-            assign(var, var.outputs[0] - step * self.lr(var.mesh)),
+            self.update(var, self.value(var) - step * self.lr(var.mesh)),
         ]
 
 
@@ -244,7 +297,7 @@ class AdamWeightDecayOptimizer(Optimizer):
         new_m = m * c(self.beta1) + grad * c(1.0 - self.beta1)
         new_v = v * c(self.beta2) + ew.square(grad) * c(1.0 - self.beta2)
         update = new_m / (ew.sqrt(new_v) + c(self.epsilon)) * self.lr(mesh)
-        value = var.outputs[0]
+        value = self.value(var)
         if self.weight_decay_rate and not any(
             s in var.name for s in self.exclude_from_weight_decay
         ):
@@ -256,7 +309,7 @@ class AdamWeightDecayOptimizer(Optimizer):
                 else c(float(lr) * self.weight_decay_rate)
             )
             update = update + value * wd
-        return [assign(m, new_m), assign(v, new_v), assign(var, value - update)]
+        return [assign(m, new_m), assign(v, new_v), self.update(var, value - update)]
 
 
 AdamOptimizer = AdamWeightDecayOptimizer
@@ -329,11 +382,12 @@ class AdafactorOptimizer(Optimizer):
         def c(value: float) -> Tensor:
             return self.const(mesh, value)
 
-        value = var.outputs[0]
+        value = self.value(var)
+        shape = self.var_shape(var)
         decay, fresh = self.decay(mesh)
         gsq = ew.square(grad) + c(self.epsilon1)
         updates: list[Assign] = []
-        dims = self.factored_dims(var.shape)
+        dims = self.factored_dims(shape)
         if dims is None:
             v = self.slot(var, "adafactor_v")
             new_v = decay * v + fresh * gsq
@@ -341,8 +395,8 @@ class AdafactorOptimizer(Optimizer):
             x = grad * ew.rsqrt(new_v)
         else:
             r, col = dims
-            vr = self.slot(var, "adafactor_vr", var.shape - [col])
-            vc = self.slot(var, "adafactor_vc", var.shape - [r])
+            vr = self.slot(var, "adafactor_vr", shape - [col])
+            vc = self.slot(var, "adafactor_vc", shape - [r])
             new_vr = decay * vr + fresh * red.reduce_mean(gsq, reduced_dim=col)
             new_vc = decay * vc + fresh * red.reduce_mean(gsq, reduced_dim=r)
             updates += [assign(vr, new_vr), assign(vc, new_vc)]
@@ -359,7 +413,7 @@ class AdafactorOptimizer(Optimizer):
             new_m = m * c(self.beta1) + x * c(1.0 - self.beta1)
             updates.append(assign(m, new_m))
             x = new_m
-        updates.append(assign(var, value - x * lr))
+        updates.append(self.update(var, value - x * lr))
         return updates
 
 
@@ -405,6 +459,28 @@ def make_optimizer(name: str, learning_rate: float | None = None) -> Optimizer:
         f"unknown optimizer {name!r}; expected one of "
         "'sgd', 'momentum', 'adam', 'adamw', 'adafactor'"
     )
+
+
+def training_gradients(
+    losses: Sequence[Tensor], variables: Sequence[Any]
+) -> list[Tensor | None]:
+    """Gradients of ``losses`` for ``apply_grads``: of each variable's value,
+    or, for a variable updated under slot names, of its read (the sum over its
+    reads; still a pending sum, which ``apply_grads`` reduce-scatters)."""
+    variables = [as_variable(v) for v in variables]
+    targets: list[list[Tensor]] = []
+    for v in variables:
+        sharding = slot_sharding(v.graph, v.name)
+        targets.append(list(sharding.reads) if sharding else [v.outputs[0]])
+    flat = [t for ts in targets for t in ts]
+    got = iter(gradients(list(losses), flat))
+    out: list[Tensor | None] = []
+    for ts in targets:
+        parts = [g for g in (next(got) for _ in ts) if g is not None]
+        out.append(
+            None if not parts else parts[0] if len(parts) == 1 else ew.add_n(parts)
+        )
+    return out
 
 
 def trainable_value_tensors(graph: Graph) -> list[Tensor]:

@@ -5,10 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from mtf_core.autodiff import gradients
 from mtf_core.graph import Graph, Mesh, Tensor
 from mtf_core.ops.variables import Assign
-from mtf_core.optimize import Optimizer, make_optimizer
+from mtf_core.optimize import Optimizer, make_optimizer, training_gradients
 
 
 @dataclass
@@ -55,6 +54,7 @@ def add_training(
         else optimizer
     )
     variables = list(model.graph.trainable_variables)
-    model.grads = gradients([model.loss], [v.outputs[0] for v in variables])
+    # Of the values; of the reads for weights updated under slot names.
+    model.grads = training_gradients([model.loss], variables)
     model.updates = opt.apply_grads(model.grads, variables)
     return model

@@ -28,7 +28,7 @@ from mtf_core.ops import elementwise as ew
 from mtf_core.ops import reduce as red
 from mtf_core.ops.creation import placeholder
 from mtf_core.ops.reshape import rename_dimension
-from mtf_core.ops.stored import stored_names
+from mtf_core.ops.stored import slot_names, stored_names
 from mtf_core.optimize import Optimizer
 from mtf_core.recompute import recompute_block
 from mtf_core.shapes import Dimension, Shape
@@ -53,6 +53,10 @@ class TransformerConfig:
     (``d_model_stored_<class>``, class ``self_attention``, ``encdec_attention``,
     ``ffn``, ``embedding`` or ``logits``) that a layout rule may put on the data
     axis: ZeRO/FSDP sharding, see :mod:`mtf_core.ops.stored`.
+    ``shardable_slots=True`` also updates those weights under a per-class slot
+    name (``d_model_slots_<class>``): a layout rule putting it on the data axis
+    shards only the optimizer's work and slots (ZeRO-1, Megatron-LM's
+    distributed optimizer; the weight stays whole, nothing is gathered on read).
 
     Recomputation (activation checkpointing), per block class:
     ``recompute_attention`` is ``"none"`` (keep every activation), ``"block"``
@@ -83,6 +87,7 @@ class TransformerConfig:
     activation_dtype: str = "float32"
     master_dtype: str = "float32"
     shardable_weights: bool = False
+    shardable_slots: bool = False
     recompute_attention: str = "none"
     recompute_ffn: str = "none"
     experts: int = 0
@@ -128,11 +133,11 @@ class TransformerConfig:
                     "'bfloat16' or 'float16'"
                 )
             object.__setattr__(self, f, name)
-        if not isinstance(self.shardable_weights, bool):
-            raise ConfigError(
-                f"shardable_weights must be True or False, got "
-                f"{self.shardable_weights!r}"
-            )
+        for flag in ("shardable_weights", "shardable_slots"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ConfigError(
+                    f"{flag} must be True or False, got {getattr(self, flag)!r}"
+                )
         for f in ("num_layers", "d_model", "heads", "d_kv", "d_ff", "vocab"):
             _positive_int(f, getattr(self, f))
         _positive_int("length", self.length)
@@ -246,11 +251,20 @@ def _storage_policy(name: str, shape: Shape) -> dict[str, str]:
     return {"d_model": f"d_model_stored_{cls}"}
 
 
+def _slot_policy(name: str, shape: Shape) -> dict[str, str]:
+    stored = _storage_policy(name, shape)
+    return {d: s.replace("_stored_", "_slots_", 1) for d, s in stored.items()}
+
+
 def _storage(cfg: TransformerConfig, graph: Graph) -> Any:
-    """Stored weight names while building (and adding training), if asked."""
+    """Stored weight (and slot) names while building and adding training, if
+    asked."""
+    stack = contextlib.ExitStack()
     if cfg.shardable_weights:
-        return stored_names(graph, _storage_policy)
-    return contextlib.nullcontext()
+        stack.enter_context(stored_names(graph, _storage_policy))
+    if cfg.shardable_slots:
+        stack.enter_context(slot_names(graph, _slot_policy))
+    return stack
 
 
 def _embed(cfg: TransformerConfig, ids: Tensor, name: str) -> Tensor:

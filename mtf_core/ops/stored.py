@@ -16,6 +16,15 @@ Whether a storage name is split, and over which axis, is an ordinary layout
 rule, so the planner chooses it per variable class (one storage name per class)
 in the same integer program as everything else, under the memory constraint.
 
+*Optimizer slots only* (ZeRO-1, Megatron-LM's distributed optimizer): under
+:func:`slot_names` a variable keeps its (whole) value for the model to read,
+but its optimizer works under another name (``[d_model_slots_ffn, d_ff]``):
+the gradient of the variable's read is reduce-scattered into that name, the
+slots live there, each device updates its shard of the variable, and the
+updated shard is renamed back (an allgather when the slot name is split).
+:mod:`mtf_core.optimize` builds that chain for the variables
+:func:`slot_sharding` names; nothing is gathered on read.
+
 >>> import mtf_core as mtf
 >>> g = mtf.Graph(); m = mtf.Mesh(g, "m")
 >>> with stored_names(g, lambda name, shape: {"d": "d_stored"}):
@@ -29,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from mtf_core.comm import CollectiveSpec, LayoutContext, allreduce_collectives
@@ -42,6 +52,9 @@ from mtf_core.shapes import Shape, convert_to_shape
 StoragePolicy = Callable[[str, Shape], Mapping[str, str]]
 
 _POLICIES: weakref.WeakKeyDictionary[Graph, StoragePolicy] = weakref.WeakKeyDictionary()
+_SLOT_POLICIES: weakref.WeakKeyDictionary[Graph, StoragePolicy] = (
+    weakref.WeakKeyDictionary()
+)
 
 #: The counters' kind of a reduce-scatter (see ``mtf_core.lowering.counters``).
 REDUCE_SCATTER = "reducescatter"
@@ -67,13 +80,81 @@ def stored_names(graph: Graph, policy: StoragePolicy) -> Iterator[None]:
             _POLICIES[graph] = previous
 
 
+@contextlib.contextmanager
+def slot_names(graph: Graph, policy: StoragePolicy) -> Iterator[None]:
+    """While active, ``get_variable`` on ``graph`` notes, for each variable
+    ``policy(name, shape)`` renames, that its optimizer updates it (and keeps
+    its slots) under those names: optimizer slots only sharding (see the
+    module docstring).  ``shape`` is the shape the model reads."""
+    if not callable(policy):
+        raise GraphError(
+            f"slot_names: policy {policy!r} is not callable; expected "
+            "policy(variable name, shape) -> {dim name: slot name}"
+        )
+    previous = _SLOT_POLICIES.get(graph)
+    _SLOT_POLICIES[graph] = policy
+    try:
+        yield
+    finally:
+        if previous is None:
+            _SLOT_POLICIES.pop(graph, None)
+        else:
+            _SLOT_POLICIES[graph] = previous
+
+
+@dataclass
+class SlotSharding:
+    """A variable updated under other names: ``slot_shape`` (the read shape
+    with the slot names), and the tensors ``get_variable`` returned for it
+    (the reads whose gradients the optimizer reduce-scatters)."""
+
+    slot_shape: Shape
+    reads: list[Tensor]
+
+
+#: Per graph, by variable (full) name.
+_SHARDED_SLOTS: weakref.WeakKeyDictionary[Graph, dict[str, SlotSharding]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def note_read(
+    graph: Graph, name: str, full_name: str, shape: Shape, read: Tensor
+) -> None:
+    """Called by ``get_variable``: ``read`` is what it returned for variable
+    ``full_name`` (asked for as ``name``, read shape ``shape``); recorded when
+    the active slot policy renames it."""
+    policy = _SLOT_POLICIES.get(graph)
+    if policy is None:
+        return
+    renames = _checked(name, shape, policy(name, shape))
+    if not renames:
+        return
+    table = _SHARDED_SLOTS.setdefault(graph, {})
+    entry = table.get(full_name)
+    if entry is None:
+        table[full_name] = SlotSharding(storage_shape(shape, renames), [read])
+    elif not any(r is read for r in entry.reads):
+        entry.reads.append(read)
+
+
+def slot_sharding(graph: Graph, full_name: str) -> SlotSharding | None:
+    """How variable ``full_name`` of ``graph`` is updated under slot names, or
+    None (updated as it is stored)."""
+    return _SHARDED_SLOTS.get(graph, {}).get(full_name)
+
+
 def storage_renames(graph: Graph, name: str, shape: Shape) -> dict[str, str]:
     """The renames the active policy of ``graph`` gives variable ``name``
     (checked: existing dims, new names not already in the shape)."""
     policy = _POLICIES.get(graph)
     if policy is None:
         return {}
-    renames = dict(policy(name, shape))
+    return _checked(name, shape, policy(name, shape))
+
+
+def _checked(name: str, shape: Shape, given: Mapping[str, str]) -> dict[str, str]:
+    renames = dict(given)
     names = shape.dimension_names
     for old, new in renames.items():
         if old not in names:

@@ -144,7 +144,12 @@ def get_variable(
     vd = dtypes.as_variable_dtype(dtype, master_dtype, slice_dtype, activation_dtype)
     shape = convert_to_shape(shape)
     from mtf_core import recompute
-    from mtf_core.ops.stored import StoredRead, storage_renames, storage_shape
+    from mtf_core.ops.stored import (
+        StoredRead,
+        note_read,
+        storage_renames,
+        storage_shape,
+    )
 
     again = recompute.provided(mesh.graph, name, shape)
     if again is not None:  # a recomputed block asks for its weight again
@@ -171,6 +176,7 @@ def get_variable(
     if renames:
         v = StoredRead(v, shape).outputs[0]
     recompute.record(mesh.graph, name, v)
+    note_read(mesh.graph, name, full_name, shape, v)  # slots-only sharding
     return v
 
 
