@@ -113,6 +113,35 @@ def test_dropout_masks_change_per_compiled_step_but_not_per_layout(
     np.testing.assert_array_equal(one[1], two_d[1])
 
 
+def test_a_step_resumed_at_step_n_under_another_layout_draws_the_same_masks(
+    devices: list[str],
+) -> None:
+    # A checkpoint holds variables, not the step counter: the resumed step is
+    # told its step number (random_step) and then draws what the
+    # uninterrupted run drew.
+    masks = {}
+    for case in (ONE_DEVICE, SPLIT_2D):
+        graph, mesh = _graph()
+        x = mtf.placeholder(mesh, SHAPE)
+        y = mtf.dropout(x, keep_prob=0.5, seed=5)
+        masks[case.name] = mtf.compile_function(
+            graph, {mesh: case.impl(devices)}, [x], [y]
+        )
+    uninterrupted, resumed = masks[ONE_DEVICE.name], masks[SPLIT_2D.name]
+    ones = np.ones((8, 8), np.float32)
+    drawn = [uninterrupted(ones)[0] for _ in range(3)]
+    assert uninterrupted.random_step == 3
+    resumed.random_step = 2
+    np.testing.assert_array_equal(resumed(ones)[0], drawn[2])
+    assert resumed.random_step == 3
+    resumed.random_step = 0
+    np.testing.assert_array_equal(resumed(ones)[0], drawn[0])
+    with pytest.raises(mtf.LoweringError, match="random_step -1 is negative"):
+        resumed.random_step = -1
+    with pytest.raises(mtf.LoweringError, match="random_step 2.0 is not an integer"):
+        resumed.random_step = 2.0  # type: ignore[assignment]
+
+
 def test_dropout_is_identity_when_keeping_everything_or_not_training() -> None:
     graph, mesh = _graph()
     x = mtf.ones(mesh, SHAPE)

@@ -49,7 +49,6 @@ class CompiledFunction(CompiledStep):
         if graph_optimization is None:
             graph_optimization = not _all_on_cpus(self.mesh_to_impl)
         self.graph_optimization = graph_optimization
-        self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="mtf_step")
         self._signature = [
             tf.TensorSpec(t.shape.to_integer_list(), tf.as_dtype(t.dtype))
             for t in self.inputs

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import tensorflow as tf
 
 from mtf_core.errors import LoweringError
 from mtf_core.graph import Graph, Mesh, Operation, Tensor
@@ -28,6 +29,8 @@ class CompiledStep(abc.ABC):
       variables: the VariableStore (export/import full values for checkpoints).
       counters: the collectives and flops recorded when the step was traced
         (None before).
+      random_step: the calls made so far, which seed the step's random ops
+        (dropout, sampling); set it when resuming from a checkpoint.
     """
 
     def __init__(
@@ -57,6 +60,26 @@ class CompiledStep(abc.ABC):
             else VariableStore(graph, self.mesh_to_impl)
         )
         self.counters: Counters | None = None
+        # Each call adds one and seeds the random ops with the result (made
+        # here, not while tracing: a variable made then makes TF trace twice).
+        self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="mtf_step")
+
+    @property
+    def random_step(self) -> int:
+        """The calls made so far: the next call draws its random numbers
+        (dropout masks, samples) with seed ``random_step + 1``."""
+        return int(self._step.numpy())
+
+    @random_step.setter
+    def random_step(self, value: int) -> None:
+        # A checkpoint holds the variables but not this counter: a step resumed
+        # at step n under another layout sets it to n, so its dropout masks
+        # are the ones the uninterrupted run drew.
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise LoweringError(f"random_step {value!r} is not an integer")
+        if value < 0:
+            raise LoweringError(f"random_step {value} is negative; expected >= 0")
+        self._step.assign(int(value))
 
     def check_arity(self, values: Sequence[Any]) -> None:
         """Raises unless ``values`` has one value per input placeholder."""
