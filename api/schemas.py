@@ -8,7 +8,7 @@ is not an integer.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag
 
@@ -49,7 +49,6 @@ _NAME = r"^[A-Za-z_][A-Za-z0-9_.\-]{0,63}$"
 AxisName = Annotated[str, Field(pattern=_NAME, max_length=64)]
 AxisSize = Annotated[int, _int("mesh_axis_size")]
 DimName = Annotated[str, Field(min_length=1, max_length=128)]
-PresetName = Literal[tuple(sorted(PRESETS))]  # type: ignore[valid-type]
 
 
 class LinkIn(BaseModel):
@@ -119,32 +118,46 @@ def _kind(value: Any) -> str | None:
     return None
 
 
-def _string_or_object(string: Any, obj: Any, expected: str) -> Any:
-    """A union told apart by the JSON type, so that an error names only the
-    branch the client meant (``mesh_shape.object.x``), not every branch."""
-    return Annotated[
-        Annotated[string, Tag("string")] | Annotated[obj, Tag("object")],
-        Discriminator(
-            _kind,
-            custom_error_type="string_or_object",
-            custom_error_message=f"expected {expected}",
-        ),
+def _by_json_type(expected: str) -> Discriminator:
+    """Tells a ``Tag("string") | Tag("object")`` union apart by the JSON type,
+    so that an error names only the branch the client meant
+    (``mesh_shape.object.x``), not every branch."""
+    return Discriminator(
+        _kind,
+        custom_error_type="string_or_object",
+        custom_error_message=f"expected {expected}",
+    )
+
+
+if TYPE_CHECKING:
+    # What a validated field holds: a preset name, or the profile as the dict
+    # HardwareProfile.from_dict takes (``_profile_dict``).  The preset names
+    # exist only at run time, so a type checker sees a string.
+    Hardware = str | dict[str, Any]
+else:
+    PresetName = Literal[tuple(sorted(PRESETS))]
+    Hardware = Annotated[
+        Annotated[PresetName, Tag("string")] | Annotated[HardwareIn, Tag("object")],
+        _by_json_type("a hardware preset name or a profile object (GET /v1/hardware)"),
+        AfterValidator(_profile_dict),
     ]
-
-
-Hardware = Annotated[
-    _string_or_object(
-        PresetName,
-        HardwareIn,
-        "a hardware preset name or a profile object (GET /v1/hardware)",
+MeshShapeIn = Annotated[
+    Annotated[str, Field(min_length=1, max_length=512), Tag("string")]
+    | Annotated[
+        dict[AxisName, AxisSize], Field(min_length=1, max_length=8), Tag("object")
+    ],
+    _by_json_type(
+        'a mesh shape: a string like \'x:2;y:4\' or an object like {"x": 2, "y": 4}'
     ),
-    AfterValidator(_profile_dict),
 ]
-MeshShapeIn = _string_or_object(
-    Annotated[str, Field(min_length=1, max_length=512)],
-    Annotated[dict[AxisName, AxisSize], Field(min_length=1, max_length=8)],
-    'a mesh shape: a string like \'x:2;y:4\' or an object like {"x": 2, "y": 4}',
-)
+LayoutRulesIn = Annotated[
+    Annotated[str, Field(max_length=4096), Tag("string")]
+    | Annotated[dict[DimName, AxisName], Field(max_length=256), Tag("object")],
+    _by_json_type(
+        "layout rules: a string like 'batch:x;d_ff:y' or an object like "
+        '{"batch": "x"}'
+    ),
+]
 
 _GRAPH_DOC = (
     "A serialized mtf graph: the versioned JSON document of "
@@ -203,12 +216,9 @@ class EvaluateRequest(BaseModel):
 
     graph: dict[str, Any] = Field(description=_GRAPH_DOC)
     mesh_shape: MeshShapeIn = Field(description=_MESH_DOC)
-    layout_rules: _string_or_object(  # type: ignore[valid-type]
-        Annotated[str, Field(max_length=4096)],
-        Annotated[dict[DimName, AxisName], Field(max_length=256)],
-        "layout rules: a string like 'batch:x;d_ff:y' or an object like "
-        '{"batch": "x"}',
-    ) = Field(description='\'batch:x;d_ff:y\' or {"batch": "x"}.')
+    layout_rules: LayoutRulesIn = Field(
+        description='\'batch:x;d_ff:y\' or {"batch": "x"}.'
+    )
     hardware: Hardware = Field("cpu-host", description=_HW_DOC)
     memory_limit_bytes: int | None = _int("memory_bytes", default=None)
 

@@ -22,17 +22,29 @@ Transformer gin files use.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from mtf_core import optimize as _core
 from mtf_core.errors import ConfigError
 from mtf_core.graph import Mesh, Tensor
-from mtf_core.optimize import *  # noqa: F403  (Mesh TF's module has them all)
-from mtf_core.optimize import Optimizer, _scalar
+
+# The rest of Mesh TF's module, as mtf_core.optimize has it.
+from mtf_core.optimize import (
+    STEP_NAME,
+    Optimizer,
+    _scalar,
+    clip_by_global_norm,
+    global_step,
+    make_optimizer,
+    trainable_value_tensors,
+    training_gradients,
+)
 from mtf_core.shapes import Dimension, Shape
 
+_Class = TypeVar("_Class", bound=type)
 
-def _gin(cls: type) -> type:
+
+def _gin(cls: _Class) -> _Class:
     """Registers ``cls`` with gin under Mesh TF's module, if gin is there."""
     try:
         import gin
@@ -138,10 +150,16 @@ MomentumOptimizer = _gin(MomentumOptimizer)  # type: ignore[misc]
 AdamOptimizer = AdamWeightDecayOptimizer
 
 __all__ = [
+    "STEP_NAME",
     "AdafactorOptimizer",
     "AdamOptimizer",
     "AdamWeightDecayOptimizer",
     "MomentumOptimizer",
     "Optimizer",
     "SgdOptimizer",
+    "clip_by_global_norm",
+    "global_step",
+    "make_optimizer",
+    "trainable_value_tensors",
+    "training_gradients",
 ]

@@ -82,13 +82,20 @@ def _best_seconds(
     return best if clock == "wall" else best / cores
 
 
+def _traced(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """``fn`` traced as one ``tf.function`` (without autograph); typed here
+    because TensorFlow ships no type stubs."""
+    traced: Callable[[], Any] = tf.function(fn, autograph=False)
+    return traced
+
+
 def measure_matmul_flops(device: str, n: int = 512, repeats: int = 5) -> float:
     """Flop/s of an ``n x n`` float32 matmul on ``device``."""
     with tf.device(device):
         a = tf.random.stateless_uniform([n, n], [1, 2])
         b = tf.random.stateless_uniform([n, n], [3, 4])
 
-    @tf.function(autograph=False)
+    @_traced
     def step() -> Any:
         with tf.device(device):
             return tf.reduce_sum(tf.matmul(a, b))
@@ -105,7 +112,7 @@ def measure_memory_bandwidth(
     with tf.device(device):
         x = tf.random.stateless_uniform([n], [5, 6])
 
-    @tf.function(autograph=False)
+    @_traced
     def step() -> Any:
         with tf.device(device):
             return tf.reduce_max(x * 2.0)
@@ -121,7 +128,7 @@ def measure_copy(src: str, dst: str, nbytes: int, repeats: int = 5) -> float:
     with tf.device(src):
         x = tf.random.stateless_uniform([n], [7, 8])
 
-    @tf.function(autograph=False)
+    @_traced
     def step() -> Any:
         with tf.device(dst):
             return tf.reduce_max(tf.identity(x) + 1.0)
@@ -139,7 +146,7 @@ def measure_allreduce(devices: Sequence[str], nbytes: int, repeats: int = 5) -> 
             slices.append(tf.random.stateless_uniform([n], [p, 9]))
     laid = LaidOutTensor(slices)
 
-    @tf.function(autograph=False)
+    @_traced
     def step() -> Any:
         out: Any = impl.allreduce(laid, [0], "SUM")
         with tf.device(devices[0]):

@@ -15,9 +15,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import mtf_core as mtf
 from mtf_core.graph import Graph, Operation, Tensor
+from mtf_core.models import (
+    MlpConfig,
+    TransformerConfig,
+    build_lm,
+    build_mlp_classifier,
+)
+
+#: ``build(n)`` for ``n`` devices: the graph, its outputs and its updates.
+Build: TypeAlias = Callable[[int], tuple[Graph, list[Tensor], list[Operation]]]
 
 
 @dataclass(frozen=True)
@@ -28,7 +38,7 @@ class SweepPoint:
     name: str
     mesh: Callable[[int], str]
     rules: str
-    build: Callable[[int], tuple[Graph, list[Tensor], list[Operation]]]
+    build: Build
 
 
 def _all(n: int) -> str:
@@ -50,7 +60,7 @@ def _scalar(x: Tensor) -> list[Tensor]:
     return [mtf.reduce_sum(x, output_shape=[])]
 
 
-def _chain(op: Callable[[Tensor], Tensor], rows: int, cols: int, k: int) -> Callable:
+def _chain(op: Callable[[Tensor], Tensor], rows: int, cols: int, k: int) -> Build:
     def build(n: int) -> tuple[Graph, list[Tensor], list[Operation]]:
         g, _, x = _start(n, rows, cols)
         for _ in range(k):
@@ -60,7 +70,7 @@ def _chain(op: Callable[[Tensor], Tensor], rows: int, cols: int, k: int) -> Call
     return build
 
 
-def _matmul(rows: int, inner: int, k: int) -> Callable:
+def _matmul(rows: int, inner: int, k: int) -> Build:
     def build(n: int) -> tuple[Graph, list[Tensor], list[Operation]]:
         g, m, x = _start(n, rows, inner)
         w = mtf.get_variable(m, "w", f"d:{inner},e:{inner}")
@@ -137,7 +147,7 @@ def _random(n: int) -> tuple[Graph, list[Tensor], list[Operation]]:
     return g, _scalar(total), []
 
 
-def _allreduce(rows: int, k: int) -> Callable:
+def _allreduce(rows: int, k: int) -> Build:
     # x[batch, d] @ w[d, e] with d split: each product is a pending sum that
     # the next op forces (an allreduce of rows x e floats).
     def build(n: int) -> tuple[Graph, list[Tensor], list[Operation]]:
@@ -157,7 +167,7 @@ def _allreduce(rows: int, k: int) -> Callable:
     return build
 
 
-def _relayout(kind: str, rows: int, k: int) -> Callable:
+def _relayout(kind: str, rows: int, k: int) -> Build:
     # A reshape to a dim the rules leave whole (allconcat) or split on the
     # same axis as another dim (alltoall).
     def build(n: int) -> tuple[Graph, list[Tensor], list[Operation]]:
@@ -175,8 +185,6 @@ def _relayout(kind: str, rows: int, k: int) -> Callable:
 
 
 def _tiny_lm(n: int) -> tuple[Graph, list[Tensor], list[Operation]]:
-    from mtf_core.models import TransformerConfig, build_lm
-
     cfg = TransformerConfig(
         num_layers=1,
         d_model=128,
@@ -192,8 +200,6 @@ def _tiny_lm(n: int) -> tuple[Graph, list[Tensor], list[Operation]]:
 
 
 def _small_mlp(n: int) -> tuple[Graph, list[Tensor], list[Operation]]:
-    from mtf_core.models import MlpConfig, build_mlp_classifier
-
     cfg = MlpConfig(
         batch=128 * n, features=256, hidden=512, classes=16, num_hidden_layers=2
     )

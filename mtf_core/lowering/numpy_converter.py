@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from mtf_core.errors import LoweringError
 from mtf_core.graph import Graph, Mesh, Tensor
 from mtf_core.lowering.lowering import Lowering
 from mtf_core.lowering.placement import PlacementMeshImpl
@@ -70,5 +71,11 @@ class NumpyConverter:
         _, x_tf = self.convert_mtf_tensor_to_tf_tensor(x_mtf)
         if tf.executing_eagerly():
             return np.asarray(x_tf.numpy())
-        self._session.run(tf.compat.v1.global_variables_initializer())
-        return np.asarray(self._session.run(x_tf))
+        session = self._session
+        if session is None:
+            raise LoweringError(
+                "this NumpyConverter was made while TensorFlow executed eagerly, "
+                "so it has no session for graph mode; make it in graph mode"
+            )
+        session.run(tf.compat.v1.global_variables_initializer())
+        return np.asarray(session.run(x_tf))

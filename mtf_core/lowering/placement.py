@@ -19,7 +19,7 @@ from mtf_core.lowering.placing import DeferredPlacement
 from mtf_core.shapes import convert_to_shape
 
 
-class LaidOutTensor:
+class PlacementLaidOutTensor:
     """Per-device slices of one mtf tensor, in pnum order."""
 
     __slots__ = ("slices",)
@@ -27,16 +27,20 @@ class LaidOutTensor:
     def __init__(self, slices: Sequence[Any]) -> None:
         self.slices = list(slices)
 
-    def to_laid_out_tensor(self) -> LaidOutTensor:
+    def to_laid_out_tensor(self) -> PlacementLaidOutTensor:
         return self
 
     @property
     def slice_bytes(self) -> int:
         s = self.slices[0]
-        return int(s.shape.num_elements()) * s.dtype.size
+        return int(s.shape.num_elements()) * int(s.dtype.size)
 
     def __repr__(self) -> str:
         return f"LaidOutTensor({len(self.slices)} x {self.slices[0].shape})"
+
+
+#: The name Mesh TensorFlow and this package's callers use.
+LaidOutTensor = PlacementLaidOutTensor
 
 
 def _normalize_device(d: Any) -> str:
@@ -68,16 +72,18 @@ class PlacementMeshImpl(MeshImpl):
         self._placement = DeferredPlacement()
         self.on = self._placement.on
 
-    LaidOutTensor = LaidOutTensor
+    #: Mesh TensorFlow's name for the laid-out tensor class
+    #: (``mesh_impl.LaidOutTensor(slices)``).
+    LaidOutTensor = PlacementLaidOutTensor
 
     def finish_lowering(self) -> None:
         self._placement.flush()
 
     # -- slicewise ------------------------------------------------------------
-    def slicewise(self, fn: Callable[..., Any], *inputs: Any) -> LaidOutTensor:
+    def slicewise(self, fn: Callable[..., Any], *inputs: Any) -> PlacementLaidOutTensor:
         per_input = []
         for x in inputs:
-            if isinstance(x, LaidOutTensor):
+            if isinstance(x, PlacementLaidOutTensor):
                 per_input.append(x.slices)
             elif hasattr(x, "to_laid_out_tensor"):
                 per_input.append(x.to_laid_out_tensor().slices)
@@ -87,19 +93,25 @@ class PlacementMeshImpl(MeshImpl):
         for p, dev in enumerate(self.devices):
             with self.on(dev):
                 out.append(fn(*[s[p] for s in per_input]))
-        return LaidOutTensor(out)
+        return PlacementLaidOutTensor(out)
 
     def slicewise_multi(
         self, fn: Callable[..., Sequence[Any]], n_out: int, *inputs: Any
-    ) -> list[LaidOutTensor]:
+    ) -> list[PlacementLaidOutTensor]:
         """Like slicewise for a function returning ``n_out`` tensors."""
         combined = self.slicewise(lambda *a: tuple(fn(*a)), *inputs)
-        return [LaidOutTensor([s[i] for s in combined.slices]) for i in range(n_out)]
+        return [
+            PlacementLaidOutTensor([s[i] for s in combined.slices])
+            for i in range(n_out)
+        ]
 
     # -- collectives -----------------------------------------------------------
     def allreduce(
-        self, x: LaidOutTensor, mesh_axes: Sequence[int], reduction: str = "SUM"
-    ) -> LaidOutTensor:
+        self,
+        x: PlacementLaidOutTensor,
+        mesh_axes: Sequence[int],
+        reduction: str = "SUM",
+    ) -> PlacementLaidOutTensor:
         mesh_axes = [a for a in mesh_axes if self.shape[a].size > 1]
         if not mesh_axes:
             return x
@@ -124,11 +136,11 @@ class PlacementMeshImpl(MeshImpl):
             # it to the devices that need it (no op of ours per device).
             for p in group:
                 out[p] = total
-        return LaidOutTensor(out)
+        return PlacementLaidOutTensor(out)
 
     def allconcat(
-        self, x: LaidOutTensor, mesh_axis: int, concat_axis: int
-    ) -> LaidOutTensor:
+        self, x: PlacementLaidOutTensor, mesh_axis: int, concat_axis: int
+    ) -> PlacementLaidOutTensor:
         if self.shape[mesh_axis].size == 1:
             return x
         self.record("allconcat", [mesh_axis], x.slice_bytes)
@@ -138,15 +150,15 @@ class PlacementMeshImpl(MeshImpl):
                 full = tf.concat([x.slices[p] for p in group], axis=concat_axis)
             for p in group:
                 out[p] = full
-        return LaidOutTensor(out)
+        return PlacementLaidOutTensor(out)
 
     def _exchange(
         self,
-        x: LaidOutTensor,
+        x: PlacementLaidOutTensor,
         mesh_axis: int,
         split_axis: int,
         combine: Callable[[list[Any]], Any],
-    ) -> LaidOutTensor:
+    ) -> PlacementLaidOutTensor:
         """Every device of each group along ``mesh_axis`` cuts its slice in
         ``n`` pieces along ``split_axis``; device ``j`` gets ``combine`` of
         the group's ``j``-th pieces (in coordinate order)."""
@@ -160,11 +172,15 @@ class PlacementMeshImpl(MeshImpl):
             for j, p in enumerate(group):
                 with self.on(self.devices[p]):
                     out[p] = combine([pieces[i][j] for i in range(n)])
-        return LaidOutTensor(out)
+        return PlacementLaidOutTensor(out)
 
     def alltoall(
-        self, x: LaidOutTensor, mesh_axis: int, split_axis: int, concat_axis: int
-    ) -> LaidOutTensor:
+        self,
+        x: PlacementLaidOutTensor,
+        mesh_axis: int,
+        split_axis: int,
+        concat_axis: int,
+    ) -> PlacementLaidOutTensor:
         if self.shape[mesh_axis].size == 1:
             return x
         self.record("alltoall", [mesh_axis], x.slice_bytes)
@@ -173,8 +189,8 @@ class PlacementMeshImpl(MeshImpl):
         )
 
     def reduce_scatter(
-        self, x: LaidOutTensor, mesh_axis: int, split_axis: int
-    ) -> LaidOutTensor:
+        self, x: PlacementLaidOutTensor, mesh_axis: int, split_axis: int
+    ) -> PlacementLaidOutTensor:
         """Sums ``x`` over ``mesh_axis`` leaving each device only its shard
         (tensor axis ``split_axis`` cut in ``n``): every device cuts its
         partial sum in ``n`` pieces and device ``j`` of a group adds up the
@@ -185,8 +201,8 @@ class PlacementMeshImpl(MeshImpl):
         return self._exchange(x, mesh_axis, split_axis, fast_tf.add_n)
 
     def allsplit(
-        self, x: LaidOutTensor, mesh_axis: int, split_axis: int
-    ) -> LaidOutTensor:
+        self, x: PlacementLaidOutTensor, mesh_axis: int, split_axis: int
+    ) -> PlacementLaidOutTensor:
         n = self.shape[mesh_axis].size
         if n == 1:
             return x
@@ -201,11 +217,11 @@ class PlacementMeshImpl(MeshImpl):
                 sizes = [-1] * s.shape.rank
                 sizes[split_axis] = size
                 out.append(tf.slice(s, begin, sizes))
-        return LaidOutTensor(out)
+        return PlacementLaidOutTensor(out)
 
     def shift_by_n_processors(
-        self, x: LaidOutTensor, mesh_axis: int, offset: int, wrap: bool
-    ) -> LaidOutTensor:
+        self, x: PlacementLaidOutTensor, mesh_axis: int, offset: int, wrap: bool
+    ) -> PlacementLaidOutTensor:
         """Device at coordinate c receives the slice of coordinate c - offset."""
         n = self.shape[mesh_axis].size
         if n == 1 and wrap:
@@ -232,11 +248,11 @@ class PlacementMeshImpl(MeshImpl):
                     )
                 else:
                     out.append(tf.zeros_like(x.slices[p]))
-        return LaidOutTensor(out)
+        return PlacementLaidOutTensor(out)
 
     # -- variables ---------------------------------------------------------------
     def make_variables(
-        self, laid: LaidOutTensor, name: str, trainable: bool
+        self, laid: PlacementLaidOutTensor, name: str, trainable: bool
     ) -> list[Any]:
         out = []
         for p, dev in enumerate(self.devices):
@@ -248,15 +264,18 @@ class PlacementMeshImpl(MeshImpl):
                 )
         return out
 
-    def read_variables(self, variables: Sequence[Any]) -> LaidOutTensor:
+    def read_variables(self, variables: Sequence[Any]) -> PlacementLaidOutTensor:
         out = []
         for v, dev in zip(variables, self.devices):
             with self.on(dev):
                 out.append(fast_tf.read_variable(v))
-        return LaidOutTensor(out)
+        return PlacementLaidOutTensor(out)
 
     def assign_variables(
-        self, variables: Sequence[Any], laid: LaidOutTensor, mode: str = "assign"
+        self,
+        variables: Sequence[Any],
+        laid: PlacementLaidOutTensor,
+        mode: str = "assign",
     ) -> list[Any]:
         out = []
         for v, s, dev in zip(variables, laid.slices, self.devices):
@@ -265,7 +284,7 @@ class PlacementMeshImpl(MeshImpl):
         return out
 
     # -- import / export ---------------------------------------------------------
-    def import_tf_tensor(self, tf_tensor: Any, shape: Any) -> LaidOutTensor:
+    def import_tf_tensor(self, tf_tensor: Any, shape: Any) -> PlacementLaidOutTensor:
         shape = convert_to_shape(shape)
         sizes = self.slice_shape(shape)
         full = tf.convert_to_tensor(tf_tensor)
@@ -280,7 +299,7 @@ class PlacementMeshImpl(MeshImpl):
                     out.append(tf.identity(full))
                 else:
                     out.append(tf.slice(full, self.slice_begin(shape, p), sizes))
-        return LaidOutTensor(out)
+        return PlacementLaidOutTensor(out)
 
     def export_to_tf_tensor(self, x: Any, shape: Any) -> Any:
         shape = convert_to_shape(shape)
@@ -313,14 +332,14 @@ class PlacementMeshImpl(MeshImpl):
             (result,) = pieces.values()
             return tf.identity(result)
 
-    def laid_out_pnum(self) -> LaidOutTensor:
+    def laid_out_pnum(self) -> PlacementLaidOutTensor:
         out = []
         for p, dev in enumerate(self.devices):
             with self.on(dev):
                 out.append(tf.constant(p, tf.int32))
-        return LaidOutTensor(out)
+        return PlacementLaidOutTensor(out)
 
-    def laid_out_pcoordinate(self, mesh_axis: int) -> LaidOutTensor:
+    def laid_out_pcoordinate(self, mesh_axis: int) -> PlacementLaidOutTensor:
         out = []
         for p, dev in enumerate(self.devices):
             with self.on(dev):
@@ -329,4 +348,4 @@ class PlacementMeshImpl(MeshImpl):
                         self.pnum_to_processor_coordinates(p)[mesh_axis], tf.int32
                     )
                 )
-        return LaidOutTensor(out)
+        return PlacementLaidOutTensor(out)

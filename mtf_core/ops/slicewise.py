@@ -162,7 +162,7 @@ class Depend(Operation):
 
     def lower(self, lowering: LoweringContext) -> None:
         tf = lowering.tf
-        deps = []
+        deps: list[Any] = []  # TensorFlow ops (no stubs)
         for op in self.control_inputs:
             done = lowering.lowered_operations.get(op)
             if isinstance(done, (list, tuple)):
