@@ -21,6 +21,12 @@ from mtf_core.compat.coordinates import (
     pnum_to_processor_coordinates,
     processor_coordinates_to_pnum,
 )
+from mtf_core.compat.operation import (
+    ImportLaidOutTensorOperation,
+    import_laid_out_tensor,
+)
+from mtf_core.compat.operation import Operation as CompatOperation
+from mtf_core.compat.pool import PoolBackPropOperation, PoolOperation, pool_backprop
 from mtf_core.graph import Mesh, Operation, Tensor
 from mtf_core.shapes import Shape, convert_to_shape
 
@@ -316,9 +322,17 @@ NAMES |= {
 
 NAMES["list_product"] = math.prod  # Mesh TF's helper
 NAMES["pnum_to_processor_coordinates"] = pnum_to_processor_coordinates
+NAMES |= {
+    "ImportLaidOutTensorOperation": ImportLaidOutTensorOperation,
+    "import_laid_out_tensor": import_laid_out_tensor,
+    "PoolOperation": PoolOperation,
+    "PoolBackPropOperation": PoolBackPropOperation,
+    "pool_backprop": pool_backprop,
+}
 NAMES["processor_coordinates_to_pnum"] = processor_coordinates_to_pnum
 
 OVERRIDES: dict[str, Any] = {
+    "Operation": CompatOperation,
     "MeshImpl": _mesh_impl_base(),
     "convert_to_shape": _convert_to_shape,
     "Assign": _assign,
