@@ -55,17 +55,18 @@ def _zeros(shape: Sequence[int], dtype: Any) -> np.ndarray:
     return np.zeros(list(shape), dtype=str(getattr(dtype, "name", dtype)))
 
 
-def global_step(mesh: Mesh) -> Tensor:
+def global_step(mesh: Mesh, name: str = STEP_NAME) -> Tensor:
     """The graph's int32 step counter (created on first use, starts at 0).
 
     Optimizers increment it once per :meth:`Optimizer.apply_grads`; it is an
-    ordinary (non-trainable) mtf variable, so checkpoints carry it.
+    ordinary (non-trainable) mtf variable, so checkpoints carry it.  ``name``:
+    another counter (a pipeline stage's, kept on the stage's mesh).
     """
     for v in mesh.graph.all_variables:
-        if v.name == STEP_NAME:
+        if v.name == name:
             return v.outputs[0]
     return get_variable(
-        mesh, STEP_NAME, Shape([]), "int32", initializer=_zeros, trainable=False
+        mesh, name, Shape([]), "int32", initializer=_zeros, trainable=False
     )
 
 
@@ -103,7 +104,10 @@ class Optimizer:
         self.step: Tensor | None = None  # global step *before* this update
 
     def apply_grads(
-        self, grads: Sequence[Tensor | None], variables: Sequence[Any]
+        self,
+        grads: Sequence[Tensor | None],
+        variables: Sequence[Any],
+        step_name: str = STEP_NAME,
     ) -> list[Assign]:
         variables = [as_variable(v) for v in variables]
         if len(grads) != len(variables):
@@ -126,7 +130,7 @@ class Optimizer:
                     + (f" (or its read's, [{read_shape}])" if read_shape else "")
                 )
         mesh = pairs[0][1].mesh
-        self.step = global_step(mesh)
+        self.step = global_step(mesh, step_name)
         self._consts: dict[tuple[str, float], Tensor] = {}
         self._lr: Tensor | None = None
         updates: list[Assign] = []
