@@ -1,0 +1,455 @@
+"""Pipeline stages in the mtf graph: a Transformer LM cut into stages and
+micro-batches, with its schedule.
+
+A pipeline of ``p`` stages holds layers ``[s L/p, (s+1) L/p)`` on stage ``s``
+(the token embedding on the first stage, the final norm, logits and loss on
+the last); each stage is its own :class:`~mtf_core.graph.Mesh` (the devices
+of one position of the pipeline axis).  The batch is cut into ``m``
+micro-batches, each fed through its own placeholders.
+
+:func:`build_pipelined_lm` builds the training step unit by unit, in an order
+the schedule allows: a unit is one stage's forward or backward work for one
+micro-batch.  Forward units receive the previous stage's activation by a
+:class:`StageSend`; backward units differentiate their stage only
+(``gradients`` of the stage's output with the received output gradient) and
+send the input gradient back by another :class:`StageSend`.  Weight gradients
+are accumulated over the micro-batches and the optimizer runs once per step.
+Each micro-batch's loss is scaled by ``1/m``, so loss and gradients equal
+those of the unpipelined step on the whole batch.
+
+Schedules (:func:`stage_orders`), each stage's order of units:
+
+* ``"gpipe"``: every micro-batch's forward, then every backward;
+* ``"1f1b"``: ``p - 1 - s`` forwards to fill the pipeline, then one forward
+  and one backward alternately, then the remaining backwards: a stage holds
+  at most ``p`` micro-batches' activations (:func:`in_flight`).
+
+The lowering (:mod:`mtf_core.lowering.pipeline_step`) orders each stage's
+units by control dependencies and counts each send as a shift over the
+pipeline axis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from mtf_core.autodiff import gradients
+from mtf_core.errors import ConfigError, GraphError, LoweringError
+from mtf_core.graph import Graph, Mesh, Operation, Tensor
+from mtf_core.layers.attention import attention_bias_causal
+from mtf_core.models.transformer import (
+    TransformerConfig,
+    _attend,
+    _embed,
+    _feed_forward,
+    _logits_and_loss,
+    _storage,
+)
+from mtf_core.ops import elementwise as ew
+from mtf_core.ops.creation import constant, placeholder
+from mtf_core.ops.variables import Assign, Variable
+from mtf_core.optimize import STEP_NAME, Optimizer, make_optimizer
+from mtf_core.seams import LoweringContext
+from mtf_core.shapes import Shape
+
+SCHEDULES = ("gpipe", "1f1b")
+
+
+class PipelineConfigError(ConfigError):
+    """A pipeline that cannot be built as asked (names the value)."""
+
+
+@dataclass(frozen=True)
+class PipelineStages:
+    """``stages`` positions of mesh axis ``axis``, ``micro_batches`` per step,
+    and the schedule (``"gpipe"`` or ``"1f1b"``)."""
+
+    stages: int
+    micro_batches: int
+    schedule: str = "1f1b"
+    axis: str = "pp"
+
+    def __post_init__(self) -> None:
+        for f in ("stages", "micro_batches"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise PipelineConfigError(
+                    f"pipeline {f} must be an integer >= 1, got {v!r}"
+                )
+        if self.schedule not in SCHEDULES:
+            raise PipelineConfigError(
+                f"pipeline schedule {self.schedule!r} is unknown; expected one of "
+                f"{list(SCHEDULES)}"
+            )
+
+    def check(self, num_layers: int, batch: int) -> None:
+        """Raises unless ``num_layers`` layers and a batch of ``batch`` cut
+        evenly into the stages and micro-batches."""
+        if self.stages > num_layers or num_layers % self.stages:
+            raise PipelineConfigError(
+                f"{self.stages} pipeline stages do not divide {num_layers} layers; "
+                "expected a divisor of the layer count"
+            )
+        if batch % self.micro_batches:
+            raise PipelineConfigError(
+                f"{self.micro_batches} micro-batches do not divide the batch of "
+                f"{batch}; expected a divisor of the batch"
+            )
+
+    def stage_of_layer(self, layer: int, num_layers: int) -> int:
+        return layer * self.stages // num_layers
+
+
+@dataclass(frozen=True)
+class Work:
+    """One unit of a pipelined step: stage ``stage``'s forward (``"F"``) or
+    backward (``"B"``) work on micro-batch ``micro_batch``."""
+
+    stage: int
+    micro_batch: int
+    phase: str
+
+    def __str__(self) -> str:
+        return f"{self.phase}{self.micro_batch}@{self.stage}"
+
+
+def stage_orders(spec: PipelineStages) -> list[list[Work]]:
+    """Each stage's units in the order the schedule runs them."""
+    p, m = spec.stages, spec.micro_batches
+    orders = []
+    for s in range(p):
+        fwd = [Work(s, j, "F") for j in range(m)]
+        bwd = [Work(s, j, "B") for j in range(m)]
+        if spec.schedule == "gpipe":
+            orders.append(fwd + bwd)
+            continue
+        warm = min(p - 1 - s, m)
+        order = fwd[:warm]
+        for k in range(m - warm):
+            order += [fwd[warm + k], bwd[k]]
+        orders.append(order + bwd[m - warm :])
+    return orders
+
+
+def in_flight(order: Sequence[Work]) -> int:
+    """The most micro-batches whose forward has run and backward not yet, over
+    one stage's order: the activations the stage holds at once."""
+    held = most = 0
+    for w in order:
+        held += 1 if w.phase == "F" else -1
+        most = max(most, held)
+    return most
+
+
+def global_order(spec: PipelineStages) -> list[Work]:
+    """All units in one order that keeps each stage's order and every data
+    dependency (a forward after the previous stage's, a backward after the
+    next stage's): the order the step is built in, so every edge of the
+    built graph (control dependencies included) points backwards."""
+    orders = stage_orders(spec)
+    done: set[Work] = set()
+    pos = [0] * spec.stages
+    out: list[Work] = []
+    last = spec.stages - 1
+    while len(out) < sum(map(len, orders)):
+        progressed = False
+        for s in range(spec.stages):
+            if pos[s] == len(orders[s]):
+                continue
+            w = orders[s][pos[s]]
+            if w.phase == "F":
+                need = Work(s - 1, w.micro_batch, "F") if s > 0 else None
+            else:
+                need = Work(s + 1, w.micro_batch, "B") if s < last else None
+            if need is None or need in done:
+                out.append(w)
+                done.add(w)
+                pos[s] += 1
+                progressed = True
+        if not progressed:  # an invariant of stage_orders, not user input
+            raise GraphError(f"pipeline schedule {spec.schedule!r} deadlocks")
+    return out
+
+
+# --------------------------------------------------------------------------
+# the stage-to-stage send
+# --------------------------------------------------------------------------
+
+
+class StageBackend(Protocol):
+    """What a stage's mesh implementation offers :class:`StageSend`."""
+
+    def receive_stage_send(self, laid: Any, op: Operation) -> Any: ...
+
+
+class StageSend(Operation):
+    """``x`` (on one stage's mesh) sent to the same slices on ``to`` (the
+    next or previous stage's mesh, of the same shape and layout).  Lowered as
+    one copy per device onto the receiving stage, counted as a shift over the
+    pipeline axis; its gradient sends the gradient back."""
+
+    op_type = "StageSend"
+
+    def __init__(self, x: Tensor, to: Mesh, name: str | None = None) -> None:
+        super().__init__([x], mesh=to, name=name or "stage_send")
+        self._add_output(x.shape, x.dtype)
+
+    def flops(self) -> float:
+        return 0.0
+
+    def gradient(self, grad_ys: Sequence[Tensor | None]) -> list[Tensor | None]:
+        (dy,) = grad_ys
+        if dy is None:
+            return [None]
+        return [StageSend(dy, self.inputs[0].mesh).outputs[0]]
+
+    def lower(self, lowering: LoweringContext) -> None:
+        impl = lowering.mesh_impl(self)
+        receive = getattr(impl, "receive_stage_send", None)
+        if receive is None:
+            raise LoweringError(
+                f"{self.name}: a stage send lowers only on a pipeline stage's mesh "
+                "implementation (mtf_core.lowering.pipeline_step.StageMeshImpl); "
+                f"mesh {self.mesh.name!r} has {type(impl).__name__}"
+            )
+        laid = lowering.tensors[self.inputs[0]]
+        lowering.set_tensor_lowering(self.outputs[0], receive(laid, self))
+
+
+def send(x: Tensor, to: Mesh) -> Tensor:
+    """``x`` sent to mesh ``to`` (see :class:`StageSend`)."""
+    return StageSend(x, to).outputs[0]
+
+
+# --------------------------------------------------------------------------
+# the pipelined Transformer LM
+# --------------------------------------------------------------------------
+
+
+@dataclass
+class PipelinedModel:
+    """A pipelined training step.
+
+    Attributes:
+      graph, meshes: the graph and one mesh per stage.
+      spec, config: the pipeline and the whole model's config.
+      inputs: placeholders in call order: ``inputs_j`` then ``targets_j`` for
+        each micro-batch ``j`` (``[batch/m, length]`` int32).
+      loss: the step's loss (mean of the micro-batches' losses).
+      grads, variables: accumulated gradients and the trainable variables.
+      updates: the optimizer's assignments (once per step).
+      work: the unit each op built inside one belongs to.
+      order: the units in the order they were built (:func:`global_order`).
+      sends: every StageSend op.
+    """
+
+    graph: Graph
+    meshes: list[Mesh]
+    spec: PipelineStages
+    config: TransformerConfig
+    inputs: list[Tensor]
+    loss: Tensor
+    grads: list[Tensor | None]
+    variables: list[Variable]
+    updates: list[Assign]
+    work: dict[Operation, Work] = field(default_factory=dict)
+    order: list[Work] = field(default_factory=list)
+    sends: list[StageSend] = field(default_factory=list)
+
+    def feeds(self, batch: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        """One value per placeholder: ``batch["inputs"]`` and
+        ``batch["targets"]`` (``[batch, length]``) cut into micro-batches."""
+        m = self.spec.micro_batches
+        out: dict[str, list[np.ndarray]] = {}
+        for name in ("inputs", "targets"):
+            if name not in batch:
+                raise ConfigError(
+                    f"batch lacks {name!r}; the model takes 'inputs' and 'targets'"
+                )
+            full = np.asarray(batch[name])
+            if full.shape != (self.config.batch, self.config.length):
+                raise ConfigError(
+                    f"batch[{name!r}] has shape {list(full.shape)}; expected "
+                    f"[{self.config.batch}, {self.config.length}]"
+                )
+            out[name] = np.split(full, m, axis=0)
+        return [
+            piece for j in range(m) for piece in (out["inputs"][j], out["targets"][j])
+        ]
+
+
+def build_pipelined_lm(
+    config: TransformerConfig,
+    spec: PipelineStages,
+    optimizer: Optimizer | str,
+    learning_rate: float | None = None,
+) -> PipelinedModel:
+    """The training step of :func:`~mtf_core.models.build_lm`'s model, cut into
+    ``spec.stages`` stages and ``spec.micro_batches`` micro-batches.
+
+    Same variables (names, shapes, initial values) as ``build_lm(config)``; one
+    step gives the same loss and updates, up to float rounding.
+
+    >>> cfg = TransformerConfig(num_layers=2, d_model=8, heads=2, d_kv=4,
+    ...                         d_ff=16, vocab=32, length=4, batch=4)
+    >>> model = build_pipelined_lm(cfg, PipelineStages(2, 2, "1f1b"), "sgd")
+    >>> [str(w) for w in model.order]
+    ['F0@0', 'F0@1', 'F1@0', 'B0@1', 'B0@0', 'F1@1', 'B1@1', 'B1@0']
+    """
+    cfg = config
+    spec.check(cfg.num_layers, cfg.batch)
+    if cfg.recompute_attention != "none" or cfg.recompute_ffn != "none":
+        raise PipelineConfigError(
+            "a pipelined step with recomputation is not built yet; use "
+            "recompute_attention='none' and recompute_ffn='none'"
+        )
+    p, m = spec.stages, spec.micro_batches
+    graph = Graph()
+    meshes = [Mesh(graph, f"stage_{s}") for s in range(p)]
+    mb_cfg = cfg.replace(batch=cfg.batch // m)
+    opt = (
+        make_optimizer(optimizer, learning_rate)
+        if isinstance(optimizer, str)
+        else optimizer
+    )
+    inputs: list[Tensor] = []
+    work: dict[Operation, Work] = {}
+    with _storage(cfg, graph):
+        shape = Shape([mb_cfg.batch_dim, cfg.length_dim])
+        ids: list[Tensor] = []
+        targets: list[Tensor] = []
+        for j in range(m):
+            ids.append(placeholder(meshes[0], shape, "int32", name=f"inputs_{j}"))
+            targets.append(placeholder(meshes[-1], shape, "int32", name=f"targets_{j}"))
+            inputs += [ids[-1], targets[-1]]
+        builder = _StageBuilder(mb_cfg, cfg.num_layers, spec, meshes, ids, targets)
+        order = global_order(spec)
+        for w in order:
+            first = len(graph.operations)
+            builder.build(w)
+            for op in graph.operations[first:]:
+                work[op] = w
+        variables = list(graph.trainable_variables)
+        grads = [builder.accumulated.get(v) for v in variables]
+        losses = builder.scaled_losses
+        loss = ew.add_n(losses) if len(losses) > 1 else losses[0]
+        updates = _apply_per_stage(opt, grads, variables, meshes)
+    sends = [op for op in graph.operations if isinstance(op, StageSend)]
+    return PipelinedModel(
+        graph, meshes, spec, cfg, inputs, loss, grads, variables, updates,
+        work, order, sends,
+    )  # fmt: skip
+
+
+def _apply_per_stage(
+    opt: Optimizer,
+    grads: Sequence[Tensor | None],
+    variables: Sequence[Variable],
+    meshes: Sequence[Mesh],
+) -> list[Assign]:
+    """The optimizer once per stage on the stage's variables, each with its
+    own step counter on the stage's mesh (``global_step`` on the first,
+    ``global_step_stage_<s>`` on the others): its scalars (learning rate,
+    step) never cross stages."""
+    updates: list[Assign] = []
+    for s, mesh in enumerate(meshes):
+        pairs = [(g, v) for g, v in zip(grads, variables) if v.mesh is mesh]
+        if not pairs:
+            continue
+        updates += opt.apply_grads(
+            [g for g, _ in pairs],
+            [v for _, v in pairs],
+            step_name=STEP_NAME if s == 0 else f"{STEP_NAME}_stage_{s}",
+        )
+    return updates
+
+
+class _StageBuilder:
+    """Builds one unit at a time; keeps what crosses units (each stage's
+    input and output per micro-batch, received gradients, accumulated weight
+    gradients)."""
+
+    def __init__(
+        self,
+        cfg: TransformerConfig,
+        num_layers: int,
+        spec: PipelineStages,
+        meshes: list[Mesh],
+        ids: list[Tensor],
+        targets: list[Tensor],
+    ) -> None:
+        self.cfg = cfg
+        self.spec = spec
+        self.meshes = meshes
+        self.ids = ids
+        self.targets = targets
+        per = num_layers // spec.stages
+        self.layers = [range(s * per, (s + 1) * per) for s in range(spec.stages)]
+        self.inputs: dict[tuple[int, int], Tensor] = {}
+        self.outputs: dict[tuple[int, int], Tensor] = {}
+        self.input_grads: dict[tuple[int, int], Tensor] = {}
+        self.stage_variables: dict[int, list[Variable]] = {}
+        self.bias: dict[int, Tensor] = {}
+        self.accumulated: dict[Variable, Tensor] = {}
+        self.scaled_losses: list[Tensor] = []
+        self._inv_m: Tensor | None = None
+
+    def build(self, w: Work) -> None:
+        if w.phase == "F":
+            self._forward(w.stage, w.micro_batch)
+        else:
+            self._backward(w.stage, w.micro_batch)
+
+    def _forward(self, s: int, j: int) -> None:
+        cfg, mesh = self.cfg, self.meshes[s]
+        graph = mesh.graph
+        before = len(graph.trainable_variables)
+        if s == 0:
+            x = _embed(cfg, self.ids[j], "token")
+        else:
+            x = send(self.outputs[(s - 1, j)], mesh)
+            self.inputs[(s, j)] = x
+        if s not in self.bias:
+            self.bias[s] = attention_bias_causal(
+                mesh, cfg.length_dim, cfg.memory_length_dim
+            )
+        for i in self.layers[s]:
+            x = _attend(cfg, x, f"layer_{i:03d}/self_attention", self.bias[s])
+            x = _feed_forward(cfg, x, f"layer_{i:03d}/ffn")
+        if s == self.spec.stages - 1:
+            _, loss = _logits_and_loss(cfg, x, self.targets[j])
+            if self._inv_m is None:
+                self._inv_m = constant(
+                    mesh, 1.0 / self.spec.micro_batches, (), "float32"
+                )
+            x = loss * self._inv_m
+            self.scaled_losses.append(x)
+        self.outputs[(s, j)] = x
+        if j == 0:
+            self.stage_variables[s] = list(graph.trainable_variables[before:])
+
+    def _backward(self, s: int, j: int) -> None:
+        variables = self.stage_variables[s]
+        xs: list[Tensor] = [v.outputs[0] for v in variables]
+        if s > 0:
+            xs.append(self.inputs[(s, j)])
+        y = self.outputs[(s, j)]
+        if s == self.spec.stages - 1:
+            grads = gradients([y], xs)
+        else:
+            dy = send(self.input_grads[(s + 1, j)], self.meshes[s])
+            grads = gradients([y], xs, [dy])
+        for v, g in zip(variables, grads):
+            if g is None:
+                continue
+            acc = self.accumulated.get(v)
+            self.accumulated[v] = g if acc is None else acc + g
+        if s > 0:
+            dx = grads[-1]
+            if dx is None:
+                raise GraphError(f"stage {s}'s output does not depend on its input")
+            self.input_grads[(s, j)] = dx
