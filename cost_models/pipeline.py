@@ -16,14 +16,31 @@ stage's :class:`~cost_models.costs.Cost` into the pipelined step:
 
   ``step = (m + p - 1) * (t_mb + 2 * t_send) + t_once``,
   ``bubble = (p - 1) * (t_mb + 2 * t_send)``,
-  ``peak = stage peak + (k - 1) * activations at the stage's peak``,
+  ``peak = stage peak + (k - 1) * held``,
 
   ``t_mb`` the per-micro-batch part, ``t_send`` one stage-to-stage send (a
   shift over the pipeline axis of the activation slice each device holds at
   a stage boundary; the backward pass sends its gradient back), ``k`` the
   micro-batches a stage holds at once (``m`` for GPipe, ``min(p, m)`` for
-  1F1B): each of the ``k - 1`` others holds at most what the one at the peak
-  holds (an overestimate by its working set).
+  1F1B), ``held`` what each of the ``k - 1`` others holds while it waits
+  for its backward pass (:func:`held_bytes_per_micro_batch`).
+
+What one in-flight micro-batch holds: the activations its forward pass made
+that its backward pass reads (those alive across the forward/backward
+boundary), per device, with two exclusions, each exact for a 1F1B or GPipe
+schedule:
+
+* tensors that do not depend on the micro-batch's data (a weight's cast to
+  bfloat16, a stored weight's gather) are the same for every micro-batch:
+  one copy, in the stage's own peak;
+* the last stage's head (final norm, logits, loss) runs its backward right
+  after its forward (the last stage of 1F1B has one micro-batch in flight),
+  so it is in the stage's own peak but not in what the others hold.  The
+  stage graph holds the embedding *and* the head (it is the worst stage), so
+  ``stage peak + (k - 1) * held`` bounds both the first stage (``p``
+  micro-batches in flight, no head) and the last (one, with the head).
+
+With whole blocks recomputed a micro-batch holds only the blocks' inputs.
 
 What this ignores: overlap of sends with compute, the first and last stages'
 extra work (the stage graph is the worst stage: it holds the embedding and the
@@ -38,9 +55,12 @@ from dataclasses import dataclass
 from cost_models.collectives import collective_time_s, shift_time_s
 from cost_models.costs import Cost
 from cost_models.hardware import CostModelError, HardwareProfile
+from cost_models.memory import ACTIVATION, MemoryModel
 from cost_models.op_costs import LayoutSizes, op_compute
 from mtf_core.comm import LayoutContext
-from mtf_core.graph import Graph
+from mtf_core.graph import Graph, Tensor
+from mtf_core.ops.creation import Constant
+from mtf_core.ops.variables import Variable
 
 SCHEDULES = ("gpipe", "1f1b")
 
@@ -126,6 +146,62 @@ def split_step(
     return StepSplit(cost.time_s - once, once)
 
 
+def data_dependent(graph: Graph) -> set[Tensor]:
+    """Tensors of ``graph`` that depend on a micro-batch: downstream of an op
+    with no inputs that is neither a variable nor a constant (placeholders,
+    random draws)."""
+    out: set[Tensor] = set()
+    for op in graph.operations:
+        if op.inputs:
+            if any(t in out for t in op.inputs):
+                out.update(op.outputs)
+        elif not isinstance(op, (Variable, Constant)):
+            out.update(op.outputs)
+    return out
+
+
+def held_bytes_per_micro_batch(
+    graph: Graph,
+    memory: MemoryModel,
+    ctx: LayoutContext,
+    first_backward: int,
+    head_start: int | None = None,
+) -> int:
+    """Per device, the bytes one micro-batch holds between its forward and
+    its backward pass (see the module docstring).
+
+    ``memory``: the memory model of ``graph`` (one micro-batch); ops from
+    index ``first_backward`` on are the backward pass (and the optimizer);
+    ops from ``head_start`` (default: ``first_backward``) to there are the
+    last stage's head, which no other micro-batch waits in.  Counted: the
+    activation buffers made before ``head_start`` that depend on the
+    micro-batch's data and that an op at ``first_backward`` or later reads.
+    """
+    n = len(graph.operations)
+    if not 0 <= first_backward <= n:
+        raise PipelineError(
+            f"first backward op index {first_backward} is outside the graph's {n} ops"
+        )
+    head = first_backward if head_start is None else head_start
+    if not 0 <= head <= first_backward:
+        raise PipelineError(
+            f"head start {head_start} must be between 0 and the first backward "
+            f"op index {first_backward}"
+        )
+    per_micro_batch = data_dependent(graph)
+    sizes = memory.tensor_bytes_per_device(ctx)
+    return sum(
+        b
+        for t, kind, b, first, last in zip(
+            memory.buffers, memory.kinds, sizes, memory.start, memory.end
+        )
+        if kind == ACTIVATION
+        and first < head
+        and last >= first_backward
+        and t in per_micro_batch
+    )
+
+
 @dataclass(frozen=True)
 class PipelineCost:
     """A pipelined step: its time, the bubble, the sends, memory per device."""
@@ -138,6 +214,7 @@ class PipelineCost:
     once_s: float
     peak_memory_bytes: int
     memory_capacity_bytes: int
+    held_bytes: int = 0  # per other micro-batch in flight
 
     @property
     def fits(self) -> bool:
@@ -148,7 +225,7 @@ def pipeline_cost(
     spec: PipelineSpec,
     split: StepSplit,
     stage_peak_bytes: int,
-    activation_peak_bytes: int,
+    held_bytes: int,
     capacity_bytes: int,
     boundary_bytes: int,
     send_link_axis: Sequence[str],
@@ -156,8 +233,8 @@ def pipeline_cost(
     hw: HardwareProfile,
 ) -> PipelineCost:
     """The pipelined step from one stage's split step, evaluated for one
-    micro-batch (peak ``stage_peak_bytes``, of which
-    ``activation_peak_bytes`` activations).
+    micro-batch (peak ``stage_peak_bytes``); each other micro-batch in flight
+    holds ``held_bytes`` (:func:`held_bytes_per_micro_batch`).
 
     ``boundary_bytes``: per device, the activation slice crossing a stage
     boundary for one micro-batch; it goes over the pipeline axis
@@ -179,6 +256,7 @@ def pipeline_cost(
         send_s=t_send,
         bubble_s=(spec.stages - 1) * per,
         once_s=split.once_s,
-        peak_memory_bytes=int(stage_peak_bytes + (k - 1) * activation_peak_bytes),
+        peak_memory_bytes=int(stage_peak_bytes + (k - 1) * held_bytes),
         memory_capacity_bytes=int(capacity_bytes),
+        held_bytes=int(held_bytes),
     )

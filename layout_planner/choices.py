@@ -38,10 +38,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cost_models.hardware import HardwareProfile
+from cost_models.memory import memory_model
 from cost_models.pipeline import (
     PipelineCost,
     PipelineError,
     PipelineSpec,
+    held_bytes_per_micro_batch,
     pipeline_cost,
     split_step,
 )
@@ -122,6 +124,7 @@ class ScalePlan:
     trials: tuple[ScaleTrial, ...]
     planning_s: float
     sharded_classes: tuple[str, ...] = field(default=())
+    slot_sharded_classes: tuple[str, ...] = field(default=())
 
     @property
     def layout_rules(self) -> str:
@@ -158,6 +161,13 @@ class ScalePlan:
             "  sharded weights (ZeRO, stored split over an axis their compute "
             "does not split): "
             + (", ".join(self.sharded_classes) if self.sharded_classes else "none"),
+            "  optimizer slots only sharded (ZeRO-1, weights whole, gradient "
+            "reduce-scattered, updated shard gathered once per step): "
+            + (
+                ", ".join(self.slot_sharded_classes)
+                if self.slot_sharded_classes
+                else "none"
+            ),
             f"  step {p.step_time_s * 1e3:.1f} ms = ({p.spec.micro_batches} + "
             f"{p.spec.stages} - 1) x ({p.per_micro_batch_s * 1e3:.2f} ms per "
             f"micro-batch + 2 x {p.send_s * 1e6:.1f} us sends) + "
@@ -165,7 +175,8 @@ class ScalePlan:
             f"{p.bubble_s * 1e3:.1f} ms",
             f"  peak {p.peak_memory_bytes / gib:.1f} GiB of "
             f"{p.memory_capacity_bytes / gib:.1f} GiB per device "
-            f"({p.spec.in_flight} micro-batches in flight); MFU {self.mfu:.1%}",
+            f"({p.spec.in_flight} micro-batches in flight, each other one "
+            f"holding {p.held_bytes / gib:.2f} GiB); MFU {self.mfu:.1%}",
         ]
         by_rc: dict[tuple[str, str], ScaleTrial] = {}
         for t in self.trials:
@@ -262,7 +273,7 @@ def plan_transformer(
         hw = hw.with_memory(memory_limit)
     check_request(config, hw, devices)
     PipelineSpec(1, 1, schedule)  # checks the schedule's name
-    cfg = config.replace(shardable_weights=True)
+    cfg = config.replace(shardable_weights=True, shardable_slots=True)
     layers = cfg.num_layers
     pows = [2**i for i in range(7)]
     stage_sizes = (
@@ -381,6 +392,37 @@ def _trial(
     )
     k = spec.in_flight
     limit = hw.memory_bytes
+    # What each other in-flight micro-batch holds (cost_models.pipeline): the
+    # forward ends at the loss, the last stage's head starts at its final norm.
+    ops = model.graph.operations
+    first_backward = 1 + next(
+        i for i, op in enumerate(ops) if op is model.loss.operation
+    )
+    head_start = next(
+        (i for i, op in enumerate(ops) if op.name == "final_norm_scale"),
+        first_backward,
+    )
+    memory = memory_model(model.graph, [model.loss])
+
+    def price(layout_rules: Any, cost: Any) -> PipelineCost:
+        ctx = LayoutContext.make(choice.stage_mesh, layout_rules)
+        split = split_step(model.graph, cost, ctx, hw, first_update)
+        boundary = ctx.slice_bytes(_boundary_shape(stage_cfg), cfg.activation_dtype)
+        held = held_bytes_per_micro_batch(
+            model.graph, memory, ctx, first_backward, head_start
+        )
+        return pipeline_cost(
+            spec,
+            split,
+            cost.peak_memory_bytes,
+            held,
+            hw.memory_bytes,
+            boundary,
+            ("pp",),
+            choice.full_mesh,
+            hw,
+        )
+
     for _attempt in range(2):
         plan = auto_layout(
             model.graph,
@@ -404,32 +446,46 @@ def _trial(
                 choice, None, None, False, str(plan.layout_rules), note
             ), None
         cost = plan.evaluation
-        ctx = LayoutContext.make(choice.stage_mesh, plan.layout_rules)
-        split = split_step(model.graph, cost, ctx, hw, first_update)
-        boundary = ctx.slice_bytes(_boundary_shape(stage_cfg), cfg.activation_dtype)
-        priced = pipeline_cost(
-            spec,
-            split,
-            cost.peak_memory_bytes,
-            cost.activation_peak_bytes,
-            hw.memory_bytes,
-            boundary,
-            ("pp",),
-            choice.full_mesh,
-            hw,
-        )
+        priced = price(plan.layout_rules, cost)
         # The CP-SAT program sees one micro-batch; the k - 1 others in flight
         # are priced afterwards.  If they break the capacity, plan once more
         # leaving room for them (as much as this layout's held).
-        room = hw.memory_bytes - (k - 1) * cost.activation_peak_bytes
+        room = hw.memory_bytes - (k - 1) * priced.held_bytes
         if priced.fits or rules is not None or k == 1 or room <= 0 or room >= limit:
             break
         limit = room
+    if rules is None and spec.micro_batches > 1:
+        # The program prices one micro-batch, so it cannot see that a stored
+        # weight's gather runs once per micro-batch while slots-only
+        # sharding's runs once per step: price that variant too.
+        variant = _slots_instead_of_stored(plan.layout_rules)
+        if variant is not None:
+            from cost_models.costs import evaluate
+
+            vcost = evaluate(model.graph, choice.stage_mesh, variant, hw, [model.loss])
+            vpriced = price(variant, vcost)
+            if vpriced.fits and (
+                not priced.fits or vpriced.step_time_s < priced.step_time_s
+            ):
+                plan = dataclasses.replace(plan, layout_rules=variant, evaluation=vcost)
+                priced = vpriced
+    named = dict(plan.layout_rules)
     sharded = tuple(
         sorted(
             d.removeprefix("d_model_stored_")
-            for d, _ in plan.layout_rules
+            for d in named
             if d.startswith("d_model_stored_")
+        )
+    )
+    slots_only = tuple(
+        sorted(
+            c
+            for c in (
+                d.removeprefix("d_model_slots_")
+                for d in named
+                if d.startswith("d_model_slots_")
+            )
+            if c not in sharded
         )
     )
     scale = ScalePlan(
@@ -443,6 +499,7 @@ def _trial(
         trials=(),
         planning_s=0.0,
         sharded_classes=sharded,
+        slot_sharded_classes=slots_only,
     )
     trial = ScaleTrial(
         choice,
@@ -465,7 +522,7 @@ def price_layout(
     """A given mesh, pipeline, recomputation and stage layout rules (e.g. a
     published configuration) priced exactly as the planner's trials are."""
     hw = get_hardware(hardware) if isinstance(hardware, str) else hardware
-    cfg = config.replace(shardable_weights=True)
+    cfg = config.replace(shardable_weights=True, shardable_slots=True)
     check_request(cfg, hw, choice.stages * choice.data * choice.tensor)
     spec = PipelineSpec(choice.stages, choice.micro_batches, choice.schedule)
     spec.check(cfg.num_layers, cfg.batch)
@@ -485,6 +542,22 @@ def price_layout(
     )
     assert plan is not None
     return plan
+
+
+def _slots_instead_of_stored(layout_rules: Any) -> Any:
+    """``layout_rules`` with every stored weight class (``d_model_stored_<c>``
+    on an axis) sharded slots-only on that axis instead (ZeRO-3 -> ZeRO-1);
+    None when no class is stored split."""
+    from mtf_core.layout import convert_to_layout_rules
+
+    named = dict(layout_rules)
+    stored = {d: a for d, a in named.items() if d.startswith("d_model_stored_")}
+    if not stored:
+        return None
+    for d, a in stored.items():
+        del named[d]
+        named[d.replace("_stored_", "_slots_", 1)] = a
+    return convert_to_layout_rules(";".join(f"{d}:{a}" for d, a in named.items()))
 
 
 def _boundary_shape(cfg: TransformerConfig) -> Any:
