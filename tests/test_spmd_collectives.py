@@ -98,7 +98,9 @@ def test_axis_groups_give_each_pnum_its_group_key_and_position() -> None:
         (tf.bool, "allreduce", tf.int32),
         (tf.int8, "alltoall", tf.int32),
         (tf.bfloat16, "allreduce", tf.bfloat16),
-        (tf.bfloat16, "allgather", tf.float32),
+        (tf.bfloat16, "allgather", tf.float16),  # bitcast: its own 2 bytes
+        (tf.bfloat16, "broadcast", tf.float16),
+        (tf.int16, "allreduce", tf.int32),  # summed: widened
     ],
 )
 def test_dtypes_travel_in_a_carrier_the_cpu_kernels_take(dtype, kind, carrier) -> None:

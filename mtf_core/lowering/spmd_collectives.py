@@ -21,9 +21,13 @@ on every device; devices meet in TensorFlow's collective ops
   gives each member: devices sorted by (job, replica, task, type, index).  Mesh
   coordinates may differ from that order (any device list is allowed), so
   :class:`AxisGroups` keeps the permutation and the backend reorders blocks.
-* **Dtypes.** The CPU kernels take float16/32/64 and int32/64 (bfloat16 only
-  for reduce and all-to-all).  Other dtypes travel in a wider carrier dtype
-  that holds them exactly (bool and small ints as int32, bfloat16 as float32).
+* **Dtypes.** The CPU kernels take float16/32/64 and int32/64, and bfloat16
+  only for reduce and all-to-all (gather and broadcast refuse it).  Where a
+  collective only moves bits (gather, all-to-all, broadcast), another 16-bit
+  dtype travels *bitcast* to float16: bfloat16 activations are gathered in
+  their own 2 bytes, so what is sent is what the counters (and the cost
+  model) say.  Where it adds (reduce), a dtype the kernel lacks is widened to
+  a carrier that holds it exactly (bool and small ints as int32).
 * **No gradients** are needed: mtf differentiates its own graph.
 """
 
@@ -38,6 +42,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from mtf_core.comm import CollectiveKind
 from mtf_core.errors import LoweringError
 
 _lock = threading.Lock()
@@ -164,6 +169,11 @@ class AxisGroups:
 
 # -- dtype carriers -----------------------------------------------------------
 _NATIVE = frozenset({tf.float16, tf.float32, tf.float64, tf.int32, tf.int64})
+#: Kinds whose kernels take bfloat16 as well.
+_BFLOAT16_KINDS = frozenset({"allreduce", "alltoall"})
+#: Kinds that only move bits (no arithmetic): any 16-bit dtype may travel
+#: bitcast to float16, in its own bytes.
+_MOVES_ONLY = frozenset({"allgather", "alltoall", "broadcast"})
 _WIDEN = {
     tf.bool: tf.int32,
     tf.int8: tf.int32,
@@ -176,9 +186,13 @@ _WIDEN = {
 
 
 def carrier_dtype(dtype: tf.DType, kind: str) -> tf.DType:
-    """The dtype a tensor of ``dtype`` travels in through collective ``kind``."""
-    if dtype in _NATIVE or (dtype == tf.bfloat16 and kind in ("allreduce", "alltoall")):
+    """The dtype a tensor of ``dtype`` travels in through collective ``kind``
+    (``allreduce``, ``allgather``, ``alltoall`` or ``broadcast``).  A carrier
+    of ``dtype``'s size holds its bits (a bitcast); a wider one its value."""
+    if dtype in _NATIVE or (dtype == tf.bfloat16 and kind in _BFLOAT16_KINDS):
         return dtype
+    if kind in _MOVES_ONLY and dtype.size == tf.float16.size:
+        return tf.float16
     if dtype in _WIDEN:
         return _WIDEN[dtype]
     raise LoweringError(
@@ -189,14 +203,24 @@ def carrier_dtype(dtype: tf.DType, kind: str) -> tf.DType:
 
 def _in_carrier(x: Any, kind: str) -> tuple[Any, tf.DType]:
     c = carrier_dtype(x.dtype, kind)
-    return (x if c == x.dtype else tf.cast(x, c)), x.dtype
+    if c == x.dtype:
+        return x, x.dtype
+    if c.size == x.dtype.size:
+        return tf.bitcast(x, c), x.dtype
+    return tf.cast(x, c), x.dtype
 
 
 def _out_of_carrier(y: Any, dtype: tf.DType) -> Any:
-    return y if y.dtype == dtype else tf.cast(y, dtype)
+    if y.dtype == dtype:
+        return y
+    if y.dtype.size == dtype.size:
+        return tf.bitcast(y, dtype)
+    return tf.cast(y, dtype)
 
 
 # -- the ops ----------------------------------------------------------------
+#: The name of the ``tf.cond`` that sends or receives a broadcast.
+BROADCAST_NAME = "collective_broadcast"
 _MERGE = {"SUM": "Add", "MAX": "Max", "MIN": "Min"}
 
 
@@ -293,6 +317,57 @@ def broadcast(x: Any, is_source: Any, ch: Channel) -> Any:
                 shape=xc.shape, T=xc.dtype, **common
             )
 
-    y = tf.cond(is_source, send, recv)
+    y = tf.cond(is_source, send, recv, name=BROADCAST_NAME)
     y.set_shape(xc.shape)
     return _out_of_carrier(y, dtype)
+
+
+# -- what a traced program sends --------------------------------------------
+#: The TensorFlow op each counted kind is built from on this backend.
+OP_OF_KIND: dict[str, str] = {
+    CollectiveKind.ALLREDUCE: "CollectiveReduceV2",
+    CollectiveKind.ALLCONCAT: "CollectiveGatherV2",
+    CollectiveKind.SHIFT: "CollectiveGatherV2",
+    CollectiveKind.ALLTOALL: "CollectiveAllToAllV2",
+    CollectiveKind.REDUCE_SCATTER: "CollectiveAllToAllV2",
+    CollectiveKind.BROADCAST: "CollectiveBcastV2",
+}
+_SENDING_OPS = frozenset(
+    {"CollectiveReduceV2", "CollectiveGatherV2", "CollectiveAllToAllV2"}
+)
+
+
+@dataclass(frozen=True)
+class SentCollective:
+    """One collective op of a traced program: what each device puts in."""
+
+    op_type: str  # a value of OP_OF_KIND
+    dtype: str  # the dtype it travels in (the carrier)
+    bytes_per_device: int
+
+
+def sent_collectives(graph: Any) -> list[SentCollective]:
+    """The collective ops of a traced program (a ``tf.Graph``, e.g. a concrete
+    function's ``.graph``), with the dtype and bytes of each device's input,
+    in graph order.  A broadcast is the ``tf.cond`` that sends or receives it.
+    The counters record the same bytes (the slice a device contributes), so
+    this is what checks that they, and the cost model, count what is sent.
+    """
+    out = []
+    for op in graph.get_operations():
+        if op.type in _SENDING_OPS:
+            t = op.inputs[0]
+        elif op.type in ("If", "StatelessIf") and op.name.rsplit("/", 1)[-1].startswith(
+            BROADCAST_NAME
+        ):
+            t = op.outputs[0]
+        else:
+            continue
+        n = t.shape.num_elements()
+        if n is None:
+            raise LoweringError(
+                f"collective {op.name} carries a tensor of unknown shape {t.shape}"
+            )
+        kind = "CollectiveBcastV2" if op.type.endswith("If") else op.type
+        out.append(SentCollective(kind, t.dtype.name, int(n * t.dtype.size)))
+    return out

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -28,6 +29,8 @@ import tensorflow as tf
 
 from mtf_core.errors import LoweringError
 from mtf_core.graph import Graph, Mesh, Operation, Tensor
+from mtf_core.lowering import spmd_collectives as coll
+from mtf_core.lowering.counters import Counters
 from mtf_core.lowering.lowering import Lowering
 from mtf_core.lowering.spmd import SimdMeshImpl
 from mtf_core.lowering.step_common import CompiledStep
@@ -144,7 +147,64 @@ class SpmdCompiledFunction(CompiledStep):
         self.launcher_graph_nodes = len(self.concrete.graph.as_graph_def().node)
         return seconds
 
+    def sent_collectives(self) -> list[coll.SentCollective]:
+        """The collective ops of the replica program (traced now if it was not
+        yet), with the dtype and bytes each device puts in: what the counters
+        say is sent, as TensorFlow will send it."""
+        return coll.sent_collectives(self._trace_replica().graph)
+
     def __call__(self, *values: Any) -> list[np.ndarray]:
         self.check_arity(values)
         outs = self._launcher(*values)
         return [o.numpy() for o in outs]
+
+
+@dataclass(frozen=True)
+class TracedLowering:
+    """A lowering traced into one replica program and not run."""
+
+    counters: Counters
+    sent: list[coll.SentCollective]
+
+
+def trace_lowering(
+    graph: Graph,
+    mesh_to_impl: Mapping[Mesh, Any],
+    inputs: Sequence[Tensor] = (),
+    targets: Sequence[Tensor | Operation] | None = None,
+) -> TracedLowering:
+    """Lowers ``graph`` on an SPMD mesh into one replica program, traced but
+    not run: every op (as ``Lowering(graph, ...)`` and ``cost_models.evaluate``
+    take it) or only what ``targets`` need (as a compiled step does).  Returns
+    the counters it recorded and the collectives its program sends.
+    ``inputs`` are the placeholders (fed symbolically).
+    """
+    impls = list(dict(mesh_to_impl).values())
+    if len(impls) != 1 or not isinstance(impls[0], SimdMeshImpl):
+        raise LoweringError(
+            "trace_lowering lowers one mesh on one SimdMeshImpl; got "
+            f"{[type(i).__name__ for i in impls]}"
+        )
+    impl = impls[0]
+    variables = VariableStore(graph, mesh_to_impl)
+    specs = [
+        tf.TensorSpec(t.shape.to_integer_list(), tf.as_dtype(t.dtype)) for t in inputs
+    ]
+    found: list[Counters] = []
+
+    def program(pnum: Any, token: Any, *values: Any) -> Any:
+        with impl.replica(pnum, token):
+            lowering = Lowering(
+                graph,
+                mesh_to_impl,
+                feeds=dict(zip(inputs, values)),
+                variables=variables,
+                targets=targets,
+            )
+        found.append(lowering.counters)
+        return tf.constant(0)
+
+    traced = tf.function(program, autograph=False).get_concrete_function(
+        tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.resource), *specs
+    )
+    return TracedLowering(found[-1], coll.sent_collectives(traced.graph))
