@@ -17,7 +17,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from mtf_core.lowering.tf_utils import outside_all_rewrites
+from mtf_core.lowering.initial_values import default_initializer, outside_all_rewrites
 
 
 def _device(var: Any) -> Any:
@@ -34,8 +34,6 @@ def make_master(var: Any, device: Any, value: Any = None) -> tf.Variable:
     if value is None:
         init = var.initializer
         if init is None:
-            from mtf_core.lowering.variables import default_initializer
-
             init = default_initializer(var.name)
         value = init(var.shape.to_integer_list(), tf.as_dtype(var.master_dtype))
     with outside_all_rewrites(), tf.compat.v1.device(device):

@@ -6,24 +6,21 @@ need TensorFlow.
 
 from __future__ import annotations
 
-import contextlib
 import heapq
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import tensorflow as tf
 
 from mtf_core.errors import ArgumentError
 
+# Mesh TF's mtf.utils name; it lives with the initial values it serves.
+from mtf_core.lowering.initial_values import outside_all_rewrites
+from mtf_core.lowering.masters import make_master
+
+__all__ = ["BalancedVariablePlacer", "outside_all_rewrites"]
+
 _VARIABLE_OP_TYPES = ("Variable", "VariableV2", "VarHandleOp")
-
-
-@contextlib.contextmanager
-def outside_all_rewrites() -> Iterator[None]:
-    """Builds ops outside any enclosing control dependencies (Mesh TF uses it
-    to create variables from inside a ``while_loop`` or a ``cond``)."""
-    with tf.control_dependencies(None):
-        yield
 
 
 class BalancedVariablePlacer:
@@ -57,8 +54,6 @@ class BalancedVariablePlacer:
         ``get_variable``); the lowering then uses it.  Eagerly: nothing."""
         if tf.executing_eagerly():
             return
-        from mtf_core.lowering.masters import make_master
-
         make_master(var, self.device_function)
 
     def device_function(self, op: Any) -> str:

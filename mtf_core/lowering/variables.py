@@ -8,7 +8,6 @@ under one mesh and layout loads under any other.
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,24 +16,8 @@ import tensorflow as tf
 
 from mtf_core.errors import LoweringError, ShapeError
 from mtf_core.graph import Graph, Mesh, Tensor
+from mtf_core.lowering.initial_values import default_initializer
 from mtf_core.lowering.masters import MasterVariables
-
-
-def default_initializer(name: str) -> Any:
-    """Glorot-uniform with a seed derived from the variable's name (deterministic)."""
-    seed = zlib.crc32(name.encode()) & 0x7FFFFFFF
-
-    def init(shape: list[int], dtype: Any) -> Any:
-        if len(shape) == 0:
-            return tf.zeros([], dtype)
-        fan_out = shape[-1]
-        fan_in = int(np.prod(shape[:-1])) if len(shape) > 1 else shape[0]
-        limit = float(np.sqrt(6.0 / (fan_in + fan_out)))
-        return tf.random.stateless_uniform(
-            shape, [seed, 0], -limit, limit, dtype=tf.float32
-        )
-
-    return init
 
 
 def _variable_op(var: Any) -> Any:
