@@ -1,0 +1,226 @@
+"""A stage of ``n`` identical layers priced from graphs of 2, 3 and 4 layers.
+
+A Transformer stage is ``n`` copies of one layer between an embedding and a
+head.  Its planning problem is the same for every ``n`` except in two places,
+both affine in ``n``, and :class:`StackedAnalysis` computes both from small
+graphs instead of building the ``n``-layer one:
+
+* the cost units: every unit class (equal signature and dims) of the ``n``
+  layer graph appears ``c2 + (n - 2) (c3 - c2)`` times, ``ck`` its count in
+  the ``k``-layer graph (checked against the 4-layer graph);
+* the memory rows.  A live set at an op of layer ``j`` holds its own working
+  set, what layers before ``j`` hold for their backward pass, what layers
+  after it hold (gradients waiting for the optimizer) and every layer's
+  weights: affine in ``j`` and ``n``.  A row of an inner layer is then a
+  convex combination of the rows of the same op in the first and the last
+  layer, and per-device bytes are linear in a row (each class's bytes are
+  divisible by its split), so only the first and last layers' rows and the
+  rows outside the layers matter, each ``r2 + (n - 2) (r3 - r2)`` for the
+  same op in the 2- and 3-layer graphs.
+
+Which op of the 3-layer graph is "the same op" as one of the 2-layer graph:
+the op sequences (by signature) differ by one inserted layer per phase
+(forward, backward, optimizer); an insertion may sit anywhere in its run of
+repeated layers.  Every position ``p`` of an insertion for which the 2-, 3-
+and 4-layer graphs' rows are affine (the 4-layer graph's insertion at the
+same ``p``) pairs ops of equal role, and the rows of all those alignments
+are kept (the extra ones are rows of inner layers: real, and never above
+the maximum).  The tests compare the extrapolated tables and peaks with the
+``n``-layer graph's, under many layouts.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from cost_models.signatures import Signer
+from cost_models.units import UnitClass
+from layout_planner.analysis import GraphAnalysis
+from layout_planner.errors import PlannerError
+
+#: Stages of at most this many layers are analysed as they are.
+DIRECT_LAYERS = 4
+
+
+class StackingError(PlannerError):
+    """The small graphs do not extrapolate (their layers are not identical)."""
+
+
+def per_op_rows(
+    analysis: GraphAnalysis, classes: Sequence[tuple[str, ...]]
+) -> np.ndarray:
+    """Unsplit bytes per tensor class (columns in ``classes`` order) alive at
+    each op of ``analysis``'s graph (rows in op order)."""
+    memory = analysis.memory
+    index = {c: i for i, c in enumerate(classes)}
+    column = np.fromiter(
+        (index[tuple(sorted(t.shape.dimension_names))] for t in memory.buffers),
+        dtype=np.int64,
+        count=len(memory.buffers),
+    )
+    n_ops = len(analysis.graph.operations)
+    rows = np.zeros((n_ops + 1, len(classes)), dtype=np.int64)
+    nbytes = np.asarray(memory.nbytes, dtype=np.int64)
+    np.add.at(rows, (np.asarray(memory.start, dtype=np.int64), column), nbytes)
+    np.subtract.at(rows, (np.asarray(memory.end, dtype=np.int64) + 1, column), nbytes)
+    out: np.ndarray = np.cumsum(rows[:-1], axis=0)
+    return out
+
+
+def _op_keys(
+    analyses: Sequence[GraphAnalysis],
+) -> list[list[int]]:
+    signer = Signer()
+    ids: dict[object, int] = {}
+    return [
+        [ids.setdefault(signer.op(op), len(ids)) for op in a.graph.operations]
+        for a in analyses
+    ]
+
+
+@dataclass(frozen=True)
+class _Insertion:
+    lo: int  # first valid start in the 3-layer graph
+    hi: int  # last valid start
+    length: int  # ops of one layer in this phase
+
+
+def _insertions(a: list[int], b: list[int]) -> list[_Insertion]:
+    codes = difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes()
+    if any(tag not in ("equal", "insert") for tag, *_ in codes):
+        raise StackingError(
+            "the 3-layer stage graph is not the 2-layer one with layers inserted"
+        )
+    out = []
+    for tag, _, _, j1, j2 in codes:
+        if tag != "insert":
+            continue
+        d = j2 - j1
+        lo = hi = j1
+        while lo > 0 and b[lo - 1] == b[lo - 1 + d]:
+            lo -= 1
+        while hi + d < len(b) and b[hi] == b[hi + d]:
+            hi += 1
+        out.append(_Insertion(lo, hi, d))
+    return out
+
+
+def _image(n_b: int, starts: Sequence[int], lengths: Sequence[int]) -> np.ndarray:
+    keep = np.ones(n_b, dtype=bool)
+    for p, d in zip(starts, lengths):
+        keep[p : p + d] = False
+    image: np.ndarray = np.nonzero(keep)[0]
+    return image
+
+
+class StackedAnalysis(GraphAnalysis):
+    """A :class:`GraphAnalysis` of an ``n``-layer stage made from the
+    analyses of its 2-, 3- and 4-layer versions (see the module docstring).
+
+    ``graph`` (and the dim graph, memory model, outputs) are the 2-layer
+    graph's; ``unit_classes`` carry the ``n``-layer counts and ``live_rows``
+    the ``n``-layer rows, which is all :class:`LayoutProblem` prices.
+    """
+
+    def __init__(
+        self, two: GraphAnalysis, three: GraphAnalysis, four: GraphAnalysis, n: int
+    ) -> None:
+        if n < 2:
+            raise StackingError(f"{n} layers; a stacked stage has at least 2")
+        self.graph = two.graph
+        self.outputs = two.outputs
+        self.dim_graph = two.dim_graph
+        self.memory = two.memory
+        self.seconds = 0.0
+        self.layers = n
+        self.unit_classes = _stacked_units(two, three, four, n)
+        self.tensor_classes = list(two.tensor_classes)
+        if {*three.tensor_classes, *four.tensor_classes} != set(self.tensor_classes):
+            raise StackingError("the stage graphs' tensor classes differ")
+        self.live_rows = _stacked_rows(two, three, four, n, self.tensor_classes)
+
+
+def _unit_key(c: UnitClass) -> tuple[object, ...]:
+    return (c.unit.dim_names, c.unit.signature)
+
+
+def _stacked_units(
+    two: GraphAnalysis, three: GraphAnalysis, four: GraphAnalysis, n: int
+) -> list[UnitClass]:
+    c3 = {_unit_key(c): c.count for c in three.unit_classes}
+    c4 = {_unit_key(c): c.count for c in four.unit_classes}
+    if not (len(c3) == len(c4) == len(two.unit_classes)):
+        raise StackingError("the stage graphs have different cost-unit classes")
+    out = []
+    for c in two.unit_classes:
+        key = _unit_key(c)
+        if key not in c3 or key not in c4:
+            raise StackingError(f"cost unit {c.unit!r} is not in every stage graph")
+        step = c3[key] - c.count
+        if c4[key] - c3[key] != step:
+            raise StackingError(
+                f"cost unit {c.unit!r}: counts are not affine in layers"
+            )
+        out.append(UnitClass(c.unit, c.count + (n - 2) * step))
+    return out
+
+
+def _stacked_rows(
+    two: GraphAnalysis,
+    three: GraphAnalysis,
+    four: GraphAnalysis,
+    n: int,
+    classes: Sequence[tuple[str, ...]],
+) -> np.ndarray:
+    k2, k3, k4 = _op_keys((two, three, four))
+    r2, r3, r4 = (per_op_rows(a, classes) for a in (two, three, four))
+    ins3 = _insertions(k2, k3)
+    ins4 = _insertions(k2, k4)
+    if len(ins3) != len(ins4) or any(
+        2 * i.length != j.length for i, j in zip(ins3, ins4)
+    ):
+        raise StackingError("the 4-layer stage graph does not repeat the 3-layer one")
+    lengths3 = [i.length for i in ins3]
+    lengths4 = [j.length for j in ins4]
+    # Insertion k starts at p in the 3-layer graph and at p + (the layers
+    # inserted before it) in the 4-layer graph.
+    offset = np.concatenate([[0], np.cumsum(lengths3)[:-1]]).tolist()
+    lows = [max(i.lo, j.lo - o) for i, j, o in zip(ins3, ins4, offset)]
+    highs = [min(i.hi, j.hi - o) for i, j, o in zip(ins3, ins4, offset)]
+
+    m3 = _image(len(k3), lows, lengths3)
+    m4 = _image(len(k4), [p + o for p, o in zip(lows, offset)], lengths4)
+    ok = np.all(r2 + 2 * (r3[m3] - r2) == r4[m4], axis=1)
+    parts = [(r2 + (n - 2) * (r3[m3] - r2))[ok]]
+    covered = ok.copy()
+    for k in range(len(ins3)):
+        # Moving insertion k from lows[k] to p moves the ops of the 2-layer
+        # graph that sat in [lows[k] + d, p + d) of the 3-layer graph one
+        # layer earlier (two in the 4-layer graph); p is consistent when the
+        # moved ops are affine moved and the others as they were.
+        d, low, high = lengths3[k], lows[k], highs[k]
+        window = np.nonzero((m3 >= low + d) & (m3 < high + d))[0]
+        s3, s4 = m3[window] - d, m4[window] - lengths4[k]
+        ok_moved = np.all(r2[window] + 2 * (r3[s3] - r2[window]) == r4[s4], axis=1)
+        ok_kept = ok[window]
+        moved_ok = np.concatenate([[True], np.cumprod(ok_moved).astype(bool)])
+        kept_ok = np.concatenate([np.cumprod(ok_kept[::-1])[::-1].astype(bool), [True]])
+        consistent = np.nonzero(moved_ok & kept_ok)[0]
+        if len(consistent) == 0:
+            raise StackingError(
+                "the stage graphs' memory rows are not affine in layers (no "
+                f"position of inserted layer {k} fits)"
+            )
+        top = int(consistent.max())
+        moved = window[:top]
+        parts.append(r2[moved] + (n - 2) * (r3[s3[:top]] - r2[moved]))
+        covered[moved] = True
+    if not covered.all():
+        raise StackingError("the stage graphs' memory rows are not affine in layers")
+    rows = np.concatenate(parts)
+    out: np.ndarray = np.unique(rows, axis=0)
+    return out

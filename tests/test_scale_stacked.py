@@ -1,0 +1,97 @@
+"""A stage of n identical layers planned from its 2-, 3- and 4-layer graphs
+(layout_planner.stacked) prices every layout exactly as the n-layer graph."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from cost_models.costs import evaluate
+from cost_models.profiles import get_hardware
+from layout_planner.analysis import GraphAnalysis
+from layout_planner.plan_mesh import solve_problem
+from layout_planner.problem import LayoutProblem
+from layout_planner.program import Objective, SolveParams
+from layout_planner.stacked import StackedAnalysis, StackingError
+from mtf_core.models import TransformerConfig, build_encoder_decoder, build_lm
+from mtf_core.shapes import convert_to_shape
+
+BASE = TransformerConfig(
+    num_layers=2, d_model=64, heads=4, d_kv=16, d_ff=128, vocab=256, length=32,
+    batch=4, activation_dtype="bfloat16", shardable_weights=True,
+)  # fmt: skip
+MESH = convert_to_shape("dp:2;tp:2")
+HW = get_hardware("h100-nvlink-ib")
+
+
+def _analysis(cfg: TransformerConfig, layers: int, builder=build_lm) -> GraphAnalysis:
+    model = builder(cfg.replace(num_layers=layers), optimizer="adam")
+    return GraphAnalysis(model.graph, [model.loss])
+
+
+@pytest.mark.parametrize(
+    "attention,ffn", [("none", "none"), ("scores", "none"), ("block", "block")]
+)
+def test_stacked_stage_prices_every_layout_like_the_full_graph(attention, ffn):
+    cfg = BASE.replace(recompute_attention=attention, recompute_ffn=ffn)
+    n = 7
+    small = [_analysis(cfg, k) for k in (2, 3, 4)]
+    stacked = StackedAnalysis(*small, n)
+    full = _analysis(cfg, n)
+    # The unit classes are the n-layer graph's, counts included.
+    want = {(c.unit.dim_names, c.unit.signature): c.count for c in full.unit_classes}
+    got = {(c.unit.dim_names, c.unit.signature): c.count for c in stacked.unit_classes}
+    assert got == want
+    p_full = LayoutProblem(full.graph, MESH, HW, full.outputs, analysis=full)
+    p_stack = LayoutProblem(stacked.graph, MESH, HW, stacked.outputs, analysis=stacked)
+    assert p_stack.free_dims == p_full.free_dims
+    # Every layout (random ones of the whole space): same time, same peak.
+    rng = random.Random(0)
+    options = [[None, *p_full.allowed[d]] for d in p_full.free_dims]
+    checked = tries = 0
+    while checked < 150 and tries < 20000:
+        tries += 1
+        asg = dict(zip(p_full.free_dims, (rng.choice(o) for o in options)))
+        a, b = p_full.table_cost(asg), p_stack.table_cost(asg)
+        assert (a.invalid is None) == (b.invalid is None)
+        if a.invalid is None:
+            assert b.time_s == pytest.approx(a.time_s, rel=1e-12)
+            assert b.peak_bytes == a.peak_bytes
+            checked += 1
+    assert checked == 150
+    # Under a memory limit that binds, CP-SAT picks the same layout in both,
+    # and evaluate() of the n-layer graph gives the stacked tables' price.
+    unconstrained = p_full.table_cost(
+        solve_problem(p_full, Objective.TIME, SolveParams(20.0, 1, 0, 1)).assignment
+    )
+    hw = HW.with_memory(int(unconstrained.peak_bytes * 0.8))
+    p_full = LayoutProblem(full.graph, MESH, hw, full.outputs, analysis=full)
+    p_stack = LayoutProblem(stacked.graph, MESH, hw, stacked.outputs, analysis=stacked)
+    params = SolveParams(20.0, 1, 0, 1)
+    s_full = solve_problem(p_full, Objective.TIME, params)
+    s_stack = solve_problem(p_stack, Objective.TIME, params)
+    assert s_stack.assignment == s_full.assignment
+    rules = p_stack.rules_for(s_stack.assignment)
+    cost = evaluate(full.graph, MESH, rules, hw, full.outputs)
+    table = p_stack.table_cost(s_stack.assignment)
+    assert table.time_s == pytest.approx(cost.time_s, rel=1e-9)
+    assert table.peak_bytes == cost.peak_memory_bytes
+    assert cost.peak_memory_bytes <= hw.memory_bytes < unconstrained.peak_bytes
+
+
+def test_stacked_rows_are_fewer_than_the_full_graph_rows():
+    small = [_analysis(BASE, k) for k in (2, 3, 4)]
+    stacked = StackedAnalysis(*small, 48)
+    full = _analysis(BASE, 48)
+    assert len(stacked.live_rows) < len(full.live_rows) / 5
+
+
+def test_stages_whose_layers_are_not_identical_are_refused_by_name():
+    # The decoder's encoder-decoder attention gradients all meet at the
+    # encoder output: one deferred group whose size grows with the layers.
+    small = [_analysis(BASE, k, build_encoder_decoder) for k in (2, 3, 4)]
+    with pytest.raises(StackingError, match="cost-unit classes"):
+        StackedAnalysis(*small, 6)
+    with pytest.raises(StackingError, match="1 layers"):
+        StackedAnalysis(*[_analysis(BASE, k) for k in (2, 3, 4)], 1)
