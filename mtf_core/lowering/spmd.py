@@ -30,7 +30,11 @@ allsplit               none: a slice at this device's offset        0
 
 CPU has no CollectivePermute or ReduceScatter kernel, hence the constructions.
 Counters record what :class:`PlacementMeshImpl` records (the slice bytes per
-device), so cost models read both backends alike.
+device), so cost models read both backends alike; the collective ops carry
+exactly those bytes (bfloat16 included: bitcast to float16 where a kernel
+refuses it), except bool and 8-bit values, and 16-bit integers in
+allreduces, which travel widened to int32
+(:func:`spmd_collectives.sent_collectives` lists what a program sends).
 """
 
 from __future__ import annotations
