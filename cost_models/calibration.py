@@ -53,6 +53,8 @@ from cost_models.op_classes import (
 from cost_models.op_costs import flops_per_device
 from mtf_core.comm import CollectiveSpec
 from mtf_core.graph import Graph, Tensor
+from mtf_core.layout import LayoutRulesLike
+from mtf_core.shapes import ShapeLike
 
 #: Weight of the prior against one measured row (relative units).
 PRIOR_WEIGHT = 1e-3
@@ -60,8 +62,8 @@ PRIOR_WEIGHT = 1e-3
 
 def step_features(
     graph: Graph,
-    mesh_shape: Any,
-    layout_rules: Any,
+    mesh_shape: ShapeLike,
+    layout_rules: LayoutRulesLike,
     outputs: Sequence[Tensor] = (),
 ) -> dict[str, float]:
     """The features of one step of ``graph`` under a layout: every op's

@@ -29,12 +29,11 @@ stands in for them).
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from cost_models.hardware import CostModelError, HardwareProfile, LinkSpec
 from cost_models.op_classes import collective_features, priced
 from mtf_core.comm import CollectiveSpec
-from mtf_core.shapes import convert_to_shape
+from mtf_core.shapes import ShapeLike, convert_to_shape
 
 
 def _check(nbytes: float, n: int) -> None:
@@ -97,7 +96,7 @@ def broadcast_time_s(nbytes: float, n: int, link: LinkSpec) -> float:
 
 
 def collective_time_s(
-    spec: CollectiveSpec, mesh_shape: Any, hw: HardwareProfile
+    spec: CollectiveSpec, mesh_shape: ShapeLike, hw: HardwareProfile
 ) -> float:
     """Seconds ``spec`` takes on ``hw``.
 
@@ -140,7 +139,7 @@ def collective_time_s(
     )
 
 
-def collective_buffer_bytes(spec: CollectiveSpec, mesh_shape: Any) -> int:
+def collective_buffer_bytes(spec: CollectiveSpec, mesh_shape: ShapeLike) -> int:
     """Bytes of the buffer a collective's result needs on each device: ``n *
     nbytes`` for an allconcat, ``nbytes`` for the others (results are not
     written in place)."""

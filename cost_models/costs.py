@@ -169,8 +169,8 @@ def evaluate(
 
 def _evaluate(
     graph: Graph,
-    mesh_shape: Any,
-    layout_rules: Any,
+    mesh_shape: ShapeLike,
+    layout_rules: LayoutRulesLike,
     hardware: str | HardwareProfile | Mapping[str, Any],
     outputs: Sequence[Tensor],
     memory: MemoryModel | None,

@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from mtf_core.errors import MtfError
-from mtf_core.shapes import Shape, convert_to_shape
+from mtf_core.shapes import Shape, ShapeLike, convert_to_shape
 
 
 class CostModelError(MtfError, ValueError):
@@ -41,7 +41,7 @@ class HardwareError(CostModelError):
     """A hardware profile is malformed or unknown."""
 
 
-def _positive(owner: str, what: str, value: Any) -> float:
+def _positive(owner: str, what: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise HardwareError(f"{owner}: {what} is {value!r}; expected a positive number")
     if not math.isfinite(value) or value <= 0:
@@ -89,7 +89,7 @@ class LinkSpec:
 
 
 def _check_keys(
-    what: str, d: Any, allowed: set[str], required: set[str] | None = None
+    what: str, d: object, allowed: set[str], required: set[str] | None = None
 ) -> None:
     if not isinstance(d, Mapping):
         raise HardwareError(f"{what}: expected a mapping, got {d!r}")
@@ -176,7 +176,7 @@ class HardwareProfile:
                 f"{owner}: devices_per_host is {dph!r}; expected an integer >= 1"
             )
 
-    def link_for_axis(self, axis_name: str, mesh_shape: Any) -> LinkSpec:
+    def link_for_axis(self, axis_name: str, mesh_shape: ShapeLike) -> LinkSpec:
         """The link the processors along mesh axis ``axis_name`` talk over."""
         for a, link in self.axis_links:
             if a == axis_name:
@@ -195,7 +195,7 @@ class HardwareProfile:
             return self.intra_host_link or self.default_link
         return self.inter_host_link or self.default_link
 
-    def slowest_link(self, axis_names: Any, mesh_shape: Any) -> LinkSpec:
+    def slowest_link(self, axis_names: Iterable[str], mesh_shape: Any) -> LinkSpec:
         """The lowest-bandwidth link among ``axis_names`` (higher latency on ties)."""
         links = [self.link_for_axis(a, mesh_shape) for a in axis_names]
         if not links:
@@ -472,7 +472,7 @@ PRESETS: dict[str, HardwareProfile] = {
 }
 
 
-def mesh_axis_sizes(mesh_shape: Any) -> dict[str, int]:
+def mesh_axis_sizes(mesh_shape: ShapeLike) -> dict[str, int]:
     """``{axis name: size}`` of a mesh shape (string or Shape)."""
     shape: Shape = convert_to_shape(mesh_shape)
     return {d.name: d.size for d in shape}

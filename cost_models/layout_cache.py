@@ -23,8 +23,8 @@ from mtf_core import dtypes
 from mtf_core.comm import LayoutContext
 from mtf_core.errors import GraphError, LayoutError
 from mtf_core.graph import Graph, Tensor
-from mtf_core.layout import TensorLayout
-from mtf_core.shapes import Shape
+from mtf_core.layout import LayoutRulesLike, TensorLayout
+from mtf_core.shapes import Shape, ShapeLike
 
 
 class CachedLayoutContext(LayoutContext):
@@ -109,7 +109,9 @@ class CachedLayoutContext(LayoutContext):
         return nbytes
 
 
-def layout_context(graph: Graph, mesh_shape: Any, layout_rules: Any) -> LayoutContext:
+def layout_context(
+    graph: Graph, mesh_shape: ShapeLike, layout_rules: LayoutRulesLike
+) -> LayoutContext:
     """A LayoutContext for ``graph``, with every tensor's layout checked the way
     the lowering checks it up front (LayoutError naming the tensor)."""
     ctx = CachedLayoutContext.make(mesh_shape, layout_rules)

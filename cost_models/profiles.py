@@ -54,8 +54,10 @@ def get_hardware(
     )
 
 
-def _needs_fit(data: Any) -> bool:
-    measured = data.get("measured") if isinstance(data, Mapping) else None
+def _needs_fit(data: object) -> bool:
+    if not isinstance(data, Mapping):
+        return False
+    measured = data.get("measured")
     return (
         isinstance(measured, Mapping)
         and bool(measured.get("sweep"))
