@@ -46,6 +46,7 @@ from layout_planner.program import (
     workers_for,
 )
 from mtf_core.graph import Graph, Tensor
+from mtf_core.layout import LayoutRulesLike
 from mtf_core.shapes import Shape, convert_to_shape
 
 # Relative tolerance between the solver's float sums and evaluate()'s: the two
@@ -186,7 +187,10 @@ def price_solution(
 
 
 def verify_plan(
-    problem: LayoutProblem, rules: Any, cost: PlanCost, evaluation: Cost | None = None
+    problem: LayoutProblem,
+    rules: LayoutRulesLike,
+    cost: PlanCost,
+    evaluation: Cost | None = None,
 ) -> Cost:
     """``cost_models.evaluate``'s price of ``rules`` (``evaluation``, if it was
     computed already); raises :class:`PlanVerificationError` unless it equals
@@ -197,7 +201,7 @@ def verify_plan(
     return evaluation
 
 
-def _evaluate(problem: LayoutProblem, rules: Any) -> Cost:
+def _evaluate(problem: LayoutProblem, rules: LayoutRulesLike) -> Cost:
     return evaluate(
         problem.graph,
         problem.mesh_shape,

@@ -29,18 +29,17 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from cost_models.collectives import collective_buffer_bytes
 from cost_models.gc_pause import gc_paused
-from cost_models.hardware import HardwareProfile
+from cost_models.hardware import HardwareProfile, LinkSpec
 from cost_models.layout_cache import CachedLayoutContext
 from cost_models.memory import MemoryModel
-from cost_models.units import UnitClass, UnitPricer
+from cost_models.units import CostUnit, UnitClass, UnitPricer
 from layout_planner.analysis import GraphAnalysis
 from layout_planner.dim_graph import Assignment
 from layout_planner.errors import PlannerError
@@ -175,7 +174,7 @@ class LayoutProblem:
         self.tables: list[DimsetTable] = []
         self.table_of: dict[tuple[str, ...], int] = {}
 
-    def free(self, names: Any) -> tuple[str, ...]:
+    def free(self, names: Iterable[str]) -> tuple[str, ...]:
         return tuple(sorted(n for n in names if self.allowed.get(n)))
 
     def _table(self, dims: tuple[str, ...]) -> DimsetTable:
@@ -207,21 +206,20 @@ class LayoutProblem:
         # Per table (free dims): each signature's first unit and how many
         # units have it, in order of first appearance (the order the float
         # sums below add them in).
-        groups: dict[tuple[str, ...], dict[Any, list[Any]]] = {}
+        groups: dict[tuple[str, ...], dict[Hashable, tuple[CostUnit, int]]] = {}
         for cls in self.unit_classes:
             unit = cls.unit
             key = unit.signature if unit.signature is not None else id(unit)
-            entry = groups.setdefault(self.free(unit.dim_names), {}).setdefault(
-                key, [unit, 0]
-            )
-            entry[1] += cls.count
+            group = groups.setdefault(self.free(unit.dim_names), {})
+            first, count = group.get(key, (unit, 0))
+            group[key] = (first, count + cls.count)
         self._num_signatures = sum(len(g) for g in groups.values())
         self._num_pricings = 0
         self._pricer = UnitPricer(self.mesh_shape, self.hw)
         perms = self._axis_permutations()
         for dims in sorted(groups):
             table = self._table(dims)
-            by_sig = [(unit, count) for unit, count in groups[dims].values()]
+            by_sig = list(groups[dims].values())
             table.num_units = sum(count for _, count in by_sig)
             images = _images(table, perms)
             for k in range(len(table.assignments)):
@@ -232,7 +230,7 @@ class LayoutProblem:
                     self._price_entry(table, k, by_sig)
 
     def _price_entry(
-        self, table: DimsetTable, k: int, by_sig: Sequence[tuple[Any, int]]
+        self, table: DimsetTable, k: int, by_sig: Sequence[tuple[CostUnit, int]]
     ) -> None:
         """Prices assignment ``k`` of ``table``: every signature's unit, times
         its count."""
@@ -276,7 +274,7 @@ class LayoutProblem:
         priced once (:meth:`_copy_images` checks one image per table), unless
         a unit changes a layout in several steps under it."""
         mesh = self.mesh_shape
-        classes: dict[Any, list[int]] = {}
+        classes: dict[tuple[int, LinkSpec], list[int]] = {}
         for i, d in enumerate(mesh):
             if d.size > 1:
                 link = self.hw.link_for_axis(d.name, mesh)
@@ -300,7 +298,7 @@ class LayoutProblem:
         self,
         table: DimsetTable,
         images: dict[int, tuple[int, tuple[int, ...]]],
-        by_sig: Sequence[tuple[Any, int]],
+        by_sig: Sequence[tuple[CostUnit, int]],
     ) -> bool:
         """Fills each image ``k -> (canonical, perm)`` from its canonical
         entry (comm keys renamed by ``perm``); an image of an invalid entry
