@@ -23,7 +23,7 @@ from mtf_core import dtypes
 from mtf_core.comm import LayoutContext
 from mtf_core.errors import GraphError, LayoutError
 from mtf_core.graph import Graph, Tensor
-from mtf_core.layout import LayoutRulesLike, TensorLayout
+from mtf_core.layout import LayoutRules, LayoutRulesLike, TensorLayout
 from mtf_core.shapes import Shape, ShapeLike
 
 
@@ -34,7 +34,7 @@ class CachedLayoutContext(LayoutContext):
     again on every call, by the base class.
     """
 
-    def __init__(self, mesh_shape: Shape, rules: Any, *args: Any) -> None:
+    def __init__(self, mesh_shape: Shape, rules: LayoutRules, *args: Any) -> None:
         super().__init__(mesh_shape, rules, *args)
         # A name no rule mentions is split by no axis; ask the base class
         # about the others once.

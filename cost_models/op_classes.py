@@ -45,12 +45,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
 
 from cost_models.hardware import CostModelError, HardwareProfile
 from cost_models.layout_cache import LayoutSizes
 from mtf_core.comm import CollectiveSpec, LayoutContext
 from mtf_core.graph import Operation
+from mtf_core.ops.onehot_einsum import OneHotEinsumPlan
 
 COMPUTE_CLASSES = (
     "matmul",
@@ -163,7 +163,7 @@ def op_features(
     elif cls == "gather" and op.op_type == "Einsum":
         # A lookup reads the ids and the rows it gathers: its output's size
         # (the one-hot operand is never materialized).
-        plan: Any = getattr(op, "onehot_plan")  # noqa: B009 (Einsum only)
+        plan: OneHotEinsumPlan = getattr(op, "onehot_plan")  # noqa: B009 (Einsum only)
         ids = op.inputs[plan.hot].operation.inputs[0]
         nbytes = float(sizes.slice_bytes(ids) + 2 * sizes.slice_bytes(op.outputs[0]))
     else:
