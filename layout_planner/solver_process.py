@@ -27,7 +27,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable
-from typing import IO, Any
+from typing import IO
 
 from layout_planner.errors import PlannerError, SolverError
 from layout_planner.ortools_import import cp_sat_import, how_loaded, load_cp_sat
@@ -39,6 +39,7 @@ __all__ = [
     "how_loaded",
     "inprocess_safe",
     "read_message",
+    "read_request",
     "solve",
     "solver_location",
     "write_message",
@@ -128,16 +129,21 @@ class _Worker:
         assert self._proc.stdin is not None and self._proc.stdout is not None
         try:
             write_message(self._proc.stdin, (program, params))
-            ok, payload = read_message(self._proc.stdout)
+            reply = read_message(self._proc.stdout)
         except (BrokenPipeError, EOFError, OSError) as e:
             raise SolverError(
                 f"the CP-SAT worker process died ({e!r}; exit code "
                 f"{self._proc.poll()}); its stderr ends with: {self._stderr_tail()}"
             ) from None
-        if not ok:
-            raise SolverError(f"the CP-SAT worker failed: {payload}")
-        result: ProgramResult = payload
-        return result
+        match reply:
+            case (True, ProgramResult() as result):
+                return result
+            case (False, str() as failure):
+                raise SolverError(f"the CP-SAT worker failed: {failure}")
+        raise SolverError(
+            f"the CP-SAT worker answered a {type(reply).__name__}; expected "
+            "(True, ProgramResult) or (False, error text)"
+        )
 
     def _stderr_tail(self) -> str:
         self._stderr.seek(0)
@@ -155,14 +161,29 @@ class _Worker:
         self._stderr.close()
 
 
-def write_message(stream: IO[bytes], obj: Any) -> None:
+def write_message(stream: IO[bytes], obj: object) -> None:
+    """``obj`` pickled, after its length (8 bytes, little-endian)."""
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     stream.write(struct.pack("<Q", len(data)))
     stream.write(data)
     stream.flush()
 
 
-def read_message(stream: IO[bytes]) -> Any:
+def read_request(stream: IO[bytes]) -> tuple[IntegerProgram, SolveParams]:
+    """The worker's next ``(IntegerProgram, SolveParams)``; EOFError once the
+    parent closes the pipe."""
+    match read_message(stream):
+        case (IntegerProgram() as program, SolveParams() as params):
+            return program, params
+        case other:
+            raise SolverError(
+                f"the CP-SAT worker was sent a {type(other).__name__}; expected "
+                "(IntegerProgram, SolveParams)"
+            )
+
+
+def read_message(stream: IO[bytes]) -> object:
+    """The next object :func:`write_message` wrote; EOFError at the end."""
     head = stream.read(8)
     if len(head) < 8:
         raise EOFError("the pipe closed")

@@ -14,12 +14,12 @@ import traceback
 
 def main() -> int:
     from layout_planner.cpsat import solve_program
-    from layout_planner.solver_process import read_message, write_message
+    from layout_planner.solver_process import read_request, write_message
 
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     while True:
         try:
-            program, params = read_message(stdin)
+            program, params = read_request(stdin)
         except EOFError:
             return 0
         reply: tuple[bool, object]

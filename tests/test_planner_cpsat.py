@@ -152,3 +152,28 @@ def test_an_error_in_the_early_verification_reaches_the_caller(
     model = transformer(batch=16)
     with pytest.raises(RuntimeError, match="evaluate broke"):
         mtf.auto_layout(model.graph, "x:2;y:4", [model.loss], top_k=3)
+
+
+def test_the_worker_pipe_carries_a_request_and_rejects_anything_else() -> None:
+    import io
+
+    from layout_planner.errors import SolverError
+
+    model = transformer(batch=8)
+    problem = LayoutProblem(
+        model.graph, mtf.convert_to_shape("x:2"), get_hardware("cpu-host"), [model.loss]
+    )
+    program = problem.program(Objective.TIME, problem.hw.memory_bytes)
+    params = SolveParams(10, 1, 0, 1)
+    pipe = io.BytesIO()
+    solver_process.write_message(pipe, (program, params))
+    solver_process.write_message(pipe, ("a program", params))
+    pipe.seek(0)
+    got_program, got_params = solver_process.read_request(pipe)
+    assert got_params == params
+    assert got_program.x_labels == program.x_labels
+    assert got_program.num_x == program.num_x > 0
+    with pytest.raises(SolverError, match=r"sent a tuple; expected \(IntegerProgram"):
+        solver_process.read_request(pipe)
+    with pytest.raises(EOFError):
+        solver_process.read_request(pipe)
