@@ -1,8 +1,10 @@
 """Plans at scale on the SPMD backend: each choice lowers, trains and is priced.
 
 Sharded stored weights (gathered on read, gradient reduce-scattered),
-bfloat16 activations with float32 masters, recomputation and mixture of
-experts, each on 8 logical CPUs (``dp:4;tp:2``) on :class:`SimdMeshImpl`:
+sharded optimizer slots only (gradient reduce-scattered, updated shard
+gathered), bfloat16 activations with float32 masters, recomputation and
+mixture of experts, each on 8 logical CPUs (``dp:4;tp:2``) on
+:class:`SimdMeshImpl`:
 
 * the losses equal the placement backend's (and the plain float32 layout's,
   within the tolerance stated for each choice in docs/scale.md);
@@ -30,13 +32,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.tf
+pytestmark = [pytest.mark.tf, pytest.mark.slow]
 
 TIMEOUT_S = 280
 MESH = "dp:4;tp:2"
 MEGATRON = "batch:dp;d_ff:tp;heads:tp"
 CLASSES = ("self_attention", "ffn", "embedding", "logits")
 ZERO = MEGATRON + ";" + ";".join(f"d_model_stored_{c}:dp" for c in CLASSES)
+SLOTS = MEGATRON + ";" + ";".join(f"d_model_slots_{c}:dp" for c in CLASSES)
 MOE = "batch:dp;experts:dp;d_ff:tp;heads:tp"
 STEPS = 3
 Results = dict[str, Any]
@@ -48,6 +51,15 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
     "bfloat16_stored": (
         {"activation_dtype": "bfloat16", "shardable_weights": True},
         ZERO,
+    ),
+    "slots": ({"shardable_weights": True, "shardable_slots": True}, SLOTS),
+    "bfloat16_slots": (
+        {
+            "activation_dtype": "bfloat16",
+            "shardable_weights": True,
+            "shardable_slots": True,
+        },
+        SLOTS,
     ),
     "recompute_scores": (
         {"shardable_weights": True, "recompute_attention": "scores"},
@@ -130,15 +142,18 @@ def _case(changes: dict[str, Any], rules: str, devices: list[str]) -> dict[str, 
         }
     out["spmd"]["step_sent"] = _sent(step.sent_collectives())
     out["spmd"]["step_type"] = type(step).__name__
-    # The stored shard of the ffn input weight, as the SPMD step holds it.
-    wi = [v for v in step.variables.graph.all_variables if "ffn_wi" in v.name]
-    if wi:
-        slices = step.variables.slices(wi[0])
-        out["spmd"]["wi"] = {
-            "dims": wi[0].shape.dimension_names,
-            "slice": list(next(s for s in slices if s is not None).shape),
-            "dtype": wi[0].dtype,
+    # The ffn input weight and its Adam slots, as the SPMD step holds them.
+    out["spmd"]["wi"] = {
+        v.name.rsplit("/", 1)[-1]: {
+            "dims": v.shape.dimension_names,
+            "slice": list(
+                next(s for s in step.variables.slices(v) if s is not None).shape
+            ),
+            "dtype": v.dtype,
         }
+        for v in step.variables.graph.all_variables
+        if "ffn_wi" in v.name
+    }
     # The whole graph lowered on SPMD (traced, not run) beside evaluate's price.
     impl = mtf.SimdMeshImpl(MESH, rules, devices)
     traced = trace_lowering(model.graph, {model.mesh: impl}, model.placeholders)
@@ -273,7 +288,9 @@ def test_spmd_trains_to_the_placement_losses(results: Results, case: str) -> Non
     assert got["spmd"]["losses"][-1] < got["spmd"]["losses"][0]
 
 
-@pytest.mark.parametrize("case", ["stored", "recompute_scores", "recompute_blocks"])
+@pytest.mark.parametrize(
+    "case", ["stored", "slots", "recompute_scores", "recompute_blocks"]
+)
 def test_float32_choices_train_to_the_plain_layouts_losses(
     results: Results, case: str
 ) -> None:
@@ -295,17 +312,44 @@ def test_stored_weights_reduce_scatter_and_gather_over_dp_on_spmd(
     sent = results["stored"]["full"]["sent"]
     assert sum(1 for t, d, _ in sent if t == "CollectiveAllToAllV2") == 9
     wi = results["stored"]["spmd"]["wi"]
-    assert wi["dims"][0] == "d_model_stored_ffn"
-    assert wi["slice"] == [32 // 4, 64 // 2]  # a quarter of the weight per device
+    assert wi["ffn_wi_kernel"]["dims"][0] == "d_model_stored_ffn"
+    # a quarter of the weight, and of each Adam slot, per device
+    assert {k: w["slice"] for k, w in wi.items()} == {
+        "ffn_wi_kernel": [32 // 4, 64 // 2],
+        "adam_m": [32 // 4, 64 // 2],
+        "adam_v": [32 // 4, 64 // 2],
+    }
+
+
+def test_slots_only_sharding_scatters_updates_and_gathers_on_spmd(
+    results: Results,
+) -> None:
+    full = results["slots"]["full"]
+    # each weight's gradient reduce-scattered, its updated shard gathered
+    for kind in ("reducescatter", "allconcat"):
+        got = [r for r in full["records"] if r[0] == kind]
+        assert len(got) == 6 + 3 and {tuple(r[1]) for r in got} == {("dp",)}, kind
+    assert full["stored_read_gathers"] == []  # the weight is read whole
+    wi = results["slots"]["spmd"]["wi"]
+    assert {k: w["slice"] for k, w in wi.items()} == {
+        "ffn_wi_kernel": [32, 64 // 2],
+        "adam_m": [32 // 4, 64 // 2],
+        "adam_v": [32 // 4, 64 // 2],
+    }
+    # with bfloat16 activations the float32 masters' shards are gathered
+    sent = results["bfloat16_slots"]["full"]["sent"]
+    assert {d for t, d, _ in sent if t == "CollectiveGatherV2"} == {"float32"}
 
 
 def test_bfloat16_losses_track_float32_within_two_percent_on_spmd(
     results: Results,
 ) -> None:
     f32 = results["plain"]["spmd"]["losses"]
-    for case in ("bfloat16", "bfloat16_stored"):
+    for case in ("bfloat16", "bfloat16_stored", "bfloat16_slots"):
         np.testing.assert_allclose(results[case]["spmd"]["losses"], f32, rtol=2e-2)
-        assert results[case]["spmd"]["wi"]["dtype"] == "float32"  # the masters
+        assert {w["dtype"] for w in results[case]["spmd"]["wi"].values()} == {
+            "float32"
+        }  # the masters and their slots
 
 
 def test_bfloat16_travels_in_two_bytes_even_through_gathers(results: Results) -> None:
