@@ -148,6 +148,10 @@ def _import_cycles(package: str) -> list[set[str]]:
         ("mtf_core", {"mtf_core.layers.dense", "mtf_core.layers.initializers"}),
         (
             "mtf_core",
+            {"mtf_core.autodiff", "mtf_core.ops.variables", "mtf_core.recompute"},
+        ),
+        (
+            "mtf_core",
             {
                 "mtf_core.lowering.masters",
                 "mtf_core.lowering.tf_utils",

@@ -12,7 +12,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from mtf_core import dtypes
+from mtf_core import dtypes, weight_handoff
 from mtf_core.errors import ArgumentError, GraphError, ShapeError
 from mtf_core.graph import Mesh, Operation, Tensor
 from mtf_core.ops.elementwise import CastOp, cast
@@ -143,7 +143,6 @@ def get_variable(
         )
     vd = dtypes.as_variable_dtype(dtype, master_dtype, slice_dtype, activation_dtype)
     shape = convert_to_shape(shape)
-    from mtf_core import recompute
     from mtf_core.ops.stored import (
         StoredRead,
         note_read,
@@ -151,7 +150,7 @@ def get_variable(
         storage_shape,
     )
 
-    again = recompute.provided(mesh.graph, name, shape)
+    again = weight_handoff.provided(mesh.graph, name, shape)
     if again is not None:  # a recomputed block asks for its weight again
         return again
     # Stored under other dim names (mtf_core.ops.stored) when a policy says so.
@@ -175,7 +174,7 @@ def get_variable(
         v = cast(v, vd.activation_dtype, name=f"{v.operation.name}/read")
     if renames:
         v = StoredRead(v, shape).outputs[0]
-    recompute.record(mesh.graph, name, v)
+    weight_handoff.record(mesh.graph, name, v)
     note_read(mesh.graph, name, full_name, shape, v)  # slots-only sharding
     return v
 
