@@ -95,6 +95,14 @@ class PipelineSpec:
             return self.micro_batches
         return min(self.stages, self.micro_batches)
 
+    @property
+    def sends(self) -> int:
+        """Stage-to-stage sends one step makes: each micro-batch's boundary
+        activation forward and its gradient back, over each of the ``p - 1``
+        boundaries; each a shift of the boundary slice over the pipeline axis
+        (the step's time has two per slot on its critical path)."""
+        return 2 * self.micro_batches * (self.stages - 1)
+
     def check(self, num_layers: int, batch: int) -> None:
         """Raises if ``num_layers`` layers or a batch of ``batch`` cannot be cut
         this way."""

@@ -38,6 +38,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from mtf_core.autodiff import gradients
+from mtf_core.comm import LayoutContext
 from mtf_core.errors import ConfigError, GraphError, LoweringError
 from mtf_core.graph import Graph, Mesh, Operation, Tensor
 from mtf_core.layers.attention import attention_bias_causal
@@ -239,12 +240,15 @@ class PipelinedModel:
       spec, config: the pipeline and the whole model's config.
       inputs: placeholders in call order: ``inputs_j`` then ``targets_j`` for
         each micro-batch ``j`` (``[batch/m, length]`` int32).
-      loss: the step's loss (mean of the micro-batches' losses).
+      loss: the step's loss (mean of the micro-batches' losses, each the mean
+        over its tokens).
       grads, variables: accumulated gradients and the trainable variables.
       updates: the optimizer's assignments (once per step).
       work: the unit each op built inside one belongs to.
       order: the units in the order they were built (:func:`global_order`).
       sends: every StageSend op.
+      accumulations: the adds summing a weight's gradient over micro-batches
+        (``m - 1`` per weight, in the backward units).
     """
 
     graph: Graph
@@ -259,6 +263,7 @@ class PipelinedModel:
     work: dict[Operation, Work] = field(default_factory=dict)
     order: list[Work] = field(default_factory=list)
     sends: list[StageSend] = field(default_factory=list)
+    accumulations: list[Operation] = field(default_factory=list)
 
     def feeds(self, batch: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         """One value per placeholder: ``batch["inputs"]`` and
@@ -280,6 +285,32 @@ class PipelinedModel:
         return [
             piece for j in range(m) for piece in (out["inputs"][j], out["targets"][j])
         ]
+
+
+def held_bytes(
+    model: PipelinedModel, stage: int, micro_batch: int, ctx: LayoutContext
+) -> int:
+    """Per device (layout ``ctx`` of the stage's mesh), the bytes micro-batch
+    ``micro_batch`` holds on ``stage`` between its forward and its backward
+    unit: tensors that depend on its data (its placeholders), made before its
+    backward unit and read by it.  Under 1F1B the first stage holds ``p``
+    micro-batches' worth at once (:func:`in_flight`)."""
+    mine = set(model.inputs[2 * micro_batch : 2 * micro_batch + 2])
+    backward = Work(stage, micro_batch, "B")
+    ops = model.graph.operations
+    first = next(i for i, op in enumerate(ops) if model.work.get(op) == backward)
+    read: set[Tensor] = set()
+    for op in ops[first:]:
+        if model.work.get(op) == backward:
+            read.update(op.inputs)
+    held = 0
+    for op in ops[:first]:
+        if any(t in mine for t in op.inputs):
+            mine.update(op.outputs)
+        for t in op.outputs:
+            if t in mine and t in read and t.mesh is model.meshes[stage]:
+                held += ctx.slice_bytes(t.shape, t.dtype)
+    return held
 
 
 def build_pipelined_lm(
@@ -335,13 +366,13 @@ def build_pipelined_lm(
                 work[op] = w
         variables = list(graph.trainable_variables)
         grads = [builder.accumulated.get(v) for v in variables]
-        losses = builder.scaled_losses
-        loss = ew.add_n(losses) if len(losses) > 1 else losses[0]
+        losses = builder.losses
+        loss = (ew.add_n(losses) if len(losses) > 1 else losses[0]) * builder.inv_m
         updates = _apply_per_stage(opt, grads, variables, meshes)
     sends = [op for op in graph.operations if isinstance(op, StageSend)]
     return PipelinedModel(
         graph, meshes, spec, cfg, inputs, loss, grads, variables, updates,
-        work, order, sends,
+        work, order, sends, builder.accumulations,
     )  # fmt: skip
 
 
@@ -393,10 +424,16 @@ class _StageBuilder:
         self.outputs: dict[tuple[int, int], Tensor] = {}
         self.input_grads: dict[tuple[int, int], Tensor] = {}
         self.stage_variables: dict[int, list[Variable]] = {}
-        self.bias: dict[int, Tensor] = {}
         self.accumulated: dict[Variable, Tensor] = {}
-        self.scaled_losses: list[Tensor] = []
-        self._inv_m: Tensor | None = None
+        self.accumulations: list[Operation] = []
+        self.losses: list[Tensor] = []
+        # Made before any unit, shared by all: each stage's causal mask and
+        # the last stage's 1/m (the seed of each micro-batch's backward).
+        self.bias = [
+            attention_bias_causal(mesh, cfg.length_dim, cfg.memory_length_dim)
+            for mesh in meshes
+        ]
+        self.inv_m = constant(meshes[-1], 1.0 / spec.micro_batches, (), "float32")
 
     def build(self, w: Work) -> None:
         if w.phase == "F":
@@ -413,21 +450,12 @@ class _StageBuilder:
         else:
             x = send(self.outputs[(s - 1, j)], mesh)
             self.inputs[(s, j)] = x
-        if s not in self.bias:
-            self.bias[s] = attention_bias_causal(
-                mesh, cfg.length_dim, cfg.memory_length_dim
-            )
         for i in self.layers[s]:
             x = _attend(cfg, x, f"layer_{i:03d}/self_attention", self.bias[s])
             x = _feed_forward(cfg, x, f"layer_{i:03d}/ffn")
         if s == self.spec.stages - 1:
-            _, loss = _logits_and_loss(cfg, x, self.targets[j])
-            if self._inv_m is None:
-                self._inv_m = constant(
-                    mesh, 1.0 / self.spec.micro_batches, (), "float32"
-                )
-            x = loss * self._inv_m
-            self.scaled_losses.append(x)
+            _, x = _logits_and_loss(cfg, x, self.targets[j])
+            self.losses.append(x)
         self.outputs[(s, j)] = x
         if j == 0:
             self.stage_variables[s] = list(graph.trainable_variables[before:])
@@ -439,7 +467,7 @@ class _StageBuilder:
             xs.append(self.inputs[(s, j)])
         y = self.outputs[(s, j)]
         if s == self.spec.stages - 1:
-            grads = gradients([y], xs)
+            grads = gradients([y], xs, [self.inv_m])  # d(step loss)/d(loss_j)
         else:
             dy = send(self.input_grads[(s + 1, j)], self.meshes[s])
             grads = gradients([y], xs, [dy])
@@ -447,7 +475,11 @@ class _StageBuilder:
             if g is None:
                 continue
             acc = self.accumulated.get(v)
-            self.accumulated[v] = g if acc is None else acc + g
+            if acc is None:
+                self.accumulated[v] = g
+            else:
+                self.accumulated[v] = acc + g
+                self.accumulations.append(self.accumulated[v].operation)
         if s > 0:
             dx = grads[-1]
             if dx is None:

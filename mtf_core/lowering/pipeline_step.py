@@ -203,8 +203,9 @@ class PipelinedStep:
                 done = unit_ops.get(before)
                 if not done:
                     continue
-                with tf.control_dependencies(None):
-                    barrier = tf.group(*done, name=f"done_{before}".replace("@", "_"))
+                name = f"done_{before}".replace("@", "_")
+                with tf.control_dependencies(None), tf.control_dependencies(done):
+                    barrier = tf.no_op(name=name)
                 for tf_op in unit_ops.get(after, []):
                     if tf_op.inputs:
                         tf_private.add_control_inputs(tf_op, [barrier])
