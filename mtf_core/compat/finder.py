@@ -48,6 +48,9 @@ ALIASES: dict[str, str] = {
         "mtf_core.compat.auto_mtf.memory_estimator"
     ),
     "mesh_tensorflow.auto_mtf.scheduler": "mtf_core.compat.auto_mtf.scheduler",
+    "mesh_tensorflow.auto_mtf.layout_optimizer": (
+        "mtf_core.compat.auto_mtf.layout_optimizer"
+    ),
     "mesh_tensorflow.auto_mtf.valid_layouts": "mtf_core.compat.auto_mtf.valid_layouts",
 }
 
