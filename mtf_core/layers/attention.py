@@ -80,7 +80,8 @@ def _attention_named(
     so a ``heads`` split needs one allreduce, at the output projection.
     ``variable_dtype`` (a dtype or VariableDType) defaults to ``x``'s dtype.
     ``recompute_scores``: the attention probabilities (logits, softmax,
-    dropout) are recomputed in the backward pass instead of kept
+    dropout, and their product with the values) are recomputed in the
+    backward pass instead of kept
     (``mtf.recompute_grad``; Megatron's selective recomputation).
     """
     heads = sized_dim(heads_dim, f"attention {name!r}")
@@ -122,19 +123,22 @@ def _attention_named(
     v = einsum([memory, wv], output_shape=(memory.shape - [io]) + Shape([heads, d_kv]))
     logits_shape = _heads_first(q.shape - [d_kv], heads, mem_len)
 
-    def scores(q: Tensor, k: Tensor) -> Tensor:
+    def core(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        # Megatron's "core attention": scores, softmax, dropout, values.
         logits = einsum([q, k], output_shape=logits_shape)
         if bias is not None:
             logits = logits + bias
-        return dropout(red.softmax(logits, mem_len), dropout_rate)
+        weights = dropout(red.softmax(logits, mem_len), dropout_rate)
+        return einsum([weights, v], output_shape=q.shape)
 
     if recompute_scores:
         from mtf_core.autodiff import recompute_grad
 
-        weights = recompute_grad(scores, [q, k])
+        # Nothing [heads, length, memory_length] is held for the backward
+        # pass (as with FlashAttention, whose backward recomputes them too).
+        o = recompute_grad(core, [q, k, v])
     else:
-        weights = scores(q, k)
-    o = einsum([weights, v], output_shape=q.shape)
+        o = core(q, k, v)
     return einsum([o, wo], output_shape=x.shape)
 
 
