@@ -45,7 +45,9 @@ import tensorflow as tf
 
 from mtf_core.errors import LoweringError
 from mtf_core.graph import Graph, Operation, Tensor
+from mtf_core.lowering.calibration_sweep import SweepPoint, sweep_points
 from mtf_core.lowering.devices import logical_cpu_devices, logical_gpu_devices
+from mtf_core.lowering.mesh_impl import MeshImpl
 from mtf_core.lowering.placement import LaidOutTensor, PlacementMeshImpl
 from mtf_core.shapes import convert_to_shape
 
@@ -148,7 +150,7 @@ def measure_allreduce(devices: Sequence[str], nbytes: int, repeats: int = 5) -> 
 
     @_traced
     def step() -> Any:
-        out: Any = impl.allreduce(laid, [0], "SUM")
+        out = impl.allreduce(laid, [0], "SUM")
         with tf.device(devices[0]):
             return tf.add_n([tf.reduce_max(s) for s in out.slices])
 
@@ -232,10 +234,8 @@ def calibrate(
     }
 
 
-def select_points(devices: int, names: Sequence[str] | None = None) -> list[Any]:
+def select_points(devices: int, names: Sequence[str] | None = None) -> list[SweepPoint]:
     """The sweep points for ``devices`` devices, only those in ``names`` if given."""
-    from mtf_core.lowering.calibration_sweep import sweep_points
-
     pts = sweep_points(devices)
     if names is None:
         return pts
@@ -294,7 +294,7 @@ def measure_step(
     (mesh,) = meshes
     n = convert_to_shape(mesh_shape).size
     if backend == "placement":
-        impl: Any = PlacementMeshImpl(mesh_shape, rules, list(devices)[:n])
+        impl: MeshImpl = PlacementMeshImpl(mesh_shape, rules, list(devices)[:n])
     elif backend == "spmd":
         impl = SimdMeshImpl(mesh_shape, rules, list(devices)[:n])
     else:
