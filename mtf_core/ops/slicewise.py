@@ -14,12 +14,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from mtf_core.graph import Operation, Tensor
-from mtf_core.seams import LoweringContext
-from mtf_core.shapes import convert_to_shape, dimension_name
+from mtf_core.seams import LoweringContext, MeshBackend
+from mtf_core.shapes import DimensionLike, ShapeLike, convert_to_shape, dimension_name
 
 
 def _multi(
-    impl: Any, fn: Callable[..., Any], n_out: int, inputs: list[Any]
+    impl: MeshBackend, fn: Callable[..., Any], n_out: int, inputs: list[Any]
 ) -> list[Any]:
     if n_out == 1:
         return [impl.slicewise(fn, *inputs)]
@@ -35,9 +35,9 @@ class SlicewiseOperation(Operation):
         self,
         tf_fn: Callable[..., Any],
         inputs: Sequence[Tensor],
-        output_shapes: Sequence[Any],
+        output_shapes: Sequence[ShapeLike],
         output_dtypes: Sequence[Any],
-        splittable_dims: Sequence[Any] | None = None,
+        splittable_dims: Sequence[DimensionLike] | None = None,
         grad_function: Callable[..., Any] | None = None,
         name: str | None = None,
     ) -> None:
@@ -116,7 +116,7 @@ def slicewise(
     xs: Sequence[Tensor],
     output_shape: Any = None,
     output_dtype: Any = None,
-    splittable_dims: Sequence[Any] | None = None,
+    splittable_dims: Sequence[DimensionLike] | None = None,
     grad_function: Callable[..., Any] | None = None,
     name: str | None = None,
 ) -> Any:
