@@ -100,7 +100,7 @@ class HardwareIn(BaseModel):
     )
 
 
-def _profile_dict(value: Any) -> Any:
+def _profile_dict(value: str | HardwareIn) -> str | dict[str, Any]:
     # The service reads profiles as the dicts HardwareProfile.from_dict takes.
     if isinstance(value, HardwareIn):
         d = value.model_dump(exclude={"measured"})
@@ -110,7 +110,7 @@ def _profile_dict(value: Any) -> Any:
     return value
 
 
-def _kind(value: Any) -> str | None:
+def _kind(value: object) -> str | None:
     if isinstance(value, str):
         return "string"
     if isinstance(value, dict | BaseModel):
