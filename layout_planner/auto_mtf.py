@@ -19,7 +19,6 @@ the same on every run.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from layout_planner.mesh_search import search_mesh_shape
 from layout_planner.options import PlanOptions
@@ -27,7 +26,7 @@ from layout_planner.planner import auto_layout
 from layout_planner.program import Objective
 from mtf_core.graph import Graph, Tensor
 from mtf_core.layout import LayoutRules
-from mtf_core.shapes import Shape
+from mtf_core.shapes import Shape, ShapeLike
 
 # The memory objective needs no hardware (time only breaks ties), and Mesh
 # TensorFlow's API returns one layout, unverified.
@@ -35,7 +34,7 @@ _OPTIONS = PlanOptions(objective=Objective.MEMORY, top_k=1, verify=False)
 
 
 def layout(
-    mtf_graph: Graph, mesh_shape: Any, mtf_outputs: Sequence[Tensor] = ()
+    mtf_graph: Graph, mesh_shape: ShapeLike, mtf_outputs: Sequence[Tensor] = ()
 ) -> LayoutRules:
     """Layout rules minimising peak memory of ``mtf_graph`` on ``mesh_shape``."""
     plan = auto_layout(mtf_graph, mesh_shape, list(mtf_outputs), options=_OPTIONS)

@@ -21,7 +21,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import Any
 
 from cost_models.costs import Cost, evaluate
 from layout_planner import solver_process
@@ -55,7 +54,7 @@ _REL_TOL = 1e-9
 
 
 # -- argument checks -------------------------------------------------------------------
-def check_mesh_shape(mesh_shape: Any) -> Shape:
+def check_mesh_shape(mesh_shape: object) -> Shape:
     try:
         mesh = convert_to_shape(mesh_shape)
     except ValueError as e:
