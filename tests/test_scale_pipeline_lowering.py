@@ -120,6 +120,28 @@ def test_pipelined_steps_equal_the_unpipelined_step(
     assert not np.allclose(ref[w.name], w.initializer(w.shape.to_integer_list()))
 
 
+def test_adam_on_four_stages_equals_the_unpipelined_step(devices: list[str]) -> None:
+    """One layer per stage on pp:4;dp:2: Adam's bias correction reads each
+    stage's own step counter, which must count the same steps."""
+    import mtf_core as mtf
+    from mtf_core.lowering.pipeline_step import PipelinedStep
+
+    ref = build_lm(CFG, optimizer="adam", learning_rate=0.01)
+    fn = mtf.compile_function(
+        ref.graph, {ref.mesh: mtf.PlacementMeshImpl("dp:2", "batch:dp", devices[:2])},
+        inputs=ref.placeholders, outputs=[ref.loss], updates=ref.updates,
+    )  # fmt: skip
+    model = build_pipelined_lm(CFG, PipelineStages(4, 4, "1f1b"), "adam", 0.01)
+    step = PipelinedStep(model, "pp:4;dp:2", "batch:dp", devices)
+    for b in _batches():
+        want = float(fn(b["inputs"], b["targets"])[0])
+        assert step(b) == pytest.approx(want, rel=1e-5)
+    got = step.fn.variables.to_dict()
+    assert [int(got[f"{STEP_NAME}_stage_{s}"]) for s in (1, 2, 3)] == [STEPS] * 3
+    for name, value in fn.variables.to_dict().items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
 def _stage_cost() -> tuple[Any, Any, Any]:
     """The plan's stage graph (L/p layers at one micro-batch) and its cost."""
     stage = build_lm(
