@@ -388,7 +388,7 @@ def _groups_fit_in_hosts(axis: int, sizes: tuple[int, ...], per_host: int) -> bo
     return True
 
 
-def _first(pair: tuple[str, Any]) -> str:
+def _first(pair: tuple[str, object]) -> str:
     return pair[0]
 
 
