@@ -6,6 +6,7 @@
         [--server http://127.0.0.1:8080] [--max-memory-fraction 0.9] [--json]
     mtf-planner seed --data-dir .data
     mtf-planner calibrate --devices 8 -o cpu8.json
+    mtf-planner scale --layers 4 --d-model 1024 ... --devices 8 [--server URL]
 
 ``plan`` exits 0 when the plan fits in memory, 3 when nothing fits (or no
 layout was found): a CI step fails when a model change stops fitting the
@@ -21,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from api import calibrate_cli
+from api import calibrate_cli, scale_cli
 from layout_planner.options import DEFAULT_TIME_LIMIT_S
 
 EXIT_OK = 0
@@ -115,6 +116,7 @@ def _parser() -> argparse.ArgumentParser:
     sd.add_argument("--data-dir")
     sd.add_argument("--database-url")
     calibrate_cli.add_parser(sub)
+    scale_cli.add_parser(sub)
     return p
 
 
@@ -345,6 +347,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "export": cmd_export,
         "seed": cmd_seed,
         "calibrate": calibrate_cli.cmd_calibrate,
+        "scale": scale_cli.cmd_scale,
     }
     try:
         return commands[args.command](args)

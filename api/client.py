@@ -193,6 +193,19 @@ class PlannerClient:
     def evaluate(self, request: Mapping[str, Any]) -> dict[str, Any]:
         return self.request_json("POST", "/v1/evaluate", json=dict(request))
 
+    def scale_plan(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        """POST /v1/scale-plans (a ``ScalePlanRequest``: a Transformer's
+        shape, ``devices``, ``hardware``, dtypes and fixed choices); returns
+        ``ScalePlanOut``, whose ``plan`` has the mesh, micro-batches, schedule,
+        dtypes, sharded weight classes, recomputation and the step's parts."""
+        return self.request_json("POST", "/v1/scale-plans", json=dict(request))
+
+    def get_scale_plan(self, plan_id: str) -> dict[str, Any]:
+        return self.request_json("GET", f"/v1/scale-plans/{plan_id}")
+
+    def list_scale_plans(self, limit: int = 50, offset: int = 0) -> dict[str, Any]:
+        return self.request_json("GET", "/v1/scale-plans", limit=limit, offset=offset)
+
     def hardware(self) -> dict[str, Any]:
         return self.request_json("GET", "/v1/hardware")
 

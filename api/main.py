@@ -30,7 +30,9 @@ from api.routes import (
     jobs,
     measurements,
     plans,
+    scale,
 )
+from api.scale_schemas import ScalePlanRequest
 from api.schemas import EvaluateRequest, PlanRequest
 from api.service import PlannerService
 from api.settings import Settings, get_settings
@@ -79,6 +81,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_error_handlers(app)
     for module in (plans, jobs, evaluate, measurements, hardware, health, dashboard):
         app.include_router(module.router)
+    app.include_router(scale.router)
+    app.include_router(scale.pages)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
 
     @app.get("/docs", include_in_schema=False)
@@ -109,7 +113,7 @@ def _with_request_bodies(schema: dict[str, Any]) -> dict[str, Any]:
     body parameter, so that nothing is read before the token) to the
     schema's components, where their ``requestBody`` entries point."""
     components = schema.setdefault("components", {}).setdefault("schemas", {})
-    for model in (PlanRequest, EvaluateRequest):
+    for model in (PlanRequest, EvaluateRequest, ScalePlanRequest):
         js = model.model_json_schema(ref_template="#/components/schemas/{model}")
         for name, sub in js.pop("$defs", {}).items():
             components.setdefault(name, sub)

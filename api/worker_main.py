@@ -23,7 +23,12 @@ Report = Callable[[str, float], None]
 
 
 def solve_task(task: dict[str, Any], report: Report) -> dict[str, Any]:
-    """Plans one task (``PlanSpec.task()``); returns the plan as JSON-able data."""
+    """Plans one task (``PlanSpec.task()``, or ``ScaleSpec.task()`` when its
+    ``kind`` is ``"scale"``); returns the plan as JSON-able data."""
+    if task.get("kind") == "scale":
+        from api.scale_planning import solve_scale_task
+
+        return solve_scale_task(task, report)
     from layout_planner.options import PlanOptions
     from layout_planner.planner import auto_layout
     from mtf_core.serialization import graph_from_json

@@ -140,6 +140,23 @@ class Store(abc.ABC):
         """Newest first, without plan_json; and the total count."""
 
     @abc.abstractmethod
+    def put_scale_plan(self, record: PlanRecord) -> PlanRecord:
+        """Stores a scale plan (``graph_hash`` unused); if one with the same
+        request hash exists, returns that one instead."""
+
+    @abc.abstractmethod
+    def get_scale_plan(self, plan_id: str) -> PlanRecord | None: ...
+
+    @abc.abstractmethod
+    def get_scale_plan_by_hash(self, request_hash: str) -> PlanRecord | None: ...
+
+    @abc.abstractmethod
+    def list_scale_plans(
+        self, limit: int, offset: int = 0
+    ) -> tuple[list[PlanRecord], int]:
+        """Newest first, without plan_json; and the total count."""
+
+    @abc.abstractmethod
     def create_job(self, job: JobRecord) -> JobRecord:
         """Stores ``job`` and returns it; but if ``job`` is unfinished and an
         unfinished job for the same request hash exists (on any replica),

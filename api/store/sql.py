@@ -97,6 +97,18 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             "CREATE INDEX IF NOT EXISTS measurements_hw ON measurements (hardware)",
         ),
     ),
+    (
+        4,  # scale plans (POST /v1/scale-plans): a Transformer shape, no graph
+        (
+            """CREATE TABLE IF NOT EXISTS scale_plans (
+                id TEXT PRIMARY KEY,
+                request_hash TEXT NOT NULL UNIQUE,
+                created_at DOUBLE PRECISION NOT NULL,
+                summary TEXT NOT NULL,
+                plan TEXT NOT NULL)""",
+            "CREATE INDEX IF NOT EXISTS scale_plans_created ON scale_plans (created_at)",
+        ),
+    ),
 )
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -320,6 +332,44 @@ class SqlStore(Store):
             summary=json.loads(row[4]),
             plan_json=row[5],
         )
+
+    # -- scale plans (PlanRecord rows without a graph) ------------------------------------
+    def put_scale_plan(self, record: PlanRecord) -> PlanRecord:
+        self._run(
+            "INSERT INTO scale_plans (id, request_hash, created_at, summary, plan) "
+            "VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            (
+                record.id,
+                record.request_hash,
+                record.created_at,
+                json.dumps(record.summary),
+                record.plan_json,
+            ),
+        )
+        stored = self.get_scale_plan_by_hash(record.request_hash)
+        assert stored is not None, "a scale plan just inserted must be there"
+        return stored
+
+    _SCALE = "SELECT id, request_hash, created_at, '', summary, plan FROM scale_plans "
+
+    def get_scale_plan(self, plan_id: str) -> PlanRecord | None:
+        return self._plan(self._run(self._SCALE + "WHERE id = ?", (plan_id,), "one"))
+
+    def get_scale_plan_by_hash(self, request_hash: str) -> PlanRecord | None:
+        row = self._run(self._SCALE + "WHERE request_hash = ?", (request_hash,), "one")
+        return self._plan(row)
+
+    def list_scale_plans(
+        self, limit: int, offset: int = 0
+    ) -> tuple[list[PlanRecord], int]:
+        rows = self._run(
+            "SELECT id, request_hash, created_at, '', summary, '' FROM scale_plans "
+            "ORDER BY created_at DESC, id LIMIT ? OFFSET ?",
+            (limit, offset),
+            "all",
+        )
+        total = self._run("SELECT COUNT(*) FROM scale_plans", (), "one")[0]
+        return [p for p in map(self._plan, rows) if p is not None], int(total)
 
     # -- measurements ---------------------------------------------------------------------
     _MEASUREMENT = (

@@ -1,0 +1,393 @@
+"""``/v1/scale-plans``: a Transformer's mesh, pipeline, dtypes, sharded weights
+and recomputation (:func:`layout_planner.choices.plan_transformer`), and the
+dashboard's pages for them (``/scale-plans``).
+
+A request is checked in the server (:func:`api.scale_planning.scale_spec`:
+a 422 naming the value), answered from the store when the same canonical
+request was planned before (``cached: true``), else planned in a solve worker
+process (the service's bounded :class:`~api.workers.WorkerPool`: 429 when its
+queue is full) and stored.  The whole run is capped at the service's
+``max_time_limit_s``: past it the worker is stopped and the answer is a 422
+saying so (narrow ``stages``, ``tensor`` or ``recompute``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from typing import Any
+
+from fastapi import APIRouter, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import HTMLResponse, RedirectResponse
+from pydantic import ValidationError
+
+from api.deps import FormBody, JsonBody, ServiceDep, json_request_body, parse_body
+from api.errors import error_response, opaque_error
+from api.planning import RequestError
+from api.routes import error_responses
+from api.routes.dashboard import _html_responses, _not_found, _page
+from api.scale_planning import ScaleSpec, scale_spec, scale_summary
+from api.scale_schemas import ScalePlanList, ScalePlanOut, ScalePlanRequest
+from api.service import PlannerService, iso
+from api.store import PlanRecord
+from api.workers import QueueFull, TaskCancelled, TaskInvalid
+from cost_models.hardware import PRESETS
+from mtf_core.errors import MtfError
+
+log = logging.getLogger(__name__)
+router = APIRouter(prefix="/v1", tags=["scale plans"])
+pages = APIRouter(tags=["dashboard"])
+
+JSON = "application/json"
+
+
+class ScaleFailure(Exception):
+    """Why a scale plan was not made: an HTTP status and a message."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        error: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.error = error
+        self.headers = headers
+
+
+def scale_body(record: PlanRecord, cached: bool) -> bytes:
+    """``ScalePlanOut`` as JSON: the summary, then the stored request and plan."""
+    head: dict[str, Any] = {
+        "id": record.id,
+        "created_at": iso(record.created_at),
+        **record.summary,
+        "cached": cached,
+        "request_hash": record.request_hash,
+    }
+    text = json.dumps(head, separators=(",", ":"), allow_nan=False)
+    # plan_json is '{"request":...,"plan":...}': splice its members in.
+    return (text[:-1] + "," + record.plan_json[1:]).encode()
+
+
+async def plan_scale(
+    service: PlannerService, spec: ScaleSpec
+) -> tuple[PlanRecord, bool]:
+    """The stored plan for ``spec`` (cached), or one planned now in a worker
+    (ScaleFailure says why not)."""
+    record = await run_in_threadpool(
+        service.store.get_scale_plan_by_hash, spec.request_hash
+    )
+    if record is not None:
+        return record, True
+    task_id = "scale-" + uuid.uuid4().hex[:12]
+    try:
+        fut = service.pool.submit(task_id, spec.task())
+    except QueueFull as e:
+        raise ScaleFailure(429, str(e), headers={"Retry-After": "5"}) from None
+    waiter = asyncio.wrap_future(fut)
+    waiter.add_done_callback(lambda f: f.cancelled() or f.exception())
+    cap = service.settings.max_time_limit_s
+    done, _ = await asyncio.wait({waiter}, timeout=cap)
+    if not done:
+        service.pool.cancel(task_id)  # kills the worker; the slot starts another
+        raise ScaleFailure(
+            422,
+            f"the scale plan did not finish within {cap:g} s (the service's "
+            "max_time_limit_s); fix stages, tensor, micro_batches or recompute to "
+            "try fewer meshes, or lower time_limit_s",
+            "too_slow",
+        )
+    try:
+        result = waiter.result()
+    except TaskInvalid as e:
+        raise ScaleFailure(422, str(e), "planner_error") from None
+    except TaskCancelled as e:
+        raise ScaleFailure(503, str(e), headers={"Retry-After": "5"}) from None
+    plan = result["plan"]
+    canonical = spec.canonical()
+    record = PlanRecord(
+        id=spec.request_hash[:16],
+        request_hash=spec.request_hash,
+        created_at=time.time(),
+        graph_hash="",
+        summary=scale_summary(canonical, plan),
+        plan_json=json.dumps(
+            {"request": canonical, "plan": plan},
+            separators=(",", ":"),
+            allow_nan=False,
+        ),
+    )
+    stored = await run_in_threadpool(service.store.put_scale_plan, record)
+    return stored, False
+
+
+@router.post(
+    "/scale-plans",
+    response_model=ScalePlanOut,
+    responses=error_responses(400, 401, 413, 415, 422, 429, 503),
+    openapi_extra=json_request_body(ScalePlanRequest),
+    summary="Plan a Transformer at scale: mesh, pipeline, dtypes, ZeRO, recomputation",
+)
+async def create_scale_plan(raw: JsonBody, service: ServiceDep) -> Response:
+    """The fastest fitting ``pp x dp x tp`` plan for a Transformer shape on
+    ``devices`` devices (``plan_transformer``), with what each choice saves
+    or costs.  The body is a ``ScalePlanRequest``."""
+    body = await parse_body(ScalePlanRequest, raw)
+    spec = scale_spec(body, service.settings)  # RequestError: 422 naming it
+    try:
+        record, cached = await plan_scale(service, spec)
+    except ScaleFailure as e:
+        return error_response(e.status, str(e), error=e.error, headers=e.headers)
+    except Exception as e:  # the planner or the worker failed: our side
+        return opaque_error(
+            503,
+            "the scale plan failed for a reason that is not the request's",
+            e,
+            "POST /v1/scale-plans",
+            error="solve_failed",
+            headers={"Retry-After": "5"},
+        )
+    return Response(scale_body(record, cached), media_type=JSON)
+
+
+@router.get(
+    "/scale-plans",
+    response_model=ScalePlanList,
+    responses=error_responses(422),
+    summary="List stored scale plans",
+)
+def list_scale_plans(
+    service: ServiceDep,
+    limit: int = Query(50, ge=1, le=500),
+    offset: int = Query(0, ge=0, le=10**9),
+) -> dict[str, object]:
+    records, total = service.store.list_scale_plans(limit, offset)
+    return {
+        "plans": [
+            {"id": r.id, "created_at": iso(r.created_at), **r.summary} for r in records
+        ],
+        "total": total,
+    }
+
+
+@router.get(
+    "/scale-plans/{plan_id}",
+    response_model=ScalePlanOut,
+    responses=error_responses(404, 422),
+    summary="Get one scale plan",
+)
+def get_scale_plan(plan_id: str, service: ServiceDep) -> Response:
+    record = service.store.get_scale_plan(plan_id)
+    if record is None:
+        return error_response(404, f"there is no scale plan {plan_id!r}")
+    return Response(scale_body(record, cached=True), media_type=JSON)
+
+
+# -- dashboard ----------------------------------------------------------------------------
+
+#: The form's fields: (name, label, default shown).
+FORM_FIELDS = (
+    ("num_layers", "layers", "4"),
+    ("d_model", "d_model", "1024"),
+    ("heads", "heads", "16"),
+    ("d_kv", "d_kv", "64"),
+    ("d_ff", "d_ff", "4096"),
+    ("vocab", "vocab", "32000"),
+    ("length", "length", "1024"),
+    ("batch", "batch", "64"),
+    ("experts", "experts", "0"),
+    ("devices", "devices", "8"),
+)
+_INTS = {name for name, _, _ in FORM_FIELDS}
+_OPTIONAL = ("stages", "tensor", "micro_batches", "memory_limit_gib")
+_SCALE_FORM_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/x-www-form-urlencoded": {
+                "schema": {
+                    "type": "object",
+                    "properties": {
+                        name: {"type": "string", "maxLength": 64}
+                        for name in (
+                            *_INTS,
+                            *_OPTIONAL,
+                            "hardware",
+                            "activation_dtype",
+                            "master_dtype",
+                            "schedule",
+                            "token",
+                        )
+                    },
+                }
+            }
+        },
+    }
+}
+
+
+def _whole(name: str, text: str) -> int:
+    text = text.strip()
+    if not (text.isascii() and text.isdigit()) or len(text) > 12:
+        raise RequestError(f"{name} {text!r} is not a whole number")
+    return int(text)
+
+
+def form_request(fields: dict[str, str]) -> ScalePlanRequest:
+    """The dashboard form as a ``ScalePlanRequest`` (RequestError or
+    ValidationError naming the field)."""
+    model = {
+        name: _whole(name, fields.get(name, default) or default)
+        for name, _, default in FORM_FIELDS
+        if name != "devices"
+    }
+    body: dict[str, Any] = {
+        "model": model,
+        "devices": _whole("devices", fields.get("devices", "8") or "8"),
+        "hardware": fields.get("hardware") or "h100-nvlink-ib",
+        "activation_dtype": fields.get("activation_dtype") or "bfloat16",
+        "master_dtype": fields.get("master_dtype") or "float32",
+        "schedule": fields.get("schedule") or "1f1b",
+    }
+    for name in ("stages", "tensor"):
+        text = fields.get(name, "").strip()
+        if text:
+            body[name] = [_whole(name, part) for part in text.split(",")]
+    if fields.get("micro_batches", "").strip():
+        body["micro_batches"] = _whole("micro_batches", fields["micro_batches"])
+    gib = fields.get("memory_limit_gib", "").strip()
+    if gib:
+        try:
+            value = float(gib)
+        except ValueError:
+            raise RequestError(f"memory_limit_gib {gib!r} is not a number") from None
+        if not 0 < value <= 2**20:
+            raise RequestError(
+                f"memory_limit_gib {gib!r}; expected a number of GiB in (0, 1048576]"
+            )
+        body["memory_limit_bytes"] = int(value * 2**30)
+    return ScalePlanRequest.model_validate(body)
+
+
+def _index(
+    request: Request,
+    service: PlannerService,
+    form: dict[str, str] | None = None,
+    form_error: str = "",
+    status: int = 200,
+) -> Response:
+    records, total = service.store.list_scale_plans(200)
+    return _page(
+        request,
+        "scale_index.html",
+        {
+            "plans": [
+                {"id": r.id, "created_at": iso(r.created_at), **r.summary}
+                for r in records
+            ],
+            "total": total,
+            "fields": FORM_FIELDS,
+            "form": form or {},
+            "presets": sorted(PRESETS),
+            "needs_token": bool(service.settings.tokens),
+            "form_error": form_error,
+        },
+        status,
+    )
+
+
+@pages.get(
+    "/scale-plans",
+    summary="Dashboard: stored scale plans and a form to request one",
+    response_class=HTMLResponse,
+)
+def scale_index(request: Request, service: ServiceDep) -> Response:
+    return _index(request, service)
+
+
+@pages.post(
+    "/scale-plans",
+    responses=_html_responses(303, 401, 413, 415, 422, 429),
+    openapi_extra=_SCALE_FORM_BODY,
+    summary="Dashboard: plan a Transformer at scale from the form (its token)",
+    response_class=HTMLResponse,
+)
+async def scale_from_form(
+    request: Request, service: ServiceDep, form: FormBody
+) -> Response:
+    fields = {k: v[:64] for k, v in form.fields.items() if k != "token"}
+    if not form.authorized:
+        return await run_in_threadpool(
+            _index, request, service, fields, "a valid API token is needed to plan", 401
+        )
+    try:
+        spec = scale_spec(form_request(form.fields), service.settings)
+        record, _ = await plan_scale(service, spec)
+    except ValidationError as e:
+        err = e.errors()[0]
+        message = f"{'.'.join(map(str, err['loc']))}: {err['msg']}"
+        return await run_in_threadpool(_index, request, service, fields, message, 422)
+    except (MtfError, ValueError) as e:
+        return await run_in_threadpool(_index, request, service, fields, str(e), 422)
+    except ScaleFailure as e:
+        return await run_in_threadpool(
+            _index, request, service, fields, str(e), e.status
+        )
+    except Exception:  # the planner or the worker failed: our side
+        error_id = uuid.uuid4().hex[:12]
+        log.exception("scale plan from the form failed [error id %s]", error_id)
+        message = f"the scale plan failed on the server (error id {error_id})"
+        return await run_in_threadpool(_index, request, service, fields, message, 503)
+    return RedirectResponse(f"/scale-plans/{record.id}", status_code=303)
+
+
+def chart_data(plan: dict[str, Any]) -> dict[str, Any]:
+    """What scale.js draws: the step's parts (one stacked bar), and each
+    recomputation option's step time and peak on the chosen mesh."""
+    step = plan["step"]
+    options = [o for o in plan["recompute"]["options"] if o["step_time_s"] is not None]
+    return {
+        "parts": {
+            "micro-batch work": step["micro_batch_work_s"],
+            "sends": step["sends_s"],
+            "bubble": step["bubble_s"],
+            "once per step": step["once_per_step_s"],
+        },
+        "step_time_s": step["step_time_s"],
+        "options": [f"attention={o['attention']} ffn={o['ffn']}" for o in options],
+        "option_time_s": [o["step_time_s"] for o in options],
+        "option_peak_bytes": [o["peak_memory_bytes"] for o in options],
+        "chosen": next((i for i, o in enumerate(options) if o["chosen"]), 0),
+        "capacity": plan["memory"]["memory_capacity_bytes"],
+    }
+
+
+@pages.get(
+    "/scale-plans/{plan_id}",
+    responses=_html_responses(404),
+    summary="Dashboard: a scale plan's choices, what each saves or costs, the step",
+    response_class=HTMLResponse,
+)
+def scale_page(plan_id: str, request: Request, service: ServiceDep) -> Response:
+    record = service.store.get_scale_plan(plan_id)
+    if record is None:
+        return _not_found(request, "scale plan", plan_id)
+    doc = json.loads(record.plan_json)
+    return _page(
+        request,
+        "scale_plan.html",
+        {
+            "rec": record,
+            "summary": record.summary,
+            "req": doc["request"],
+            "plan": doc["plan"],
+            "created": iso(record.created_at)[:19].replace("T", " "),
+            "chart": chart_data(doc["plan"]),
+        },
+    )

@@ -1,0 +1,202 @@
+"""``mtf-planner scale``: plan a Transformer at scale, here or on a service.
+
+    mtf-planner scale --layers 4 --d-model 1024 --heads 16 --d-kv 64 \\
+        --d-ff 4096 --vocab 32000 --length 1024 --batch 64 --devices 8 \\
+        [--hardware h100-nvlink-ib] [--activation-dtype bfloat16] \\
+        [--stages 1,2] [--micro-batches 8] [--server URL] [--json]
+
+Prints ``ScalePlan.explain()`` (``--json``: the ``/v1/scale-plans`` answer's
+``plan``).  Exits 0 when a plan fits, 3 when none does, 1 on bad input or an
+unreachable server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+#: Model options (``--d-model``) -> the request's ``model`` fields.
+_SIZES = (
+    ("layers", "num_layers", True),
+    ("d_model", "d_model", True),
+    ("heads", "heads", True),
+    ("d_kv", "d_kv", True),
+    ("d_ff", "d_ff", True),
+    ("vocab", "vocab", True),
+    ("length", "length", True),
+    ("batch", "batch", True),
+    ("experts", "experts", False),
+)
+
+EXIT_OK, EXIT_ERROR, EXIT_NOTHING_FITS = 0, 1, 3
+
+
+def add_parser(sub: Any) -> None:
+    s = sub.add_parser(
+        "scale",
+        help="plan a Transformer's mesh, pipeline, dtypes, ZeRO and recomputation",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    for option, _, required in _SIZES:
+        s.add_argument(
+            f"--{option.replace('_', '-')}",
+            type=int,
+            required=required,
+            default=None if required else 0,
+        )
+    s.add_argument("--encoder-decoder", action="store_true")
+    s.add_argument("--devices", type=int, required=True)
+    s.add_argument("--hardware", default="h100-nvlink-ib", help="a preset name")
+    s.add_argument("--activation-dtype", default="bfloat16")
+    s.add_argument("--master-dtype", default="float32")
+    s.add_argument("--optimizer", default="adam")
+    s.add_argument("--stages", help="pipeline stage counts to try, e.g. 1,2,4")
+    s.add_argument("--tensor", help="tensor-axis sizes to try, e.g. 4,8")
+    s.add_argument("--micro-batches", type=int)
+    s.add_argument("--schedule", default="1f1b", help="1f1b or gpipe")
+    s.add_argument(
+        "--recompute",
+        help="options to try, e.g. 'none/none,block/block' (attention/ffn)",
+    )
+    s.add_argument("--memory-limit-bytes", type=int)
+    s.add_argument("--time-limit", type=float, default=5.0, help="CP-SAT s per trial")
+    s.add_argument("--server", help="plan on this planner service (http://host:port)")
+    s.add_argument("--token", help="API token for the server (or $MTF_PLANNER_TOKEN)")
+    s.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+
+def _ints(option: str, text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise ValueError(
+            f"--{option} {text!r} is not a comma-separated list of integers"
+        ) from None
+
+
+def scale_request(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``POST /v1/scale-plans`` body for these options."""
+    body: dict[str, Any] = {
+        "model": {field: getattr(args, option) for option, field, _ in _SIZES}
+        | {"encoder_decoder": args.encoder_decoder},
+        "devices": args.devices,
+        "hardware": args.hardware,
+        "activation_dtype": args.activation_dtype,
+        "master_dtype": args.master_dtype,
+        "optimizer": args.optimizer,
+        "stages": _ints("stages", args.stages),
+        "tensor": _ints("tensor", args.tensor),
+        "micro_batches": args.micro_batches,
+        "schedule": args.schedule,
+        "memory_limit_bytes": args.memory_limit_bytes,
+        "time_limit_s": args.time_limit,
+    }
+    if args.recompute:
+        options = []
+        for part in args.recompute.split(","):
+            attention, _, ffn = part.partition("/")
+            if not ffn:
+                raise ValueError(
+                    f"--recompute option {part!r}; expected ATTENTION/FFN, "
+                    "e.g. none/none or block/block"
+                )
+            options.append({"attention": attention, "ffn": ffn})
+        body["recompute"] = options
+    return body
+
+
+def cmd_scale(args: argparse.Namespace) -> int:
+    from api.planning import RequestError
+    from api.scale_schemas import ScalePlanRequest
+    from layout_planner.choices import ScaleError
+
+    body = scale_request(args)
+    if args.server:
+        from api.client import PlannerClient, RemotePlannerError
+
+        try:
+            with PlannerClient(args.server, token=args.token, timeout_s=300) as c:
+                out = c.scale_plan(body)
+        except RemotePlannerError as e:
+            if "ScaleError: no plan" in str(e):
+                print(f"mtf-planner scale: nothing fits: {e}")
+                return EXIT_NOTHING_FITS
+            raise
+        plan = out["plan"]
+        where = f"{args.server} (scale plan {out['id']}{', cached' if out['cached'] else ''})"
+    else:
+        from pydantic import ValidationError
+
+        from api.scale_planning import (
+            plan_spec_locally,
+            recompute_costs,
+            scale_plan_dict,
+            scale_spec,
+        )
+        from api.settings import Settings
+
+        try:
+            spec = scale_spec(ScalePlanRequest.model_validate(body), Settings())
+        except ValidationError as e:
+            err = e.errors()[0]
+            raise RequestError(
+                f"{'.'.join(map(str, err['loc']))}: {err['msg']} "
+                f"(got {err.get('input')!r})"
+            ) from None
+        try:
+            scale = plan_spec_locally(spec)
+        except ScaleError as e:
+            print(f"mtf-planner scale: nothing fits: {e}")
+            return EXIT_NOTHING_FITS
+        plan = scale_plan_dict(scale, recompute_costs(scale, spec))
+        where = "this machine"
+    if args.json:
+        from mtf_core.serialization.schema import json_safe
+
+        print(json.dumps(json_safe(plan, "plan"), indent=2))
+    else:
+        print(f"planned on {where}")
+        print(format_scale_plan(plan))
+    return EXIT_OK if plan["fits"] else EXIT_NOTHING_FITS
+
+
+def format_scale_plan(plan: dict[str, Any]) -> str:
+    """``explain()``, then what each weight class's sharding saves and what
+    each recomputation option costs on the chosen mesh."""
+    from layout_planner.plan import fmt_bytes, fmt_s
+
+    def signed_s(v: float) -> str:
+        return ("+" if v >= 0 else "-") + fmt_s(abs(v))
+
+    def signed_b(v: int) -> str:
+        return ("+" if v >= 0 else "-") + fmt_bytes(abs(v))
+
+    lines = [plan["explain"], "weight classes (stage step, one micro-batch):"]
+    for w in plan["weight_classes"]:
+        where = f"split over {w['mesh_axis']}" if w["sharded"] else "whole"
+        saves = ""
+        if w["saves_step_time_s"] is not None:
+            saves = (
+                f"; keeping it whole: {signed_s(w['saves_step_time_s'])}, "
+                f"{signed_b(w['saves_peak_memory_bytes'])}"
+            )
+        lines.append(f"  {w['storage_dim']}: {where}{saves}")
+    lines.append("recomputation on this mesh:")
+    for o in plan["recompute"]["options"]:
+        name = f"attention={o['attention']} ffn={o['ffn']}"
+        if o["step_time_s"] is None:
+            lines.append(f"  {name}: not priced ({o['source']})")
+            continue
+        mark = " (chosen)" if o["chosen"] else ""
+        lines.append(
+            f"  {name}{mark}: {fmt_s(o['step_time_s'])} "
+            f"({signed_s(o['step_time_delta_s'])}), "
+            f"{fmt_bytes(o['peak_memory_bytes'])} "
+            f"({signed_b(o['peak_memory_delta_bytes'])}), "
+            f"{'fits' if o['fits'] else 'does not fit'}"
+        )
+    return "\n".join(lines)

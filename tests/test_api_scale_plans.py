@@ -1,0 +1,344 @@
+"""``/v1/scale-plans`` and the dashboard's scale-plan pages: the real app, the
+real SQLite store and a real solve worker process, against
+``layout_planner.choices.plan_transformer`` run here on the same input."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from api_cases import ServerThread, service_settings
+from fastapi.testclient import TestClient
+
+from api.cli import main as cli_main
+from api.client import PlannerClient
+from api.main import create_app
+from api.scale_planning import ScaleSpec, scale_spec
+from api.scale_schemas import ScalePlanRequest
+from api.settings import Settings
+from cost_models.costs import evaluate
+from cost_models.hardware import PRESETS
+from layout_planner.choices import ScaleChoice, plan_transformer, price_layout
+from mtf_core.layout import convert_to_layout_rules
+from mtf_core.models import TransformerConfig, build_lm
+
+pytestmark = pytest.mark.solver
+
+MODEL = {
+    "num_layers": 2,
+    "d_model": 256,
+    "heads": 4,
+    "d_kv": 64,
+    "d_ff": 1024,
+    "vocab": 1024,
+    "length": 32,
+    "batch": 16,
+}
+#: Data parallel on 8 devices with 30 MB each: the ffn weights must be sharded.
+REQUEST: dict[str, Any] = {
+    "model": MODEL,
+    "devices": 8,
+    "hardware": "h100-nvlink-ib",
+    "activation_dtype": "bfloat16",
+    "master_dtype": "float32",
+    "stages": [1],
+    "tensor": [1],
+    "memory_limit_bytes": 30_000_000,
+    "time_limit_s": 2,
+}
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
+    settings = service_settings(tmp_path_factory.mktemp("scale"))
+    with TestClient(create_app(settings)) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def served(client: TestClient) -> dict[str, Any]:
+    r = client.post("/v1/scale-plans", json=REQUEST)
+    assert r.status_code == 200, r.text
+    out: dict[str, Any] = r.json()
+    return out
+
+
+def _cfg() -> TransformerConfig:
+    return TransformerConfig(**MODEL, activation_dtype="bfloat16")
+
+
+def test_scale_plan_over_http_equals_plan_transformer(served):
+    local = plan_transformer(
+        _cfg(),
+        8,
+        PRESETS["h100-nvlink-ib"].with_memory(30_000_000),
+        stages=[1],
+        tensor=[1],
+        time_limit_s=2,
+    )
+    plan = served["plan"]
+    c, p = local.choice, local.pipeline
+    assert served["cached"] is False
+    assert plan["mesh"] == {"pp": c.stages, "dp": c.data, "tp": c.tensor}
+    assert plan["mesh_shape"] == c.full_mesh == "pp:1;dp:8;tp:1"
+    assert plan["micro_batches"] == c.micro_batches
+    assert plan["schedule"] == c.schedule == "1f1b"
+    assert plan["dtypes"] == {
+        "activations": "bfloat16",
+        "master_weights_and_slots": "float32",
+    }
+    assert plan["stage_layout_rules"] == local.layout_rules
+    assert plan["sharded_classes"] == list(local.sharded_classes)
+    assert "ffn" in plan["sharded_classes"]  # 30 MB forces it
+    assert plan["slot_sharded_classes"] == list(local.slot_sharded_classes)
+    assert (plan["recompute"]["attention"], plan["recompute"]["ffn"]) == (
+        c.recompute_attention,
+        c.recompute_ffn,
+    )
+    step = plan["step"]
+    assert step["step_time_s"] == pytest.approx(local.step_time_s, rel=1e-9)
+    assert step["bubble_s"] == pytest.approx(p.bubble_s, rel=1e-9, abs=1e-15)
+    assert step["once_per_step_s"] == pytest.approx(p.once_s, rel=1e-9)
+    assert step["per_micro_batch_s"] == pytest.approx(p.per_micro_batch_s, rel=1e-9)
+    parts = ("micro_batch_work_s", "sends_s", "bubble_s", "once_per_step_s")
+    assert sum(step[k] for k in parts) == pytest.approx(step["step_time_s"])
+    assert plan["memory"]["peak_memory_bytes"] == local.peak_memory_bytes
+    assert plan["memory"]["memory_capacity_bytes"] == 30_000_000
+    assert plan["mfu"] == pytest.approx(local.mfu, rel=1e-9)
+    assert plan["fits"] is True and served["fits"] is True
+    assert len(plan["trials"]) == len(local.trials)
+    assert plan["explain"].splitlines()[0] == local.explain().splitlines()[0]
+
+
+def test_sharded_class_savings_are_the_stage_priced_whole(served):
+    """What sharding the ffn weights saves: the stage graph priced by
+    ``evaluate`` with that storage name kept whole, minus the chosen rules."""
+    plan = served["plan"]
+    ffn = next(
+        w for w in plan["weight_classes"] if w["storage_dim"] == "d_model_stored_ffn"
+    )
+    assert ffn["sharded"] and ffn["mesh_axis"] == "dp"
+    cfg = _cfg().replace(
+        shardable_weights=True,
+        shardable_slots=True,
+        batch=16 // plan["micro_batches"],
+    )
+    model = build_lm(cfg, optimizer="adam")
+    hw = PRESETS["h100-nvlink-ib"].with_memory(30_000_000)
+    rules = dict(convert_to_layout_rules(plan["stage_layout_rules"]))
+    chosen = evaluate(model.graph, "dp:8;tp:1", rules, hw, [model.loss])
+    del rules["d_model_stored_ffn"]
+    whole = evaluate(model.graph, "dp:8;tp:1", rules, hw, [model.loss])
+    assert ffn["saves_peak_memory_bytes"] == (
+        whole.peak_memory_bytes - chosen.peak_memory_bytes
+    )
+    assert ffn["saves_peak_memory_bytes"] > 0
+    assert ffn["saves_step_time_s"] == pytest.approx(whole.time_s - chosen.time_s)
+    # Every class of the graph is listed, sharded or not.
+    assert {w["weight_class"] for w in plan["weight_classes"]} >= {
+        "ffn",
+        "self_attention",
+        "embedding",
+        "logits",
+    }
+
+
+def test_every_recompute_option_is_priced_on_the_chosen_mesh(served):
+    plan = served["plan"]
+    options = {(o["attention"], o["ffn"]): o for o in plan["recompute"]["options"]}
+    assert set(options) == {("none", "none"), ("scores", "none"), ("block", "block")}
+    chosen = [o for o in options.values() if o["chosen"]]
+    assert len(chosen) == 1 and chosen[0]["step_time_delta_s"] == 0
+    block = options[("block", "block")]
+    if block["source"] == "priced with the chosen stage rules":
+        c = ScaleChoice(1, 8, 1, plan["micro_batches"], "1f1b", "block", "block")
+        priced = price_layout(
+            _cfg(),
+            c,
+            plan["stage_layout_rules"],
+            PRESETS["h100-nvlink-ib"].with_memory(30_000_000),
+        )
+        assert block["step_time_s"] == pytest.approx(priced.step_time_s, rel=1e-9)
+        assert block["peak_memory_bytes"] == priced.peak_memory_bytes
+    # Recomputing both blocks holds less and runs more.
+    assert block["peak_memory_delta_bytes"] < 0
+    assert block["step_time_delta_s"] > 0
+
+
+def test_get_by_id_list_and_repeat_are_the_stored_plan(client, served):
+    again = client.post("/v1/scale-plans", json=REQUEST)
+    assert again.status_code == 200
+    assert again.json()["cached"] is True
+    assert again.json()["id"] == served["id"]
+    assert again.json()["plan"] == served["plan"]
+    got = client.get(f"/v1/scale-plans/{served['id']}")
+    assert got.status_code == 200 and got.json()["plan"] == served["plan"]
+    listed = client.get("/v1/scale-plans").json()
+    assert served["id"] in [p["id"] for p in listed["plans"]]
+    assert client.get("/v1/scale-plans/nope").status_code == 404
+
+
+def _with(**changes: Any) -> dict[str, Any]:
+    body = json.loads(json.dumps(REQUEST))
+    for key, value in changes.items():
+        if key in MODEL:
+            body["model"][key] = value
+        else:
+            body[key] = value
+    return body
+
+
+@pytest.mark.parametrize(
+    ("changes", "named"),
+    [
+        ({"hardware": "tpu-v4", "activation_dtype": "float16"}, "'float16'"),
+        ({"activation_dtype": "int8"}, "'int8'"),
+        ({"stages": [4]}, "4 pipeline stages for 2 layers"),
+        ({"stages": [3]}, "3"),
+        ({"micro_batches": 3}, "3 micro-batches do not divide the batch of 16"),
+        ({"hardware": "no-such-gpu"}, "'no-such-gpu'"),
+        ({"schedule": "zigzag"}, "'zigzag'"),
+        ({"num_layers": 10**30}, "num_layers"),
+        ({"devices": 2**40}, "devices"),
+        ({"d_model": True}, "d_model"),
+        ({"tensor": [3]}, "tensor axis size 3"),
+        ({"time_limit_s": 1e9}, "time_limit_s"),
+    ],
+)
+def test_bad_input_is_a_4xx_naming_the_value(client, changes, named):
+    r = client.post("/v1/scale-plans", json=_with(**changes))
+    assert r.status_code == 422, r.text
+    assert named in r.text
+    assert set(r.json()) >= {"error", "detail"}
+
+
+@pytest.mark.parametrize("number", ["NaN", "Infinity", "1e400"])
+def test_non_finite_numbers_are_422(client, number):
+    text = json.dumps(REQUEST).replace('"time_limit_s": 2', f'"time_limit_s": {number}')
+    assert number in text
+    r = client.post(
+        "/v1/scale-plans", content=text, headers={"Content-Type": "application/json"}
+    )
+    assert r.status_code == 422, r.text
+    assert "time_limit_s" in r.text
+
+
+def test_dashboard_page_shows_the_choices(client, served):
+    page = client.get(f"/scale-plans/{served['id']}")
+    assert page.status_code == 200
+    assert "script-src 'self'" in page.headers["content-security-policy"]
+    html = page.text
+    plan = served["plan"]
+    assert '<code class="chosen" id="scale-mesh">pp:1;dp:8;tp:1</code>' in html
+    assert f">{plan['micro_batches']} of " in html
+    assert "activations bfloat16" in html
+    assert "d_model_stored_ffn" in html
+    assert 'id="scale-recompute-options"' in html and "attention=none ffn=none" in html
+    assert 'id="parts-chart"' in html and "/static/scale.js" in html
+    data = html.split('<script id="scale-data" type="application/json">')[1]
+    chart = json.loads(data.split("</script>")[0])
+    assert sum(chart["parts"].values()) == pytest.approx(plan["step"]["step_time_s"])
+    index = client.get("/scale-plans").text
+    assert f'href="/scale-plans/{served["id"]}"' in index
+    assert 'href="/scale-plans"' in client.get("/").text
+    assert client.get("/static/scale.js").status_code == 200
+
+
+def test_dashboard_escapes_markup_in_names(client):
+    evil = "<script>alert(1)</script>"
+    in_path = "<script>alert(1)"  # a path segment has no '/'
+    page = client.get(f"/scale-plans/{in_path}")
+    assert page.status_code == 404
+    assert in_path not in page.text and "&lt;script&gt;alert(1)" in page.text
+    form = {"num_layers": evil, "hardware": evil, "devices": "8"}
+    r = client.post("/scale-plans", data=form)
+    assert r.status_code == 422
+    assert evil not in r.text and "&lt;script&gt;" in r.text
+    assert 'id="form-error"' in r.text
+
+
+def test_form_plans_and_forwards_to_the_page(client, served):
+    form = {
+        **{k: str(v) for k, v in MODEL.items()},
+        "devices": "8",
+        "hardware": "h100-nvlink-ib",
+        "activation_dtype": "bfloat16",
+        "master_dtype": "float32",
+        "stages": "1",
+        "tensor": "1",
+        "memory_limit_gib": "1",
+    }
+    r = client.post("/scale-plans", data=form, follow_redirects=False)
+    assert r.status_code == 303, r.text
+    assert r.headers["location"].startswith("/scale-plans/")
+    bad = client.post("/scale-plans", data={**form, "micro_batches": "3"})
+    assert bad.status_code == 422
+    assert "3 micro-batches do not divide the batch of 16" in bad.text
+
+
+def test_tokens_are_checked_before_the_body(tmp_path):
+    settings = service_settings(tmp_path, api_tokens="secret-token")
+    with TestClient(create_app(settings)) as c:
+        r = c.post(
+            "/v1/scale-plans",
+            content=b"{not json",
+            headers={"Content-Type": "application/json"},
+        )
+        assert r.status_code == 401
+        assert r.headers["www-authenticate"] == "Bearer"
+        r = c.post("/v1/scale-plans", json=_with(stages=[4]))
+        assert r.status_code == 401
+        r = c.post(
+            "/v1/scale-plans",
+            json=_with(stages=[4]),
+            headers={"Authorization": "Bearer secret-token"},
+        )
+        assert r.status_code == 422 and "4 pipeline stages" in r.text
+        form = c.post("/scale-plans", data={"num_layers": "2"})
+        assert form.status_code == 401
+        assert "a valid API token is needed" in form.text
+        # Reads stay open.
+        assert c.get("/v1/scale-plans").status_code == 200
+        assert c.get("/scale-plans").status_code == 200
+
+
+def test_spec_hash_ignores_spelling():
+    a = scale_spec(ScalePlanRequest.model_validate(REQUEST), Settings())
+    b = scale_spec(
+        ScalePlanRequest.model_validate({**REQUEST, "stages": [1, 1]}), Settings()
+    )
+    assert a.request_hash == b.request_hash
+    assert ScaleSpec.from_canonical(a.canonical()) == a
+
+
+def test_client_and_cli_on_a_server(tmp_path, served, capsys):
+    with ServerThread(service_settings(tmp_path)) as server:
+        with PlannerClient(server.url, timeout_s=120) as c:
+            out = c.scale_plan(REQUEST)
+            assert (
+                out["plan"]["stage_layout_rules"]
+                == served["plan"]["stage_layout_rules"]
+            )
+            assert c.get_scale_plan(out["id"])["id"] == out["id"]
+        argv = ["scale", *(f"--{k.replace('_', '-')}={v}" for k, v in MODEL.items())]
+        argv = [a.replace("--num-layers", "--layers") for a in argv]
+        code = cli_main(
+            [
+                *argv,
+                "--devices=8",
+                "--stages=1",
+                "--tensor=1",
+                "--memory-limit-bytes=30000000",
+                "--time-limit=2",
+                f"--server={server.url}",
+            ]
+        )
+        text = capsys.readouterr().out
+        assert code == 0, text
+        assert "cached" in text and "pp=1 dp=8 tp=1" in text
+        assert "d_model_stored_ffn: split over dp; keeping it whole: +" in text
+        code = cli_main([*argv, "--devices=8", "--stages=4"])
+        assert code == 1
+        assert "4 pipeline stages for 2 layers" in capsys.readouterr().err
