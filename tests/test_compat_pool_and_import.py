@@ -253,3 +253,14 @@ def compat_installed() -> Any:
     compat.install()
     yield
     compat.uninstall()
+
+
+def test_max_pool_gradient_goes_to_one_tied_maximum() -> None:
+    graph, mesh = _mesh()
+    x = mtf_core.ones(mesh, "batch:2,h:4,w:4,c:1")  # every window ties
+    y = PoolOperation(x, [2, 2], [2, 2], "MAX_2D").outputs[0]
+    (dx,) = mtf_core.gradients([mtf_core.reduce_sum(y)], [x])
+    got = _lower(graph, mesh, ("all:2", "batch:all")).export_to_tf_tensor(dx).numpy()
+    # one 1 per window (TF's MaxPoolGrad); Mesh TF's rule would give all 32
+    assert got.sum() == 2 * 2 * 2
+    assert sorted(np.unique(got)) == [0.0, 1.0]
