@@ -178,12 +178,15 @@ def _one_device_moe(devices: list[str]) -> list[float]:
     return _train(_config(CASES["moe"][0]), "all:1", "", "placement", devices)[2]
 
 
-def _bit_patterns(devices: list[str]) -> dict[str, bool]:
-    """Every bfloat16 bit pattern through the gathering primitives (allconcat,
-    shift, broadcast) on SPMD arrives bit for bit as placement's copies."""
+def _bit_patterns(devices: list[str]) -> dict[str, Any]:
+    """Every bfloat16 bit pattern through the moving primitives (allconcat,
+    shift, alltoall, broadcast) on SPMD arrives bit for bit as placement's
+    copies; what each collective op carries."""
     import tensorflow as tf
 
     import mtf_core as mtf
+    from mtf_core.lowering.counters import Counters
+    from mtf_core.lowering.spmd_collectives import sent_collectives
     from mtf_core.lowering.spmd_values import ReplicaTensor
 
     bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).reshape(4, 16384)
@@ -207,12 +210,27 @@ def _bit_patterns(devices: list[str]) -> dict[str, bool]:
         outs = [fn(spmd, r) for fn in calls.values()] + [spmd.broadcast(r, [0])]
         return tuple(tf.bitcast(o.tensor, tf.uint16) for o in outs)
 
+    spmd.counters = Counters()
     got = spmd.run_program(program, [spmd.import_tf_tensor(full, shape)])
     names = [*calls, "broadcast"]
-    return {
+    out: dict[str, Any] = {
         k: all(np.array_equal(got[p][i].numpy(), want[k][p]) for p in range(4))
         for i, k in enumerate(names)
     }
+    out["records"] = _specs(spmd.counters.collectives)
+
+    # The same program traced alone: what its collective ops carry.
+    def body(pnum: Any, token: Any, x: Any) -> Any:
+        with spmd.replica(pnum, token):
+            return program(x)
+
+    traced = tf.function(body, autograph=False).get_concrete_function(
+        tf.TensorSpec([], tf.int32),
+        tf.TensorSpec([], tf.resource),
+        tf.TensorSpec([1, 16384], tf.bfloat16),
+    )
+    out["sent"] = _sent(sent_collectives(traced.graph))
+    return out
 
 
 def _main() -> None:
@@ -395,12 +413,27 @@ def test_bfloat16_travels_in_two_bytes_even_through_gathers(results: Results) ->
 
 
 def test_every_bfloat16_bit_pattern_moves_unchanged(results: Results) -> None:
-    assert results["bit_patterns"] == {
+    got = results["bit_patterns"]
+    assert {k: got[k] for k in ("allconcat", "shift", "alltoall", "broadcast")} == {
         "allconcat": True,
         "shift": True,
         "alltoall": True,
         "broadcast": True,
     }
+    # a [1, 16384] bfloat16 slice is 32768 bytes: each op carries exactly that,
+    # bitcast to float16 where the CPU kernel refuses bfloat16
+    assert got["records"] == [
+        ["allconcat", ["x"], 32768],
+        ["shift", ["x"], 32768],
+        ["alltoall", ["x"], 32768],
+        ["broadcast", ["x"], 32768],
+    ]
+    assert got["sent"] == [
+        ["CollectiveGatherV2", "float16", 32768],
+        ["CollectiveGatherV2", "float16", 32768],
+        ["CollectiveAllToAllV2", "bfloat16", 32768],
+        ["CollectiveBcastV2", "float16", 32768],
+    ]
 
 
 def test_recompute_runs_the_forward_twice_on_spmd(results: Results) -> None:
