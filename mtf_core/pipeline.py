@@ -13,9 +13,11 @@ micro-batch.  Forward units receive the previous stage's activation by a
 :class:`StageSend`; backward units differentiate their stage only
 (``gradients`` of the stage's output with the received output gradient) and
 send the input gradient back by another :class:`StageSend`.  Weight gradients
-are accumulated over the micro-batches and the optimizer runs once per step.
-Each micro-batch's loss is scaled by ``1/m``, so loss and gradients equal
-those of the unpipelined step on the whole batch.
+are accumulated over the micro-batches and the optimizer runs once per step
+on each stage's variables, with the stage's own step counter (its scalars
+never cross stages).  The last stage seeds each micro-batch's backward with
+``1/m`` and the step's loss is the mean of the micro-batches' losses, so loss
+and gradients equal those of the unpipelined step on the whole batch.
 
 Schedules (:func:`stage_orders`), each stage's order of units:
 
@@ -322,14 +324,17 @@ def build_pipelined_lm(
     """The training step of :func:`~mtf_core.models.build_lm`'s model, cut into
     ``spec.stages`` stages and ``spec.micro_batches`` micro-batches.
 
-    Same variables (names, shapes, initial values) as ``build_lm(config)``; one
-    step gives the same loss and updates, up to float rounding.
+    The variables of ``build_lm(config)`` (names, shapes, initial values),
+    and one step counter per stage after the first; one step gives the same
+    loss and updates, up to float rounding.
 
     >>> cfg = TransformerConfig(num_layers=2, d_model=8, heads=2, d_kv=4,
     ...                         d_ff=16, vocab=32, length=4, batch=4)
     >>> model = build_pipelined_lm(cfg, PipelineStages(2, 2, "1f1b"), "sgd")
     >>> [str(w) for w in model.order]
     ['F0@0', 'F0@1', 'F1@0', 'B0@1', 'B0@0', 'F1@1', 'B1@1', 'B1@0']
+
+    (``tests/test_scale_pipeline_lowering.py`` checks this order.)
     """
     cfg = config
     spec.check(cfg.num_layers, cfg.batch)

@@ -34,6 +34,7 @@ from cost_models.pipeline import (
     pipeline_cost,
     split_step,
 )
+from mtf_core.autodiff import gradients
 from mtf_core.comm import LayoutContext
 from mtf_core.errors import ConfigError
 from mtf_core.models import TransformerConfig, build_lm
@@ -305,6 +306,27 @@ def test_schedules_hold_at_most_p_or_m_micro_batches_and_are_ordered(
     # first backward waits for the last forward.
     before = "done_B0_0" if model.spec.schedule == "1f1b" else "done_F3_0"
     assert waiting[before] > 0
+
+
+def test_units_are_built_in_an_order_every_stage_keeps() -> None:
+    model = build_pipelined_lm(
+        CFG.replace(num_layers=2, batch=4), PipelineStages(2, 2, "1f1b"), "sgd"
+    )
+    assert [str(w) for w in model.order] == [
+        "F0@0", "F0@1", "F1@0", "B0@1", "B0@0", "F1@1", "B1@1", "B1@0"
+    ]  # fmt: skip
+    for order in stage_orders(model.spec):
+        built = [w for w in model.order if w.stage == order[0].stage]
+        assert built == order
+    # Forward sends go to stage 1, backward sends to stage 0, one per
+    # micro-batch each; differentiating through a send sends back.
+    assert [(model.work[op].phase, op.mesh.name) for op in model.sends] == [
+        ("F", "stage_1"), ("B", "stage_0"), ("F", "stage_1"), ("B", "stage_0")
+    ]  # fmt: skip
+    x = model.sends[0].inputs[0]
+    (dx,) = gradients([model.sends[0].outputs[0]], [x])
+    assert dx is not None and dx.operation.op_type == "StageSend"
+    assert dx.mesh is x.mesh
 
 
 def test_bad_pipelines_are_refused_naming_the_value(devices: list[str]) -> None:
