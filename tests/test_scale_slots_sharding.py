@@ -153,3 +153,34 @@ def test_slot_names_need_a_callable_policy_and_existing_dims() -> None:
 def test_slots_only_is_a_config_flag_checked_by_name() -> None:
     with pytest.raises(Exception, match="shardable_slots"):
         TransformerConfig(shardable_slots="yes")  # type: ignore[arg-type]
+
+
+def test_pipelined_slots_only_gathers_once_per_step_not_per_micro_batch() -> None:
+    from layout_planner.choices import ScaleChoice, price_layout
+
+    cfg = TransformerConfig(
+        num_layers=4, d_model=256, heads=8, d_kv=32, d_ff=1024, vocab=512,
+        length=64, batch=64, activation_dtype="bfloat16",
+    )  # fmt: skip
+    choice = ScaleChoice(2, 4, 2, 16, "1f1b", "none", "none")
+    classes = ";".join(f"d_model_{{}}_{c}:dp" for c in CLASSES)
+    both = classes.format(*["stored"] * 4) + ";" + classes.format(*["slots"] * 4)
+    stored = price_layout(cfg, choice, MEGATRON + ";" + both)  # ZeRO-3
+    slots = price_layout(cfg, choice, MEGATRON + ";" + classes.format(*["slots"] * 4))
+    plain = price_layout(cfg, choice, MEGATRON)
+    assert slots.slot_sharded_classes == tuple(sorted(CLASSES))
+    assert stored.sharded_classes == tuple(sorted(CLASSES))
+    assert not stored.slot_sharded_classes
+    # Stored weights are gathered in every micro-batch's forward pass (16 per
+    # step); slots-only gathers each updated shard once per step.
+    assert slots.pipeline.per_micro_batch_s < stored.pipeline.per_micro_batch_s
+    assert slots.step_time_s < stored.step_time_s
+    # Slots-only: the plain layout's per-micro-batch work, and once per step
+    # a reduce-scatter plus a gather (the allreduce's bytes) with a quarter
+    # of the Adam update; whole weights and quarter slots: less memory.
+    assert slots.pipeline.per_micro_batch_s == pytest.approx(
+        plain.pipeline.per_micro_batch_s, rel=1e-9
+    )
+    assert slots.pipeline.once_s < plain.pipeline.once_s
+    assert slots.peak_memory_bytes < plain.peak_memory_bytes
+    assert "optimizer slots only sharded" in slots.explain()
