@@ -153,7 +153,8 @@ class Optimizer:
     # -- the variable as the update sees it (a shard under slot names) --------
     def var_shape(self, var: Variable) -> Shape:
         """The shape the update works in: the variable's, or its slot shape."""
-        sharding = self._sharded.get(var) if hasattr(self, "_sharded") else None
+        table: dict[Variable, SlotSharding] = getattr(self, "_sharded", {})
+        sharding = table.get(var)
         return var.shape if sharding is None else sharding.slot_shape
 
     def value(self, var: Variable) -> Tensor:

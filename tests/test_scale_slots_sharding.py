@@ -25,7 +25,7 @@ from test_scale_stored_weights import (
 import mtf_core as mtf
 from cost_models import evaluate, get_hardware
 from mtf_core.comm import LayoutContext
-from mtf_core.errors import GraphError
+from mtf_core.errors import ConfigError, GraphError
 from mtf_core.models import TransformerConfig, build_lm
 from mtf_core.ops.stored import slot_names
 
@@ -151,7 +151,7 @@ def test_slot_names_need_a_callable_policy_and_existing_dims() -> None:
 
 
 def test_slots_only_is_a_config_flag_checked_by_name() -> None:
-    with pytest.raises(Exception, match="shardable_slots"):
+    with pytest.raises(ConfigError, match="shardable_slots must be True or False"):
         TransformerConfig(shardable_slots="yes")  # type: ignore[arg-type]
 
 
