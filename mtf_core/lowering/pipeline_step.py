@@ -12,12 +12,11 @@ mesh without it (``dp:2;tp:2``) and the layout rules given.
 * the schedule: every TF op made while lowering one unit's mtf ops (a
   stage's forward or backward on one micro-batch) waits, by a control
   dependency, for every op of the unit before it in the stage's order
-  (:func:`mtf_core.pipeline.stage_orders`).  The graph was built in an order
-  that keeps each stage's (:func:`mtf_core.pipeline.global_order`), so these
-  edges point backwards in creation order and cannot make a cycle.  Adding
-  control inputs to made ops is private TensorFlow API
-  (:mod:`tf_private`); on the public road the step runs unordered (same
-  values, TensorFlow's dataflow order).
+  (:func:`mtf_core.pipeline.stage_orders`), made inside
+  ``tf.control_dependencies`` while it is lowered (:class:`_UnitOrder`).
+  The graph was built in an order that keeps each stage's
+  (:func:`mtf_core.pipeline.global_order`), so these edges point backwards
+  in creation order and cannot make a cycle.
 """
 
 from __future__ import annotations
@@ -30,7 +29,6 @@ import tensorflow as tf
 
 from mtf_core.errors import ConfigError
 from mtf_core.graph import Operation
-from mtf_core.lowering import tf_private
 from mtf_core.lowering.compiled import CompiledFunction
 from mtf_core.lowering.counters import CollectiveRecord, Counters
 from mtf_core.lowering.devices import logical_cpu_devices
@@ -39,20 +37,38 @@ from mtf_core.pipeline import PipelinedModel, Work, stage_orders
 from mtf_core.shapes import Shape, convert_to_shape
 
 
-class _Marks:
-    """Where each mtf op's TF ops start in the graph being built: the
-    lowering sets ``impl.current_op`` before lowering each op.  An op set
-    again (a pending sum forced later is recorded against the op that made
-    it, ``MeshImpl.allreduce_for``) starts nothing: what is made then belongs
-    to the op being lowered, the reader that forced it."""
+class _UnitOrder:
+    """Orders each stage's units while the step is lowered.
 
-    def __init__(self) -> None:
-        self.starts: list[tuple[Operation | None, int]] = []
-        self._seen: set[Operation] = set()
+    The lowering sets ``impl.current_op`` before lowering each op; when that
+    op starts a unit that has a unit before it on its stage, a NoOp
+    ``done_<unit before>`` waiting for every TF op of that unit is made, and
+    the ops lowered until the next unit starts are made inside
+    ``tf.control_dependencies`` on it.  The unit before is complete by then:
+    the graph was built in an order every stage keeps, and the lowering
+    follows it.  An op set again (a pending sum forced later is recorded
+    against the op that made it, ``MeshImpl.allreduce_for``) changes
+    nothing: what is made then belongs to the op being lowered, the reader
+    that forced it.
+    """
+
+    def __init__(self, model: PipelinedModel) -> None:
+        self.model = model
+        self.before = {
+            after: before
+            for order in stage_orders(model.spec)
+            for before, after in zip(order, order[1:])
+        }
+        self.reset()
 
     def reset(self) -> None:
-        self.starts = []
-        self._seen = set()
+        self._seen: set[Operation] = set()
+        self._ranges: dict[Work, list[tuple[int, int]]] = {}
+        self._unit: Work | None = None
+        self._start = 0
+        self._context: Any = None
+        self.barriers: dict[Work, Any] = {}
+        self.ordered_ops = 0  # ops made inside a unit's control dependencies
 
     def note(self, op: Operation | None) -> None:
         if tf.executing_eagerly() or op in self._seen:
@@ -60,7 +76,37 @@ class _Marks:
         if op is not None:
             self._seen.add(op)
         graph = tf.compat.v1.get_default_graph()
-        self.starts.append((op, graph.num_operations()))
+        unit = None if op is None else self.model.work.get(op)
+        if unit == self._unit and unit is not None:
+            return  # the same unit goes on
+        self.close(graph)
+        self._unit = unit
+        before = None if unit is None else self.before.get(unit)
+        if before is not None and before in self._ranges:
+            barrier = self._barrier(graph, before)
+            self._context = tf.control_dependencies([barrier])
+            self._context.__enter__()
+        self._start = graph.num_operations()
+
+    def close(self, graph: Any) -> None:
+        """Ends the current unit's run of ops (and its control dependencies)."""
+        end = graph.num_operations()
+        if self._context is not None:
+            self._context.__exit__(None, None, None)
+            self._context = None
+            self.ordered_ops += end - self._start
+        if self._unit is not None and end > self._start:
+            self._ranges.setdefault(self._unit, []).append((self._start, end))
+        self._unit = None
+
+    def _barrier(self, graph: Any, unit: Work) -> Any:
+        if unit not in self.barriers:
+            ops = graph.get_operations()
+            done = [o for a, b in self._ranges[unit] for o in ops[a:b]]
+            name = f"done_{unit}".replace("@", "_")
+            with tf.control_dependencies(None), tf.control_dependencies(done):
+                self.barriers[unit] = tf.no_op(name=name)
+        return self.barriers[unit]
 
 
 class StageMeshImpl(PlacementMeshImpl):
@@ -74,7 +120,7 @@ class StageMeshImpl(PlacementMeshImpl):
         devices: Sequence[Any],
         stage: int,
         axis: str,
-        marks: _Marks | None = None,
+        marks: _UnitOrder | None = None,
     ) -> None:
         self._marks = marks
         super().__init__(shape, layout, devices)
@@ -163,10 +209,10 @@ class PipelinedStep:
             )
         stage_shape = Shape([d for d in shape.dims if d.name != axis])
         self.model = model
-        self._marks = _Marks()
+        self._order = _UnitOrder(model)
         per_stage = stage_devices(shape, axis, devices[: shape.size])
         self.impls = {
-            m: StageMeshImpl(stage_shape, layout, per_stage[s], s, axis, self._marks)
+            m: StageMeshImpl(stage_shape, layout, per_stage[s], s, axis, self._order)
             for s, m in enumerate(model.meshes)
         }
         self.fn = _PipelinedFunction(self)
@@ -180,37 +226,6 @@ class PipelinedStep:
 
     def __call__(self, batch: Mapping[str, np.ndarray]) -> float:
         return float(self.fn(*self.model.feeds(batch))[0])
-
-    def order_work(self) -> int:
-        """Adds the schedule's control dependencies to the ops just lowered
-        (from ``self._marks``); returns how many ops were made to wait."""
-        graph = tf.compat.v1.get_default_graph()
-        ops = graph.get_operations()
-        starts = self._marks.starts
-        unit_ops: dict[Work, list[Any]] = {}
-        for k, (op, start) in enumerate(starts):
-            w = None if op is None else self.model.work.get(op)
-            if w is None:
-                continue
-            end = starts[k + 1][1] if k + 1 < len(starts) else len(ops)
-            unit_ops.setdefault(w, []).extend(ops[start:end])
-        self._marks.reset()
-        if not tf_private.private_road():
-            return 0
-        waited = 0
-        for order in stage_orders(self.model.spec):
-            for before, after in zip(order, order[1:]):
-                done = unit_ops.get(before)
-                if not done:
-                    continue
-                name = f"done_{before}".replace("@", "_")
-                with tf.control_dependencies(None), tf.control_dependencies(done):
-                    barrier = tf.no_op(name=name)
-                for tf_op in unit_ops.get(after, []):
-                    if tf_op.inputs:
-                        tf_private.add_control_inputs(tf_op, [barrier])
-                        waited += 1
-        return waited
 
 
 class _PipelinedFunction(CompiledFunction):
@@ -229,7 +244,10 @@ class _PipelinedFunction(CompiledFunction):
         self.ordered_ops = 0
 
     def _run(self, *values: Any) -> list[Any]:
-        self._pipeline._marks.reset()
-        outs = super()._run(*values)
-        self.ordered_ops = self._pipeline.order_work()
-        return outs
+        order = self._pipeline._order
+        order.reset()
+        try:
+            return super()._run(*values)
+        finally:
+            order.close(tf.compat.v1.get_default_graph())
+            self.ordered_ops = order.ordered_ops
