@@ -140,6 +140,13 @@ def _losses(values: list[float]) -> str:
 def report(name: str, losses: dict[str, list[float]], texts: dict[str, Any]) -> None:
     for run_name, values in losses.items():
         print(f"{name}: {run_name} losses {_losses(values)}")
+    dp = np.array(losses["data-parallel"])
+    gaps = [
+        # a resumed run's losses are the data-parallel run's last ones
+        f"{float(np.max(np.abs(v - dp[-len(v) :]) / dp[-len(v) :])):.1e}"
+        for v in map(np.array, list(losses.values())[1:])
+    ]
+    print(f"{name}: largest relative difference from data-parallel:", *gaps)
     for decoder, outs in texts.items():
         print(f"{name}: {decoder}: {outs}")
 
