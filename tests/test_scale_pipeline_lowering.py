@@ -70,19 +70,21 @@ def _batches() -> list[dict[str, np.ndarray]]:
     return out
 
 
-@pytest.fixture(scope="module")
-def unpipelined(devices: list[str]) -> dict[str, Any]:
+def _plain_step(model: Any, mesh: str, rules: str, devices: list[str]) -> Any:
+    """The unpipelined step of ``model`` on the first devices."""
     import mtf_core as mtf
 
+    n = mtf.convert_to_shape(mesh).size
+    return mtf.compile_function(
+        model.graph, {model.mesh: mtf.PlacementMeshImpl(mesh, rules, devices[:n])},
+        inputs=model.placeholders, outputs=[model.loss], updates=model.updates,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def unpipelined(devices: list[str]) -> dict[str, Any]:
     model = build_lm(CFG, optimizer="sgd", learning_rate=0.5)
-    impl = mtf.PlacementMeshImpl(STAGE_MESH, RULES, devices[:4])
-    fn = mtf.compile_function(
-        model.graph,
-        {model.mesh: impl},
-        inputs=model.placeholders,
-        outputs=[model.loss],
-        updates=model.updates,
-    )
+    fn = _plain_step(model, STAGE_MESH, RULES, devices)
     losses = [float(fn(b["inputs"], b["targets"])[0]) for b in _batches()]
     return {"losses": losses, "values": fn.variables.to_dict(), "fn": fn}
 
@@ -124,14 +126,10 @@ def test_pipelined_steps_equal_the_unpipelined_step(
 def test_adam_on_four_stages_equals_the_unpipelined_step(devices: list[str]) -> None:
     """One layer per stage on pp:4;dp:2: Adam's bias correction reads each
     stage's own step counter, which must count the same steps."""
-    import mtf_core as mtf
     from mtf_core.lowering.pipeline_step import PipelinedStep
 
     ref = build_lm(CFG, optimizer="adam", learning_rate=0.01)
-    fn = mtf.compile_function(
-        ref.graph, {ref.mesh: mtf.PlacementMeshImpl("dp:2", "batch:dp", devices[:2])},
-        inputs=ref.placeholders, outputs=[ref.loss], updates=ref.updates,
-    )  # fmt: skip
+    fn = _plain_step(ref, "dp:2", "batch:dp", devices)
     model = build_pipelined_lm(CFG, PipelineStages(4, 4, "1f1b"), "adam", 0.01)
     step = PipelinedStep(model, "pp:4;dp:2", "batch:dp", devices)
     for b in _batches():
@@ -148,17 +146,13 @@ def test_public_road_orders_the_units_and_gives_the_same_loss(
 ) -> None:
     """Without TensorFlow's private APIs (tf_private's public road) the step
     is traced by tf.function; the order is still public control dependencies."""
-    import mtf_core as mtf
     from mtf_core.lowering import tf_private
     from mtf_core.lowering.pipeline_step import PipelinedStep
 
     monkeypatch.setenv(tf_private.PUBLIC_ENV, "1")
     cfg = CFG.replace(num_layers=2, batch=4)
     ref = build_lm(cfg, optimizer="sgd", learning_rate=0.5)
-    fn = mtf.compile_function(
-        ref.graph, {ref.mesh: mtf.PlacementMeshImpl("dp:2", "batch:dp", devices[:2])},
-        inputs=ref.placeholders, outputs=[ref.loss], updates=ref.updates,
-    )  # fmt: skip
+    fn = _plain_step(ref, "dp:2", "batch:dp", devices)
     model = build_pipelined_lm(cfg, PipelineStages(2, 2, "1f1b"), "sgd", 0.5)
     step = PipelinedStep(model, "pp:2;dp:2", "batch:dp", devices)
     ids = np.arange(32, dtype=np.int32).reshape(4, 8) % cfg.vocab
@@ -213,14 +207,8 @@ def test_sends_are_the_cost_models_shifts_over_the_pipeline_axis(
 def micro_batch(devices: list[str]) -> dict[str, Any]:
     """The unpipelined model at one micro-batch: evaluate()'s cost and its
     lowering's counters; ops from ``first_update`` on are the optimizer's."""
-    import mtf_core as mtf
-
     model = build_lm(MB_CFG, optimizer="sgd")
-    impl = mtf.PlacementMeshImpl(STAGE_MESH, RULES, devices[:4])
-    fn = mtf.compile_function(
-        model.graph, {model.mesh: impl}, inputs=model.placeholders,
-        outputs=[model.loss], updates=model.updates,
-    )  # fmt: skip
+    fn = _plain_step(model, STAGE_MESH, RULES, devices)
     fn.trace()
     ops = model.graph.operations
     return {
