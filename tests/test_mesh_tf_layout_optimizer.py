@@ -131,3 +131,32 @@ def test_mesh_tensorflow_name() -> None:
         assert layout_optimizer.LayoutOptimizer is LayoutOptimizer
     finally:
         compat.uninstall()
+
+
+def test_solving_leaves_tensorflow_unloaded() -> None:
+    """The planner side of Mesh TF's layout optimizer needs no TensorFlow: only
+    GraphInterface.compute_cost_graph (a TF proto export) would load it."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(
+        """
+        import sys
+        import mtf_core as mtf
+        from layout_planner.mesh_tf_layout_optimizer import LayoutOptimizer
+        from mtf_core.compat.auto_mtf.memory_estimator import MemoryEstimator
+        g = mtf.Graph()
+        m = mtf.Mesh(g, "m")
+        x1 = mtf.zeros(m, "a:10,b:5")
+        x2 = mtf.zeros(m, "b:5,c:20")
+        mtf.einsum([x1, x2], output_shape="a:10,c:20")
+        print(LayoutOptimizer(MemoryEstimator(g, "m1:4,m2:2")).solve())
+        print("tensorflow" in sys.modules)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["a:m2;c:m1", "False"]
