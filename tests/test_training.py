@@ -3,6 +3,7 @@ the ``mtf-train`` command, and sampling."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -154,6 +155,24 @@ def test_checkpoint_from_one_layout_resumes_under_another_with_the_same_next_los
     second.restore(ck)
     assert second.global_step == 2
     assert second.step(_batch(SMALL, 2)) == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.tf
+def test_a_resumed_run_with_dropout_draws_the_masks_the_uninterrupted_run_drew(
+    devices, tmp_path
+):
+    from mtf_core.lowering.training import Trainer
+
+    cfg = dataclasses.replace(SMALL, dropout_rate=0.5)
+    first = Trainer(build_lm(cfg, "adam", 1e-2), resolve_layout("dp", 4), devices)
+    for seed in (0, 1):
+        first.step(_batch(cfg, seed))
+    path = first.save(str(tmp_path), {"model": cfg.to_dict()})
+    expected = first.step(_batch(cfg, 2))
+    second = Trainer(build_lm(cfg, "adam", 1e-2), resolve_layout("2d", 4), devices)
+    second.restore(load_checkpoint(path))
+    assert second.fn.random_step == 2  # the step number seeds the masks
+    assert second.step(_batch(cfg, 2)) == pytest.approx(expected, rel=1e-5)
 
 
 @pytest.mark.tf

@@ -128,6 +128,10 @@ class Trainer:
     def load_state(self, values: Mapping[str, np.ndarray]) -> None:
         self.fn.variables.load_dict(dict(values), strict=True)
         self.global_step = self._read_step()
+        if self._step_var is not None:
+            # The step number seeds dropout: the next step draws the masks the
+            # uninterrupted run drew at this step.
+            self.fn.random_step = self.global_step
 
     def save(self, directory: str, metadata: dict[str, Any], keep: int = 3) -> str:
         meta = {
