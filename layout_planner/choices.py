@@ -254,6 +254,8 @@ def plan_transformer(
     recompute: Sequence[tuple[str, str]] = RECOMPUTE_TRIALS,
     time_limit_s: float = 5.0,
     memory_limit: int | None = None,
+    exhaustive: bool = False,
+    verify: bool = True,
 ) -> ScalePlan:
     """The fastest fitting plan for ``config`` on ``devices`` devices.
 
@@ -262,6 +264,11 @@ def plan_transformer(
     layers); ``micro_batches`` fixes the micro-batch count (default: one
     sequence per data-parallel replica).  Weights are stored shardable
     (``d_model_stored_<class>``) and computed in ``config``'s dtypes.
+
+    Trials are priced on representative stage graphs of 2-4 layers
+    (:mod:`layout_planner.scale_search`) and the winner, when ``verify``, on
+    its full stage graph; ``exhaustive=True`` builds and plans every trial's
+    full stage graph instead (same plan, slower).
     """
     start = time.perf_counter()
     hw = (
@@ -318,6 +325,23 @@ def plan_transformer(
             bound = flops / (devices * hw.peak_flops) * (m + pp - 1) / m
             meshes.append((bound, pp, tp, dp, m, spec))
     meshes.sort(key=lambda t: (t[0], t[1], t[2]))
+    if not exhaustive:
+        from layout_planner import scale_search
+
+        found = scale_search.search(
+            cfg,
+            [scale_search.Mesh(*t) for t in meshes],
+            hw,
+            builder,
+            optimizer,
+            schedule,
+            recompute,
+            time_limit_s,
+            flops,
+            devices,
+            verify,
+        )
+        return dataclasses.replace(found, planning_s=time.perf_counter() - start)
     for bound, pp, tp, dp, m, spec in meshes:
         if best is not None and bound >= best[0][0]:
             break  # no remaining mesh can be faster

@@ -118,9 +118,13 @@ class LayoutProblem:
         hardware: HardwareProfile,
         outputs: Sequence[Tensor] = (),
         analysis: GraphAnalysis | None = None,
+        pricer: UnitPricer | None = None,
     ) -> None:
         """``analysis``: a :class:`GraphAnalysis` of ``graph`` and ``outputs``
-        to reuse (the mesh-shape search shares one); made here if None."""
+        to reuse (the mesh-shape search shares one); made here if None.
+        ``pricer``: a :class:`UnitPricer` of this mesh and hardware to price
+        the units with (problems of one mesh may share one); made if None."""
+        self._given_pricer = pricer
         self.graph = graph
         self.mesh_shape = mesh_shape
         self.hw = hardware
@@ -215,7 +219,7 @@ class LayoutProblem:
             group[key] = (first, count + cls.count)
         self._num_signatures = sum(len(g) for g in groups.values())
         self._num_pricings = 0
-        self._pricer = UnitPricer(self.mesh_shape, self.hw)
+        self._pricer = self._given_pricer or UnitPricer(self.mesh_shape, self.hw)
         perms = self._axis_permutations()
         for dims in sorted(groups):
             table = self._table(dims)

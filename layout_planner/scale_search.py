@@ -1,0 +1,516 @@
+"""The scale planner's search on representative stage graphs.
+
+:func:`layout_planner.choices.plan_transformer` tries meshes ``pp x dp x tp``
+and recomputation options; each trial lays out a stage of ``n = L / pp``
+identical layers.  Its exhaustive form builds, analyses, solves and
+evaluates the ``n``-layer graph in every trial.  This module prices the same
+trials from graphs of 2, 3 and 4 layers (:mod:`layout_planner.stacked`):
+
+* the integer program of the ``n``-layer stage (unit counts and memory rows)
+  is extrapolated exactly, so CP-SAT picks the layout it would pick on the
+  full stage graph;
+* the pipeline's inputs for a layout (``cost_models.pipeline``: the
+  once-per-step work, what each other micro-batch in flight holds) are
+  affine in the layers: ``f(n) = f(2) + (n - 2) (f(3) - f(2))``, from
+  ``evaluate`` of the 2- and 3-layer graphs; step time and peak come from the
+  extrapolated program's tables;
+* small graphs are built and analysed once per (micro-batch, recomputation)
+  and reused by every mesh that shares them; stages of at most
+  :data:`~layout_planner.stacked.DIRECT_LAYERS` layers, and stages whose
+  layers do not stack (an encoder-decoder's decoder reads the encoder output
+  in every layer), are planned on their own graph.
+
+Only the winning trial's full stage graph is built: ``evaluate`` prices its
+layout, and :class:`ScaleVerificationError` is raised if that price is not
+the representative's (step time within float rounding, bytes exactly).
+
+Each trial makes the choices :func:`~layout_planner.choices._trial` makes
+(one CP-SAT solve; a second one leaving room for the other micro-batches in
+flight when they break the capacity; slots-only sharding instead of stored
+weights when that is faster), and the search goes through meshes and
+recomputation in the same order with the same stopping rules, so it returns
+the plan the exhaustive search returns (``tests/test_scale_search.py``).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from cost_models.costs import Cost, evaluate
+from cost_models.hardware import HardwareProfile
+from cost_models.layout_cache import CachedLayoutContext
+from cost_models.memory import MemoryModel
+from cost_models.pipeline import (
+    PipelineCost,
+    PipelineSpec,
+    StepSplit,
+    held_bytes_per_micro_batch,
+    pipeline_cost,
+    split_step,
+)
+from cost_models.units import CostUnit, UnitCost, UnitPricer
+from layout_planner.analysis import GraphAnalysis
+from layout_planner.choices import (
+    ScaleChoice,
+    ScaleError,
+    ScalePlan,
+    ScaleTrial,
+    _boundary_shape,
+    _slots_instead_of_stored,
+)
+from layout_planner.errors import PlannerError, SolverError
+from layout_planner.plan import LayoutPlan
+from layout_planner.plan_mesh import plan_problem
+from layout_planner.problem import LayoutProblem
+from layout_planner.program import Objective, SolveParams
+from layout_planner.stacked import DIRECT_LAYERS, StackedAnalysis, StackingError
+from mtf_core.comm import LayoutContext
+from mtf_core.errors import LayoutError
+from mtf_core.layout import LayoutRules
+from mtf_core.models import TransformerConfig
+from mtf_core.models.base import ModelGraph
+from mtf_core.shapes import Shape, convert_to_shape
+
+#: Relative tolerance between the representative's step time and the full
+#: stage graph's (the same float terms, summed in another order).
+REL_TOL = 1e-9
+
+
+class ScaleVerificationError(PlannerError):
+    """The full stage graph prices the chosen layout differently from its
+    representative (a bug: the layers did not stack as assumed)."""
+
+
+class _SignaturePricer(UnitPricer):
+    """A :class:`UnitPricer` that remembers each unit's cost by its signature
+    and the layout of its own dims: units of equal signature cost the same
+    under every layout (``cost_models.signatures``), so the stage graphs of
+    one mesh (keep, recompute scores, recompute blocks; 2, 3 or 4 layers)
+    price each shared unit once.  Layouts the lowering rejects raise again."""
+
+    def __init__(self, mesh_shape: Shape, hw: HardwareProfile) -> None:
+        super().__init__(mesh_shape, hw)
+        self._known: dict[tuple[object, ...], UnitCost | LayoutError] = {}
+
+    def cost(self, unit: CostUnit, ctx: LayoutContext) -> UnitCost:
+        if unit.signature is None:
+            return super().cost(unit, ctx)
+        wrapped = CachedLayoutContext.wrap(ctx)
+        key = (
+            unit.signature,
+            unit.dim_names,
+            tuple(wrapped.split_axes.get(d) for d in sorted(unit.dim_names)),
+        )
+        got = self._known.get(key)
+        if got is None:
+            try:
+                got = super().cost(unit, wrapped)
+            except LayoutError as e:
+                got = e
+            self._known[key] = got
+        if isinstance(got, LayoutError):
+            raise got
+        return got
+
+
+@dataclass
+class _Graph:
+    """One built stage graph and what pricing a layout on it needs."""
+
+    model: ModelGraph
+    analysis: GraphAnalysis
+    first_update: int
+    first_backward: int
+    head_start: int
+
+    @property
+    def memory(self) -> MemoryModel:
+        return self.analysis.memory
+
+
+def _graph(model: ModelGraph, analysis: GraphAnalysis | None = None) -> _Graph:
+    ops = model.graph.operations
+    first_update = next(i for i, op in enumerate(ops) if op.name == "global_step")
+    # As choices._trial: the forward ends at the loss, the last stage's head
+    # starts at its final norm.
+    first_backward = 1 + next(
+        i for i, op in enumerate(ops) if op is model.loss.operation
+    )
+    head_start = next(
+        (i for i, op in enumerate(ops) if op.name == "final_norm_scale"),
+        first_backward,
+    )
+    if analysis is None:
+        analysis = GraphAnalysis(model.graph, [model.loss])
+    return _Graph(model, analysis, first_update, first_backward, head_start)
+
+
+@dataclass(frozen=True)
+class _Parts:
+    """A layout's stage step cut as the pipeline needs it."""
+
+    time_s: float
+    once_s: float
+    peak_bytes: int
+    held_bytes: int
+
+
+class _Stage:
+    """One trial's stage on ``mesh_shape``: pricing a layout from a
+    representative (``graphs`` of 2 and 3 layers and ``problem``, the
+    stacked program of ``layers`` layers) or from the stage's own graph
+    (``graphs`` of one)."""
+
+    def __init__(
+        self,
+        mesh_shape: Shape,
+        hw: HardwareProfile,
+        graphs: Sequence[_Graph],
+        layers: int,
+        problem: LayoutProblem | None = None,
+    ) -> None:
+        self.mesh_shape = mesh_shape
+        self.hw = hw
+        self.graphs = list(graphs)
+        self.layers = layers
+        self.problem = problem
+
+    def parts(self, rules: LayoutRules) -> tuple[_Parts, Cost | None]:
+        """The layout's parts, and ``evaluate``'s cost when the stage is
+        priced on its own graph."""
+        ctx = LayoutContext.make(self.mesh_shape, rules)
+        hw = self.hw
+        per: list[tuple[Cost, float, int]] = []
+        for g in self.graphs:
+            cost = evaluate(
+                g.model.graph, self.mesh_shape, rules, hw, [g.model.loss], g.memory
+            )
+            split = split_step(g.model.graph, cost, ctx, hw, g.first_update)
+            held = held_bytes_per_micro_batch(
+                g.model.graph, g.memory, ctx, g.first_backward, g.head_start
+            )
+            per.append((cost, split.once_s, held))
+        if len(per) == 1:
+            cost, once, held = per[0]
+            return _Parts(cost.time_s, once, cost.peak_memory_bytes, held), cost
+        (_, once2, held2), (_, once3, held3) = per
+        extra = self.layers - 2
+        assert self.problem is not None
+        table = self.problem.table_cost(self.problem.assignment_from_rules(rules))
+        parts = _Parts(
+            table.time_s,
+            once2 + extra * (once3 - once2),
+            table.peak_bytes,
+            held2 + extra * (held3 - held2),
+        )
+        return parts, None
+
+
+class _Stages:
+    """Stage graphs built once per (micro-batch, recomputation, layers), and
+    their analyses, shared by the trials of one search."""
+
+    def __init__(
+        self,
+        cfg: TransformerConfig,
+        builder: Callable[..., ModelGraph],
+        optimizer: str,
+    ) -> None:
+        self.cfg = cfg
+        self.builder = builder
+        self.optimizer = optimizer
+        self._graphs: dict[tuple[int, str, str, int], _Graph] = {}
+        self._stacked: dict[tuple[int, str, str, int], StackedAnalysis | None] = {}
+        self._pricers: dict[tuple[str, str], _SignaturePricer] = {}
+        self.built_layers = 0
+
+    def stage_config(self, choice: ScaleChoice, layers: int) -> TransformerConfig:
+        return self.cfg.replace(
+            num_layers=layers,
+            batch=self.cfg.batch // choice.micro_batches,
+            recompute_attention=choice.recompute_attention,
+            recompute_ffn=choice.recompute_ffn,
+        )
+
+    def graph(self, choice: ScaleChoice, layers: int) -> _Graph:
+        key = self._key(choice, layers)
+        got = self._graphs.get(key)
+        if got is None:
+            model = self.builder(
+                self.stage_config(choice, layers), optimizer=self.optimizer
+            )
+            self.built_layers += layers
+            got = self._graphs[key] = _graph(model)
+        return got
+
+    def _key(self, choice: ScaleChoice, layers: int) -> tuple[int, str, str, int]:
+        return (
+            self.cfg.batch // choice.micro_batches,
+            choice.recompute_attention,
+            choice.recompute_ffn,
+            layers,
+        )
+
+    def stage(self, choice: ScaleChoice, hw: HardwareProfile) -> _Stage:
+        n = self.cfg.num_layers // choice.stages
+        mesh = convert_to_shape(choice.stage_mesh)
+        stacked = self._stacked_analysis(choice, n) if n > DIRECT_LAYERS else None
+        g = self.graph(choice, n if stacked is None else 2)
+        pricer = self._pricers.get((choice.stage_mesh, hw.name))
+        if pricer is None or pricer.hw != hw:
+            pricer = _SignaturePricer(mesh, hw)
+            self._pricers[(choice.stage_mesh, hw.name)] = pricer
+        problem = LayoutProblem(
+            g.model.graph,
+            mesh,
+            hw,
+            [g.model.loss],
+            analysis=stacked or g.analysis,
+            pricer=pricer,
+        )
+        if stacked is None:
+            return _Stage(mesh, hw, [g], n, problem)
+        return _Stage(mesh, hw, [g, self.graph(choice, 3)], n, problem)
+
+    def _stacked_analysis(self, choice: ScaleChoice, n: int) -> StackedAnalysis | None:
+        key = self._key(choice, n)
+        if key not in self._stacked:
+            two, three, four = (self.graph(choice, k).analysis for k in (2, 3, 4))
+            try:
+                self._stacked[key] = StackedAnalysis(two, three, four, n)
+            except StackingError:
+                self._stacked[key] = None  # planned on its own graph
+        return self._stacked[key]
+
+
+def _solve(stage: _Stage, limit: int, params: SolveParams) -> LayoutPlan:
+    """The stage's layout under ``limit`` bytes per device (what
+    ``auto_layout`` would return for the stage graph, unverified)."""
+    problem = stage.problem
+    assert problem is not None
+    if limit != problem.hw.memory_bytes:
+        # The tables do not depend on the capacity: the same problem, another
+        # limit (its program reads hw.memory_bytes).
+        problem = copy.copy(problem)
+        problem.hw = problem.hw.with_memory(limit)
+    return plan_problem(problem, Objective.TIME, params, verify=False, extras=False)
+
+
+def _price(
+    stage: _Stage,
+    rules: LayoutRules,
+    choice: ScaleChoice,
+    spec: PipelineSpec,
+    stage_cfg: TransformerConfig,
+    hw: HardwareProfile,
+) -> tuple[PipelineCost, Cost | None]:
+    """The pipelined step of ``rules`` (and ``evaluate``'s stage cost when
+    the stage is priced on its own graph)."""
+    parts, cost = stage.parts(rules)
+    ctx = LayoutContext.make(choice.stage_mesh, rules)
+    boundary = ctx.slice_bytes(_boundary_shape(stage_cfg), stage_cfg.activation_dtype)
+    priced = pipeline_cost(
+        spec,
+        StepSplit(parts.time_s - parts.once_s, parts.once_s),
+        parts.peak_bytes,
+        parts.held_bytes,
+        hw.memory_bytes,
+        boundary,
+        ("pp",),
+        choice.full_mesh,
+        hw,
+    )
+    return priced, cost
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    trial: ScaleTrial
+    plan: LayoutPlan | None
+    priced: PipelineCost | None
+
+
+def _trial(
+    stages: _Stages,
+    choice: ScaleChoice,
+    spec: PipelineSpec,
+    hw: HardwareProfile,
+    params: SolveParams,
+) -> _Outcome:
+    """One trial, with the choices of ``choices._trial``."""
+    stage = stages.stage(choice, hw)
+    stage_cfg = stages.stage_config(choice, 1)
+    k = spec.in_flight
+    limit = hw.memory_bytes
+    for _attempt in range(2):
+        plan = _solve(stage, limit, params)
+        priced, _ = _price(stage, plan.layout_rules, choice, spec, stage_cfg, hw)
+        room = hw.memory_bytes - (k - 1) * priced.held_bytes
+        if priced.fits or k == 1 or room <= 0 or room >= limit:
+            break
+        limit = room
+    if spec.micro_batches > 1:
+        variant = _slots_instead_of_stored(plan.layout_rules)
+        if variant is not None:
+            vpriced, _ = _price(stage, variant, choice, spec, stage_cfg, hw)
+            if vpriced.fits and (
+                not priced.fits or vpriced.step_time_s < priced.step_time_s
+            ):
+                plan = dataclasses.replace(plan, layout_rules=variant)
+                priced = vpriced
+    trial = ScaleTrial(
+        choice,
+        priced.step_time_s,
+        priced.peak_memory_bytes,
+        priced.fits,
+        str(plan.layout_rules),
+    )
+    return _Outcome(trial, plan, priced)
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """One mesh of the search and its lower bound on the step."""
+
+    bound_s: float
+    stages: int
+    tensor: int
+    data: int
+    micro_batches: int
+    spec: PipelineSpec
+
+
+def search(
+    cfg: TransformerConfig,
+    meshes: Sequence[Mesh],
+    hw: HardwareProfile,
+    builder: Callable[..., ModelGraph],
+    optimizer: str,
+    schedule: str,
+    recompute: Sequence[tuple[str, str]],
+    time_limit_s: float,
+    flops: float,
+    devices: int,
+    verify: bool = True,
+) -> ScalePlan:
+    """The search of :func:`~layout_planner.choices.plan_transformer` over
+    ``meshes`` (sorted by bound), on representative stage graphs; the winner
+    verified on its full stage graph when ``verify``."""
+    start = time.perf_counter()
+    stages = _Stages(cfg, builder, optimizer)
+    params = SolveParams(time_limit_s, 0, 0, 1)
+    trials: list[ScaleTrial] = []
+    best: tuple[tuple[float, int, int], _Outcome] | None = None
+    for mesh in meshes:
+        if best is not None and mesh.bound_s >= best[0][0]:
+            break  # no remaining mesh can be faster
+        pp, tp, dp, m = mesh.stages, mesh.tensor, mesh.data, mesh.micro_batches
+        for rank, (attn, ffn) in enumerate(recompute):
+            choice = ScaleChoice(pp, dp, tp, m, schedule, attn, ffn)
+            try:
+                outcome = _trial(stages, choice, mesh.spec, hw, params)
+            except (PlannerError, SolverError) as e:
+                trials.append(ScaleTrial(choice, None, None, False, "", str(e)))
+                continue
+            trials.append(outcome.trial)
+            if outcome.priced is None or not outcome.trial.fits:
+                continue
+            key = (outcome.priced.step_time_s, pp, rank)
+            if best is None or key < best[0]:
+                best = (key, outcome)
+            break  # less recomputation first: the first that fits is kept
+    if best is None:
+        smallest = min(
+            (t for t in trials if t.peak_memory_bytes is not None),
+            key=lambda t: t.peak_memory_bytes or 0,
+            default=None,
+        )
+        hint = (
+            f"; the smallest peak was {smallest.peak_memory_bytes:,} B per device "
+            f"({smallest.choice})"
+            if smallest is not None
+            else ""
+        )
+        raise ScaleError(
+            f"no plan for {cfg.num_layers} layers on {devices} devices of "
+            f"{hw.name!r} fits in {hw.memory_bytes:,} B per device "
+            f"({len(trials)} trials){hint}"
+        )
+    outcome = best[1]
+    assert outcome.plan is not None and outcome.priced is not None
+    plan, priced = outcome.plan, outcome.priced
+    choice = outcome.trial.choice
+    if verify:
+        plan, priced = _verified(stages, choice, plan, priced, hw)
+    named = dict(plan.layout_rules)
+    sharded = tuple(
+        sorted(
+            d.removeprefix("d_model_stored_")
+            for d in named
+            if d.startswith("d_model_stored_")
+        )
+    )
+    slots_only = tuple(
+        sorted(
+            c
+            for c in (
+                d.removeprefix("d_model_slots_")
+                for d in named
+                if d.startswith("d_model_slots_")
+            )
+            if c not in sharded
+        )
+    )
+    return ScalePlan(
+        config=cfg,
+        hardware=hw,
+        devices=devices,
+        choice=choice,
+        stage_plan=plan,
+        pipeline=priced,
+        model_flops=flops,
+        trials=tuple(trials),
+        planning_s=time.perf_counter() - start,
+        sharded_classes=sharded,
+        slot_sharded_classes=slots_only,
+    )
+
+
+def _verified(
+    stages: _Stages,
+    choice: ScaleChoice,
+    plan: LayoutPlan,
+    priced: PipelineCost,
+    hw: HardwareProfile,
+) -> tuple[LayoutPlan, PipelineCost]:
+    """The chosen layout priced on the full stage graph; raises
+    :class:`ScaleVerificationError` unless the representative said the same."""
+    n = stages.cfg.num_layers // choice.stages
+    full = stages.graph(choice, n)
+    stage = _Stage(convert_to_shape(choice.stage_mesh), hw, [full], n)
+    exact, cost = _price(
+        stage,
+        plan.layout_rules,
+        choice,
+        priced.spec,
+        stages.stage_config(choice, 1),
+        hw,
+    )
+    assert cost is not None
+    same = (
+        abs(exact.step_time_s - priced.step_time_s) <= REL_TOL * priced.step_time_s
+        and exact.peak_memory_bytes == priced.peak_memory_bytes
+        and exact.held_bytes == priced.held_bytes
+    )
+    if not same:
+        raise ScaleVerificationError(
+            f"{choice} with rules {plan.layout_rules}: the full stage graph "
+            f"gives step {exact.step_time_s!r} s, peak {exact.peak_memory_bytes:,} B; "
+            f"its representative gave {priced.step_time_s!r} s, "
+            f"{priced.peak_memory_bytes:,} B"
+        )
+    return dataclasses.replace(plan, evaluation=cost), exact

@@ -1,0 +1,87 @@
+"""The scale planner's search on representative stage graphs
+(layout_planner.scale_search) returns the exhaustive search's plan, and prices
+every trial as the full stage graph does."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from cost_models.profiles import get_hardware
+from layout_planner.choices import ScaleChoice, plan_transformer
+from layout_planner.scale_search import _Stage, _Stages
+from mtf_core.models import TransformerConfig, build_lm
+from mtf_core.shapes import convert_to_shape
+
+CFG = TransformerConfig(
+    num_layers=12, d_model=256, heads=8, d_kv=32, d_ff=1024, vocab=1024,
+    length=128, batch=32, activation_dtype="bfloat16",
+)  # fmt: skip
+
+
+def _same_plan(fast, slow):
+    assert fast.choice == slow.choice
+    assert fast.layout_rules == slow.layout_rules
+    assert fast.step_time_s == pytest.approx(slow.step_time_s, rel=1e-9)
+    assert fast.peak_memory_bytes == slow.peak_memory_bytes
+    assert fast.pipeline.held_bytes == slow.pipeline.held_bytes
+    assert [t.choice for t in fast.trials] == [t.choice for t in slow.trials]
+    ties = 0
+    for a, b in zip(fast.trials, slow.trials):
+        assert a.fits == b.fits
+        assert a.step_time_s == pytest.approx(b.step_time_s, rel=1e-9)
+        assert a.peak_memory_bytes == b.peak_memory_bytes
+        # Layouts of equal step and peak may be told apart by a last
+        # picosecond of float summation order: another layout of the tie.
+        ties += a.layout_rules != b.layout_rules
+    assert ties <= 1
+
+
+@pytest.mark.parametrize("memory_mib", [None, 30])
+def test_search_on_representatives_returns_the_exhaustive_plan(memory_mib):
+    # 8 devices: pipelines of 1, 2, 4 stages (12, 6, 3 layers: the first two
+    # priced from 2-4 layer graphs), tensor axes 1-8; 30 MiB makes the search
+    # go through recomputation options (21 trials, 6 that fit).
+    limit = None if memory_mib is None else memory_mib * 2**20
+    kw = dict(hardware="h100-nvlink-ib", memory_limit=limit, time_limit_s=30.0)
+    fast = plan_transformer(CFG, 8, **kw)
+    slow = plan_transformer(CFG, 8, exhaustive=True, **kw)
+    _same_plan(fast, slow)
+    assert len(fast.trials) >= 8
+    if limit is not None:
+        assert fast.choice.recompute_attention == "block"
+        assert sum(not t.fits for t in fast.trials) >= 10
+    # The winner was verified on its full stage graph.
+    assert fast.stage_plan.evaluation is not None
+    assert fast.stage_plan.evaluation.peak_memory_bytes <= fast.peak_memory_bytes
+
+
+@pytest.mark.parametrize("recompute", [("none", "none"), ("block", "block")])
+def test_representative_prices_layouts_as_the_full_stage_graph(recompute):
+    hw = get_hardware("h100-nvlink-ib")
+    cfg = CFG.replace(shardable_weights=True, shardable_slots=True)
+    stages = _Stages(cfg, build_lm, "adam")
+    choice = ScaleChoice(2, 4, 2, 8, "1f1b", *recompute)  # 6 layers a stage
+    rep = stages.stage(choice, hw)
+    assert rep.problem is not None and len(rep.graphs) == 2  # 2 and 3 layers
+    full = _Stage(convert_to_shape(choice.stage_mesh), hw, [stages.graph(choice, 6)], 6)
+    rng = random.Random(1)
+    dims = rep.problem.free_dims
+    checked = 0
+    for _ in range(20000):
+        asg = {d: rng.choice([None, *rep.problem.allowed[d]]) for d in dims}
+        if rep.problem.table_cost(asg).invalid is not None:
+            continue
+        rules = rep.problem.rules_for(asg)
+        got, _ = rep.parts(rules)
+        want, cost = full.parts(rules)
+        assert cost is not None
+        assert got.time_s == pytest.approx(want.time_s, rel=1e-9)
+        assert got.once_s == pytest.approx(want.once_s, rel=1e-9)
+        assert got.peak_bytes == want.peak_bytes == cost.peak_memory_bytes
+        assert got.held_bytes == want.held_bytes
+        checked += 1
+        if checked == 12:
+            break
+    assert checked == 12
