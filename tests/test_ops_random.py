@@ -140,6 +140,14 @@ def test_a_step_resumed_at_step_n_under_another_layout_draws_the_same_masks(
         resumed.random_step = -1
     with pytest.raises(mtf.LoweringError, match="random_step 2.0 is not an integer"):
         resumed.random_step = 2.0  # type: ignore[assignment]
+    # The SPMD backend keeps the same counter.
+    graph, mesh = _graph()
+    x = mtf.placeholder(mesh, SHAPE)
+    y = mtf.dropout(x, keep_prob=0.5, seed=5)
+    impl = mtf.SimdMeshImpl("data:2;model:2", "batch:data;hidden:model", devices[:4])
+    spmd = mtf.compile_function(graph, {mesh: impl}, [x], [y])
+    spmd.random_step = 1
+    np.testing.assert_array_equal(spmd(ones)[0], drawn[1])
 
 
 def test_dropout_is_identity_when_keeping_everything_or_not_training() -> None:
