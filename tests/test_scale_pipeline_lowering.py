@@ -49,8 +49,11 @@ from mtf_core.pipeline import (
 )
 from mtf_core.shapes import Shape
 
+# Weights stored under per-class names, as the scale planner builds them
+# (the rules here leave those names whole).
 CFG = TransformerConfig(
-    num_layers=4, d_model=16, heads=4, d_kv=4, d_ff=32, vocab=32, length=8, batch=8
+    num_layers=4, d_model=16, heads=4, d_kv=4, d_ff=32, vocab=32, length=8,
+    batch=8, shardable_weights=True,
 )  # fmt: skip
 MESH = "pp:2;dp:2;tp:2"
 STAGE_MESH = "dp:2;tp:2"
@@ -279,6 +282,26 @@ def test_flops_are_m_micro_batches_plus_gradient_accumulation(
     ref_mb = sum(ref.get(op.name, 0.0) for op in ops)
     units = sum(flops.get(op.name, 0.0) for op in model.work)
     assert units - acc == pytest.approx(M * ref_mb, rel=1e-12)
+
+
+@pytest.mark.solver
+def test_the_scale_plans_sends_and_held_bytes_are_the_lowerings(
+    pipelined: dict[str, Any],
+) -> None:
+    """The scale planner's price of this pipeline (price_layout: the mesh,
+    micro-batches, schedule and rules given) against what was lowered."""
+    from layout_planner.choices import ScaleChoice, price_layout
+
+    model, counters = pipelined["model"], pipelined["step"].counters
+    choice = ScaleChoice(P, 2, 2, M, model.spec.schedule, "none", "none")
+    assert choice.full_mesh == MESH
+    plan = price_layout(CFG, choice, RULES, HW, optimizer="sgd").pipeline
+    sends = [c for c in counters.collectives if c.mesh_axes == ("pp",)]
+    assert len(sends) == plan.spec.sends
+    link = HW.link_for_axis("pp", MESH)
+    assert {shift_time_s(c.bytes_per_device, link) for c in sends} == {plan.send_s}
+    ctx = LayoutContext.make(STAGE_MESH, RULES)
+    assert [held_bytes(model, 0, j, ctx) for j in range(M)] == [plan.held_bytes] * M
 
 
 def test_first_stage_holds_what_the_plan_prices_per_micro_batch(
