@@ -86,7 +86,7 @@ def train(
     losses = {"data-parallel": run(dp, step, 0, half)}
     with tempfile.TemporaryDirectory() as directory:
         # mtf_core's checkpoint holds full values: any layout can load it.
-        path = save_checkpoint(directory, half, dp.variables.to_dict())
+        path = save_checkpoint(directory, dp.random_step, dp.variables.to_dict())
         saved = load_checkpoint(path)
     losses["data-parallel"] += run(dp, step, half, steps - half)
 
