@@ -128,6 +128,7 @@ class ScalePlanRequest(BaseModel):
         ge=SCALE_RANGES["time_limit_s"][0],
         le=SCALE_RANGES["time_limit_s"][1],
         allow_inf_nan=False,
+        strict=True,  # a number: not true
         description="CP-SAT seconds per trial (the service caps the whole run)",
     )
 

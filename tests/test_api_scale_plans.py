@@ -278,8 +278,57 @@ def test_form_plans_and_forwards_to_the_page(client, served):
     assert "3 micro-batches do not divide the batch of 16" in bad.text
 
 
+def test_a_request_nothing_fits_is_a_422_saying_so(client, capsys):
+    r = client.post("/v1/scale-plans", json=_with(memory_limit_bytes=100_000))
+    assert r.status_code == 422, r.text
+    assert "no plan for 2 layers on 8 devices" in r.json()["detail"]
+    assert "100,000 B per device" in r.json()["detail"]
+    argv = ["scale", *(f"--{k.replace('_', '-')}={v}" for k, v in MODEL.items())]
+    argv = [a.replace("--num-layers", "--layers") for a in argv]
+    code = cli_main(
+        [
+            *argv,
+            "--devices=8",
+            "--stages=1",
+            "--tensor=1",
+            "--memory-limit-bytes=100000",
+        ]
+    )
+    assert code == 3
+    assert "nothing fits" in capsys.readouterr().out
+
+
+def test_every_number_out_of_range_is_a_422(client):
+    """Each numeric field of the request schema (walked from OpenAPI), set to
+    a non-finite, huge, negative or boolean value: a 422 naming the field."""
+    from test_api_numbers import numeric_paths
+
+    paths = numeric_paths(client.get("/openapi.json").json(), "ScalePlanRequest")
+    assert ("model", "num_layers") in paths and ("time_limit_s",) in paths
+    assert len(paths) == 13  # 9 of the model, devices, micro-batches, memory, time
+    # The walk does not enter arrays: the stage and tensor sizes' items too.
+    for path in [*paths, ("stages",), ("tensor",)]:
+        for bad in ("NaN", "1e400", "-1", str(2**70), "true"):
+            body = json.loads(json.dumps(REQUEST))
+            node = body
+            for key in path[:-1]:
+                node = node[key]
+            items = path[-1] in ("stages", "tensor")
+            node[path[-1]] = ["@"] if items else "@"
+            text = json.dumps(body).replace('"@"', bad)
+            r = client.post(
+                "/v1/scale-plans",
+                content=text,
+                headers={"Content-Type": "application/json"},
+            )
+            assert r.status_code == 422, (path, bad, r.text)
+            assert path[-1] in r.text, (path, bad, r.text)
+
+
 def test_tokens_are_checked_before_the_body(tmp_path):
-    settings = service_settings(tmp_path, api_tokens="secret-token")
+    settings = service_settings(
+        tmp_path, api_tokens="secret-token", max_time_limit_s=0.3
+    )
     with TestClient(create_app(settings)) as c:
         r = c.post(
             "/v1/scale-plans",
@@ -292,13 +341,21 @@ def test_tokens_are_checked_before_the_body(tmp_path):
         assert r.status_code == 401
         r = c.post(
             "/v1/scale-plans",
-            json=_with(stages=[4]),
+            json=_with(stages=[4], time_limit_s=0.3),
             headers={"Authorization": "Bearer secret-token"},
         )
         assert r.status_code == 422 and "4 pipeline stages" in r.text
         form = c.post("/scale-plans", data={"num_layers": "2"})
         assert form.status_code == 401
         assert "a valid API token is needed" in form.text
+        # A run past the service's cap (0.3 s here) is stopped: a 422 saying so.
+        r = c.post(
+            "/v1/scale-plans",
+            json=_with(time_limit_s=0.3),
+            headers={"Authorization": "Bearer secret-token"},
+        )
+        assert r.status_code == 422 and r.json()["error"] == "too_slow"
+        assert "did not finish within 0.3 s" in r.json()["detail"]
         # Reads stay open.
         assert c.get("/v1/scale-plans").status_code == 200
         assert c.get("/scale-plans").status_code == 200

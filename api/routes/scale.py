@@ -131,7 +131,12 @@ async def plan_scale(
     "/scale-plans",
     response_model=ScalePlanOut,
     responses=error_responses(400, 401, 413, 415, 422, 429, 503),
-    openapi_extra=json_request_body(ScalePlanRequest),
+    # A token only when the service has tokens (MTF_PLANNER_API_TOKENS): the
+    # empty requirement says a request without one may be answered.
+    openapi_extra={
+        **json_request_body(ScalePlanRequest),
+        "security": [{}],  # added to the bearer requirement FastAPI writes
+    },
     summary="Plan a Transformer at scale: mesh, pipeline, dtypes, ZeRO, recomputation",
 )
 async def create_scale_plan(raw: JsonBody, service: ServiceDep) -> Response:
