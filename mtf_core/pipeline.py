@@ -54,6 +54,8 @@ from mtf_core.models.transformer import (
 )
 from mtf_core.ops import elementwise as ew
 from mtf_core.ops.creation import constant, placeholder
+from mtf_core.ops.elementwise import CastOp
+from mtf_core.ops.stored import StoredRead
 from mtf_core.ops.variables import Assign, Variable
 from mtf_core.optimize import STEP_NAME, Optimizer, make_optimizer
 from mtf_core.seams import LoweringContext
@@ -370,7 +372,7 @@ def build_pipelined_lm(
             for op in graph.operations[first:]:
                 work[op] = w
         variables = list(graph.trainable_variables)
-        grads = [builder.accumulated.get(v) for v in variables]
+        grads = builder.weight_gradients(variables)
         losses = builder.losses
         loss = (ew.add_n(losses) if len(losses) > 1 else losses[0]) * builder.inv_m
         updates = _apply_per_stage(opt, grads, variables, meshes)
@@ -431,6 +433,8 @@ class _StageBuilder:
         self.stage_variables: dict[int, list[Variable]] = {}
         self.accumulated: dict[Variable, Tensor] = {}
         self.accumulations: list[Operation] = []
+        # A stored (ZeRO) weight's gathered read, per (stage, micro-batch).
+        self.reads: dict[tuple[int, int], dict[Variable, Tensor]] = {}
         self.losses: list[Tensor] = []
         # Made before any unit, shared by all: each stage's causal mask and
         # the last stage's 1/m (the seed of each micro-batch's backward).
@@ -450,6 +454,7 @@ class _StageBuilder:
         cfg, mesh = self.cfg, self.meshes[s]
         graph = mesh.graph
         before = len(graph.trainable_variables)
+        first_op = len(graph.operations)
         if s == 0:
             x = _embed(cfg, self.ids[j], "token")
         else:
@@ -464,10 +469,19 @@ class _StageBuilder:
         self.outputs[(s, j)] = x
         if j == 0:
             self.stage_variables[s] = list(graph.trainable_variables[before:])
+        self.reads[(s, j)] = {
+            v: op.outputs[0]
+            for op in graph.operations[first_op:]
+            if isinstance(op, StoredRead) and (v := _read_variable(op)) is not None
+        }
 
     def _backward(self, s: int, j: int) -> None:
         variables = self.stage_variables[s]
-        xs: list[Tensor] = [v.outputs[0] for v in variables]
+        # A stored weight's gradient is taken at its gathered read and
+        # accumulated there (a pending sum), to be reduce-scattered once
+        # per step (finish()), not once per micro-batch.
+        reads = self.reads[(s, j)]
+        xs: list[Tensor] = [reads.get(v, v.outputs[0]) for v in variables]
         if s > 0:
             xs.append(self.inputs[(s, j)])
         y = self.outputs[(s, j)]
@@ -490,3 +504,29 @@ class _StageBuilder:
             if dx is None:
                 raise GraphError(f"stage {s}'s output does not depend on its input")
             self.input_grads[(s, j)] = dx
+
+    def weight_gradients(self, variables: Sequence[Variable]) -> list[Tensor | None]:
+        """Each variable's accumulated gradient; a stored weight's goes from
+        its read back to the variable now (one reduce-scatter per step)."""
+        m = self.spec.micro_batches
+        last = {
+            v: read
+            for s in range(self.spec.stages)
+            for v, read in self.reads[(s, m - 1)].items()
+        }
+        out: list[Tensor | None] = []
+        for v in variables:
+            g = self.accumulated.get(v)
+            read = last.get(v)
+            if g is not None and read is not None:
+                (g,) = gradients([read], [v.outputs[0]], [g])
+            out.append(g)
+        return out
+
+
+def _read_variable(read: StoredRead) -> Variable | None:
+    """The variable a stored read gathers (through its activation-dtype cast)."""
+    op = read.inputs[0].operation
+    if isinstance(op, CastOp):
+        op = op.inputs[0].operation
+    return op if isinstance(op, Variable) else None

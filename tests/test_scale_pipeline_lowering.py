@@ -57,7 +57,8 @@ CFG = TransformerConfig(
 )  # fmt: skip
 MESH = "pp:2;dp:2;tp:2"
 STAGE_MESH = "dp:2;tp:2"
-RULES = "batch:dp;heads:tp;d_ff:tp;vocab:tp"
+# The ffn weights stored sharded over dp (ZeRO): gathered on each read.
+RULES = "batch:dp;heads:tp;d_ff:tp;vocab:tp;d_model_stored_ffn:dp"
 P, M = 2, 4
 MB_CFG = CFG.replace(batch=CFG.batch // M)  # one micro-batch
 STEPS = 3
@@ -228,22 +229,32 @@ def _keys(collectives: Any) -> Counter[tuple[str, tuple[str, ...], int]]:
     )
 
 
+def lowered_mb_keys(micro_batch: dict[str, Any]) -> Counter[Any]:
+    return _keys(micro_batch["counters"].collectives)
+
+
 def test_collectives_are_each_micro_batchs_plus_the_once_per_step_ones(
     pipelined: dict[str, Any], micro_batch: dict[str, Any]
 ) -> None:
     # The plan's split of the step (split_step): once per step are the
     # collectives the optimizer issues or forces (the weight gradients'
-    # allreduces over dp), the rest is per micro-batch.  The pipelined
-    # lowering issues the unpipelined micro-batch step's per-micro-batch
-    # collectives m times and the once-per-step ones once: the accumulated
-    # gradients stay pending sums until the optimizer reads them.
+    # allreduces over dp) and the stored weights' gradients' reduce-scatters;
+    # the rest (the stored weights' gathers too) is per micro-batch.  The
+    # pipelined lowering issues the unpipelined micro-batch step's
+    # per-micro-batch collectives m times and the once-per-step ones once:
+    # accumulated gradients stay pending sums until the optimizer (or the
+    # stored weight's reduce-scatter) reads them.
     cost = micro_batch["cost"]
     ops = micro_batch["model"].graph.operations
     once_ops = {op.name for op in ops[micro_batch["first_update"] :]}
+    once_ops |= {op.name for op in ops if op.op_type == "ReduceScatter"}
     once = _keys(c for c, n in zip(cost.collectives, cost.collective_ops)
                  if n in once_ops)  # fmt: skip
-    assert once and {k[1] for k in once} == {("dp",)}
-    lowered_mb = _keys(micro_batch["counters"].collectives)
+    assert {k[:2] for k in once} == {
+        ("allreduce", ("dp",)), ("reducescatter", ("dp",))
+    }  # fmt: skip
+    assert ("allconcat", ("dp",), 512) in lowered_mb_keys(micro_batch)
+    lowered_mb = lowered_mb_keys(micro_batch)
     assert once <= lowered_mb
     per = lowered_mb - once
     pipelined_keys = _keys(
@@ -269,12 +280,15 @@ def test_flops_are_m_micro_batches_plus_gradient_accumulation(
             for j in range(M)
         ]
         assert len(set(per_mb)) == 1 and per_mb[0] > 0, per_mb
-    # Accumulation: m - 1 adds of each weight's gradient slice.
+    # Accumulation: m - 1 adds of each weight's gradient slice (a stored
+    # weight's at its gathered read, whole over dp: reduce-scattered once).
     acc = sum(flops.get(op.name, 0.0) for op in model.accumulations)
     assert len(model.accumulations) == (M - 1) * len(model.variables)
-    assert acc == (M - 1) * sum(
-        ctx.slice_bytes(v.shape, v.dtype) / 4 for v in model.variables
-    )
+    summed = [op.outputs[0] for op in model.accumulations]
+    assert acc == sum(ctx.slice_bytes(t.shape, t.dtype) / 4 for t in summed)
+    kernels = [t for t in summed if t.shape.ndims == 2 and "d_ff" in t.shape]
+    assert len(kernels) == (M - 1) * 2 * CFG.num_layers
+    assert all(t.shape.dimension_names.count("d_model") == 1 for t in kernels)
     # All units together are m micro-batches of the unpipelined model's
     # forward and backward (its lowering at one micro-batch, optimizer aside).
     ref = micro_batch["counters"].flops_per_device
