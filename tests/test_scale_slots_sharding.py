@@ -184,3 +184,32 @@ def test_pipelined_slots_only_gathers_once_per_step_not_per_micro_batch() -> Non
     assert slots.pipeline.once_s < plain.pipeline.once_s
     assert slots.peak_memory_bytes < plain.peak_memory_bytes
     assert "optimizer slots only sharded" in slots.explain()
+
+
+@pytest.mark.solver
+def test_planner_chooses_slots_only_per_class_when_adam_state_does_not_fit() -> None:
+    cfg = TransformerConfig(
+        num_layers=2, d_model=1024, heads=8, d_kv=128, d_ff=4096, vocab=1024,
+        length=64, batch=512, activation_dtype="bfloat16",
+    )  # fmt: skip
+    plain = build_lm(cfg, optimizer="adam")
+    slots = build_lm(cfg.replace(shardable_slots=True), optimizer="adam")
+    free = mtf.auto_layout(plain.graph, "x:8", [plain.loss], HW, top_k=1)
+    assert str(free.layout_rules) == "batch:x"
+    limit = int(free.cost.peak_memory_bytes * 0.8)
+    tight = mtf.auto_layout(
+        slots.graph, "x:8", [slots.loss], HW, memory_limit=limit, top_k=1
+    )
+    assert tight.cost.fits and tight.cost.peak_memory_bytes <= limit
+    rules = dict(tight.layout_rules)
+    assert rules["batch"] == "x"
+    assert all(rules[f"d_model_slots_{c}"] == "x" for c in CLASSES)
+    # Weights stay whole: the plain layout's parameter bytes.
+    assert tight.evaluation is not None and free.evaluation is not None
+    assert (
+        tight.evaluation.param_bytes_per_device
+        == free.evaluation.param_bytes_per_device
+    )
+    text = tight.explain()
+    assert "d_model_slots_ffn (1024) -> x: split over x (8 ways)" in text
+    assert "would not fit" in text
