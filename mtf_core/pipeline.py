@@ -13,18 +13,16 @@ micro-batch.  Forward units receive the previous stage's activation by a
 :class:`StageSend`; backward units differentiate their stage only
 (``gradients`` of the stage's output with the received output gradient) and
 send the input gradient back by another :class:`StageSend`.  Weight gradients
-are accumulated over the micro-batches and the optimizer runs once per step
-on each stage's variables, with the stage's own step counter (its scalars
-never cross stages).  The last stage seeds each micro-batch's backward with
-``1/m`` and the step's loss is the mean of the micro-batches' losses, so loss
-and gradients equal those of the unpipelined step on the whole batch.
+are accumulated over the micro-batches (a stored weight's at its gathered
+read, so that it is reduce-scattered once per step, not per micro-batch) and
+the optimizer runs once per step on each stage's variables, with the
+stage's own step counter (its scalars never cross stages).  The last stage
+seeds each micro-batch's backward with ``1/m`` and the step's loss is the
+mean of the micro-batches' losses, so loss and gradients equal those of the
+unpipelined step on the whole batch.
 
-Schedules (:func:`stage_orders`), each stage's order of units:
-
-* ``"gpipe"``: every micro-batch's forward, then every backward;
-* ``"1f1b"``: ``p - 1 - s`` forwards to fill the pipeline, then one forward
-  and one backward alternately, then the remaining backwards: a stage holds
-  at most ``p`` micro-batches' activations (:func:`in_flight`).
+The schedules (GPipe, 1F1B) and the order units are built in are
+:mod:`mtf_core.pipeline_schedule`'s.
 
 The lowering (:mod:`mtf_core.lowering.pipeline_step`) orders each stage's
 units by control dependencies and counts each send as a shift over the
@@ -58,127 +56,14 @@ from mtf_core.ops.elementwise import CastOp
 from mtf_core.ops.stored import StoredRead
 from mtf_core.ops.variables import Assign, Variable
 from mtf_core.optimize import STEP_NAME, Optimizer, make_optimizer
+from mtf_core.pipeline_schedule import (
+    PipelineConfigError,
+    PipelineStages,
+    Work,
+    global_order,
+)
 from mtf_core.seams import LoweringContext
 from mtf_core.shapes import Shape
-
-SCHEDULES = ("gpipe", "1f1b")
-
-
-class PipelineConfigError(ConfigError):
-    """A pipeline that cannot be built as asked (names the value)."""
-
-
-@dataclass(frozen=True)
-class PipelineStages:
-    """``stages`` positions of mesh axis ``axis``, ``micro_batches`` per step,
-    and the schedule (``"gpipe"`` or ``"1f1b"``)."""
-
-    stages: int
-    micro_batches: int
-    schedule: str = "1f1b"
-    axis: str = "pp"
-
-    def __post_init__(self) -> None:
-        for f in ("stages", "micro_batches"):
-            v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise PipelineConfigError(
-                    f"pipeline {f} must be an integer >= 1, got {v!r}"
-                )
-        if self.schedule not in SCHEDULES:
-            raise PipelineConfigError(
-                f"pipeline schedule {self.schedule!r} is unknown; expected one of "
-                f"{list(SCHEDULES)}"
-            )
-
-    def check(self, num_layers: int, batch: int) -> None:
-        """Raises unless ``num_layers`` layers and a batch of ``batch`` cut
-        evenly into the stages and micro-batches."""
-        if self.stages > num_layers or num_layers % self.stages:
-            raise PipelineConfigError(
-                f"{self.stages} pipeline stages do not divide {num_layers} layers; "
-                "expected a divisor of the layer count"
-            )
-        if batch % self.micro_batches:
-            raise PipelineConfigError(
-                f"{self.micro_batches} micro-batches do not divide the batch of "
-                f"{batch}; expected a divisor of the batch"
-            )
-
-    def stage_of_layer(self, layer: int, num_layers: int) -> int:
-        return layer * self.stages // num_layers
-
-
-@dataclass(frozen=True)
-class Work:
-    """One unit of a pipelined step: stage ``stage``'s forward (``"F"``) or
-    backward (``"B"``) work on micro-batch ``micro_batch``."""
-
-    stage: int
-    micro_batch: int
-    phase: str
-
-    def __str__(self) -> str:
-        return f"{self.phase}{self.micro_batch}@{self.stage}"
-
-
-def stage_orders(spec: PipelineStages) -> list[list[Work]]:
-    """Each stage's units in the order the schedule runs them."""
-    p, m = spec.stages, spec.micro_batches
-    orders = []
-    for s in range(p):
-        fwd = [Work(s, j, "F") for j in range(m)]
-        bwd = [Work(s, j, "B") for j in range(m)]
-        if spec.schedule == "gpipe":
-            orders.append(fwd + bwd)
-            continue
-        warm = min(p - 1 - s, m)
-        order = fwd[:warm]
-        for k in range(m - warm):
-            order += [fwd[warm + k], bwd[k]]
-        orders.append(order + bwd[m - warm :])
-    return orders
-
-
-def in_flight(order: Sequence[Work]) -> int:
-    """The most micro-batches whose forward has run and backward not yet, over
-    one stage's order: the activations the stage holds at once."""
-    held = most = 0
-    for w in order:
-        held += 1 if w.phase == "F" else -1
-        most = max(most, held)
-    return most
-
-
-def global_order(spec: PipelineStages) -> list[Work]:
-    """All units in one order that keeps each stage's order and every data
-    dependency (a forward after the previous stage's, a backward after the
-    next stage's): the order the step is built in, so every edge of the
-    built graph (control dependencies included) points backwards."""
-    orders = stage_orders(spec)
-    done: set[Work] = set()
-    pos = [0] * spec.stages
-    out: list[Work] = []
-    last = spec.stages - 1
-    while len(out) < sum(map(len, orders)):
-        progressed = False
-        for s in range(spec.stages):
-            if pos[s] == len(orders[s]):
-                continue
-            w = orders[s][pos[s]]
-            if w.phase == "F":
-                need = Work(s - 1, w.micro_batch, "F") if s > 0 else None
-            else:
-                need = Work(s + 1, w.micro_batch, "B") if s < last else None
-            if need is None or need in done:
-                out.append(w)
-                done.add(w)
-                pos[s] += 1
-                progressed = True
-        if not progressed:  # an invariant of stage_orders, not user input
-            raise GraphError(f"pipeline schedule {spec.schedule!r} deadlocks")
-    return out
-
 
 # --------------------------------------------------------------------------
 # the stage-to-stage send
@@ -298,7 +183,8 @@ def held_bytes(
     ``micro_batch`` holds on ``stage`` between its forward and its backward
     unit: tensors that depend on its data (its placeholders), made before its
     backward unit and read by it.  Under 1F1B the first stage holds ``p``
-    micro-batches' worth at once (:func:`in_flight`)."""
+    micro-batches' worth at once
+    (:func:`~mtf_core.pipeline_schedule.in_flight`)."""
     mine = set(model.inputs[2 * micro_batch : 2 * micro_batch + 2])
     backward = Work(stage, micro_batch, "B")
     ops = model.graph.operations

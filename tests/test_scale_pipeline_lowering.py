@@ -39,11 +39,10 @@ from mtf_core.comm import LayoutContext
 from mtf_core.errors import ConfigError
 from mtf_core.models import TransformerConfig, build_lm
 from mtf_core.optimize import STEP_NAME
-from mtf_core.pipeline import (
+from mtf_core.pipeline import build_pipelined_lm, held_bytes
+from mtf_core.pipeline_schedule import (
     PipelineConfigError,
     PipelineStages,
-    build_pipelined_lm,
-    held_bytes,
     in_flight,
     stage_orders,
 )

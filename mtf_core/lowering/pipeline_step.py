@@ -12,10 +12,10 @@ mesh without it (``dp:2;tp:2``) and the layout rules given.
 * the schedule: every TF op made while lowering one unit's mtf ops (a
   stage's forward or backward on one micro-batch) waits, by a control
   dependency, for every op of the unit before it in the stage's order
-  (:func:`mtf_core.pipeline.stage_orders`), made inside
+  (:func:`mtf_core.pipeline_schedule.stage_orders`), made inside
   ``tf.control_dependencies`` while it is lowered (:class:`_UnitOrder`).
   The graph was built in an order that keeps each stage's
-  (:func:`mtf_core.pipeline.global_order`), so these edges point backwards
+  (:func:`mtf_core.pipeline_schedule.global_order`), so these edges point backwards
   in creation order and cannot make a cycle.
 """
 
@@ -33,7 +33,8 @@ from mtf_core.lowering.compiled import CompiledFunction
 from mtf_core.lowering.counters import CollectiveRecord, Counters
 from mtf_core.lowering.devices import logical_cpu_devices
 from mtf_core.lowering.placement import LaidOutTensor, PlacementMeshImpl
-from mtf_core.pipeline import PipelinedModel, Work, stage_orders
+from mtf_core.pipeline import PipelinedModel
+from mtf_core.pipeline_schedule import Work, stage_orders
 from mtf_core.shapes import Shape, convert_to_shape
 
 
