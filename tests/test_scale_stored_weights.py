@@ -279,5 +279,12 @@ def test_mtf_train_takes_the_dtypes_and_stored_weights(devices, tmp_path, capsys
     argv = [*common, "--activation_dtype", "bfloat16", "--shardable_weights"]
     assert cli.main([*argv, "--layout", layout]) == 0
     capsys.readouterr()
+    slots = "batch:x;" + ";".join(f"d_model_slots_{c}:x" for c in CLASSES)
+    argv = [*common, "--activation_dtype", "bfloat16", "--shardable_slots"]
+    assert (
+        cli.main([*argv, "--layout", slots, "--checkpoint_dir", str(tmp_path / "s")])
+        == 0
+    )
+    capsys.readouterr()
     assert cli.main([*common, "--activation_dtype", "int8", "--layout", "batch:x"]) == 2
     assert "'int8'" in capsys.readouterr().err

@@ -46,6 +46,7 @@ _MODEL_FLAGS = (
     "activation_dtype",
     "master_dtype",
     "shardable_weights",
+    "shardable_slots",
 )
 
 
@@ -81,6 +82,12 @@ def _train_parser(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="store weights under d_model_stored_<class> names, which a layout "
         "may put on the data axis (ZeRO/FSDP)",
+    )
+    m.add_argument(
+        "--shardable_slots",
+        action="store_true",
+        help="update weights under d_model_slots_<class> names, which a layout "
+        "may put on the data axis (optimizer slots only sharded: ZeRO-1)",
     )
     m.add_argument("--config", help="JSON file with TransformerConfig fields")
     lay = p.add_argument_group("layout")
