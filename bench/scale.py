@@ -10,6 +10,11 @@ docs/benchmarks.md, section ``scale``) the plan, predicted step time, MFU
 planning time.
 
     .venv/bin/python bench/scale.py [--write] [--only gpt3,llama64,...]
+        [--quick] [--exhaustive]
+
+The planning time is ``plan_transformer``'s wall clock: the full mesh search
+on representative stage graphs and the winner's check on its full stage
+graph (``--exhaustive``: every trial on its full stage graph).
 """
 
 from __future__ import annotations
@@ -154,11 +159,11 @@ def _row(plan, planning: float | None) -> list[str]:
         f"{plan.mfu:.1%}",
         f"{plan.peak_memory_bytes / 2**30:.1f}",
         "yes" if plan.fits else "no",
-        "" if planning is None else f"{planning:.1f}",
+        "" if planning is None else f"{planning:.1f} ({len(plan.trials)} trials)",
     ]
 
 
-def run(cases: list[Case], quick: bool = False) -> str:
+def run(cases: list[Case], quick: bool = False, exhaustive: bool = False) -> str:
     header = (
         "| model | layout | mesh (pp x dp x tp, micro-batches) | recompute "
         "attn/ffn | ZeRO-sharded classes | slots-only sharded classes | step s | "
@@ -186,6 +191,7 @@ def run(cases: list[Case], quick: bool = False) -> str:
                 case.devices,
                 case.hardware,
                 encoder_decoder=case.encoder_decoder,
+                exhaustive=exhaustive,
                 **narrow,
             )
             planning = time.perf_counter() - start
@@ -226,17 +232,27 @@ def main() -> None:
         action="store_true",
         help="search only the published pipeline and tensor sizes, halved and doubled",
     )
+    ap.add_argument(
+        "--exhaustive",
+        action="store_true",
+        help="plan every trial on its full stage graph (the slow search)",
+    )
     args = ap.parse_args()
     keys = [k for k in args.only.split(",") if k]
     cases = [c for c in CASES if not keys or c.key in keys]
-    table = run(cases, args.quick)
+    load_start = os.getloadavg()[0]
+    table = run(cases, args.quick, args.exhaustive)
+    load = f"load average {load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
     print(table)
+    print(load)
     if args.write:
-        flags = " --quick" if args.quick else ""
+        flags = (" --quick" if args.quick else "") + (
+            " --exhaustive" if args.exhaustive else ""
+        )
         cmd = f"`.venv/bin/python bench/scale.py --write{flags}`"
         replace_section(
             "scale",
-            f"Command: {cmd} (load average {os.getloadavg()[0]:.1f}).\n\n{table}",
+            f"Command: {cmd} ({load}, 2 cores).\n\n{table}",
             title="Scale: reference models on their clusters",
         )
 

@@ -67,7 +67,12 @@ from layout_planner.plan import LayoutPlan
 from layout_planner.plan_mesh import plan_problem
 from layout_planner.problem import LayoutProblem
 from layout_planner.program import Objective, SolveParams
-from layout_planner.stacked import DIRECT_LAYERS, StackedAnalysis, StackingError
+from layout_planner.stacked import (
+    DIRECT_LAYERS,
+    LayerStack,
+    StackedAnalysis,
+    StackingError,
+)
 from mtf_core.comm import LayoutContext
 from mtf_core.errors import LayoutError
 from mtf_core.layout import LayoutRules
@@ -225,6 +230,7 @@ class _Stages:
         self.optimizer = optimizer
         self._graphs: dict[tuple[int, str, str, int], _Graph] = {}
         self._stacked: dict[tuple[int, str, str, int], StackedAnalysis | None] = {}
+        self._stacks: dict[tuple[int, str, str, int], LayerStack | None] = {}
         self._pricers: dict[tuple[str, str], _SignaturePricer] = {}
         self.built_layers = 0
 
@@ -279,12 +285,19 @@ class _Stages:
     def _stacked_analysis(self, choice: ScaleChoice, n: int) -> StackedAnalysis | None:
         key = self._key(choice, n)
         if key not in self._stacked:
+            stack = self._stack(choice)
+            self._stacked[key] = None if stack is None else stack.analysis(n)
+        return self._stacked[key]
+
+    def _stack(self, choice: ScaleChoice) -> LayerStack | None:
+        key = self._key(choice, 0)
+        if key not in self._stacks:
             two, three, four = (self.graph(choice, k).analysis for k in (2, 3, 4))
             try:
-                self._stacked[key] = StackedAnalysis(two, three, four, n)
+                self._stacks[key] = LayerStack(two, three, four)
             except StackingError:
-                self._stacked[key] = None  # planned on its own graph
-        return self._stacked[key]
+                self._stacks[key] = None  # planned on its own graph
+        return self._stacks[key]
 
 
 def _solve(stage: _Stage, limit: int, params: SolveParams) -> LayoutPlan:

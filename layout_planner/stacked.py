@@ -117,40 +117,67 @@ def _image(n_b: int, starts: Sequence[int], lengths: Sequence[int]) -> np.ndarra
     return image
 
 
+class LayerStack:
+    """What the 2-, 3- and 4-layer graphs of a stage say about every ``n``:
+    each unit class's count and each kept memory row as ``base + (n - 2) *
+    step`` (see the module docstring).  Raises :class:`StackingError` when
+    the graphs do not stack."""
+
+    def __init__(
+        self, two: GraphAnalysis, three: GraphAnalysis, four: GraphAnalysis
+    ) -> None:
+        self.two = two
+        self.tensor_classes = list(two.tensor_classes)
+        if {*three.tensor_classes, *four.tensor_classes} != set(self.tensor_classes):
+            raise StackingError("the stage graphs' tensor classes differ")
+        self.unit_steps = _unit_steps(two, three, four)
+        base, step = _row_steps(two, three, four, self.tensor_classes)
+        # Rows whose base and step are equal are one row for every n.
+        pairs = np.unique(np.concatenate([base, step], axis=1), axis=0)
+        width = len(self.tensor_classes)
+        self.row_base, self.row_step = pairs[:, :width], pairs[:, width:]
+
+    def analysis(self, n: int) -> StackedAnalysis:
+        """The analysis of the ``n``-layer stage."""
+        return StackedAnalysis(self, n)
+
+
 class StackedAnalysis(GraphAnalysis):
-    """A :class:`GraphAnalysis` of an ``n``-layer stage made from the
-    analyses of its 2-, 3- and 4-layer versions (see the module docstring).
+    """A :class:`GraphAnalysis` of an ``n``-layer stage made from a
+    :class:`LayerStack` (see the module docstring).
 
     ``graph`` (and the dim graph, memory model, outputs) are the 2-layer
     graph's; ``unit_classes`` carry the ``n``-layer counts and ``live_rows``
     the ``n``-layer rows, which is all :class:`LayoutProblem` prices.
     """
 
-    def __init__(
-        self, two: GraphAnalysis, three: GraphAnalysis, four: GraphAnalysis, n: int
-    ) -> None:
+    def __init__(self, stack: LayerStack, n: int) -> None:
         if n < 2:
             raise StackingError(f"{n} layers; a stacked stage has at least 2")
+        two = stack.two
         self.graph = two.graph
         self.outputs = two.outputs
         self.dim_graph = two.dim_graph
         self.memory = two.memory
         self.seconds = 0.0
         self.layers = n
-        self.unit_classes = _stacked_units(two, three, four, n)
-        self.tensor_classes = list(two.tensor_classes)
-        if {*three.tensor_classes, *four.tensor_classes} != set(self.tensor_classes):
-            raise StackingError("the stage graphs' tensor classes differ")
-        self.live_rows = _stacked_rows(two, three, four, n, self.tensor_classes)
+        self.unit_classes = [
+            UnitClass(c.unit, c.count + (n - 2) * step)
+            for c, step in zip(two.unit_classes, stack.unit_steps)
+        ]
+        self.tensor_classes = list(stack.tensor_classes)
+        rows = stack.row_base + (n - 2) * stack.row_step
+        self.live_rows = np.unique(rows, axis=0)
 
 
 def _unit_key(c: UnitClass) -> tuple[object, ...]:
     return (c.unit.dim_names, c.unit.signature)
 
 
-def _stacked_units(
-    two: GraphAnalysis, three: GraphAnalysis, four: GraphAnalysis, n: int
-) -> list[UnitClass]:
+def _unit_steps(
+    two: GraphAnalysis, three: GraphAnalysis, four: GraphAnalysis
+) -> list[int]:
+    """Per unit class of ``two``, how many more a layer adds."""
     c3 = {_unit_key(c): c.count for c in three.unit_classes}
     c4 = {_unit_key(c): c.count for c in four.unit_classes}
     if not (len(c3) == len(c4) == len(two.unit_classes)):
@@ -165,17 +192,17 @@ def _stacked_units(
             raise StackingError(
                 f"cost unit {c.unit!r}: counts are not affine in layers"
             )
-        out.append(UnitClass(c.unit, c.count + (n - 2) * step))
+        out.append(step)
     return out
 
 
-def _stacked_rows(
+def _row_steps(
     two: GraphAnalysis,
     three: GraphAnalysis,
     four: GraphAnalysis,
-    n: int,
     classes: Sequence[tuple[str, ...]],
-) -> np.ndarray:
+) -> tuple[np.ndarray, np.ndarray]:
+    """The kept rows as (2-layer row, what a layer adds), one pair a row."""
     k2, k3, k4 = _op_keys((two, three, four))
     r2, r3, r4 = (per_op_rows(a, classes) for a in (two, three, four))
     ins3 = _insertions(k2, k3)
@@ -195,7 +222,7 @@ def _stacked_rows(
     m3 = _image(len(k3), lows, lengths3)
     m4 = _image(len(k4), [p + o for p, o in zip(lows, offset)], lengths4)
     ok = np.all(r2 + 2 * (r3[m3] - r2) == r4[m4], axis=1)
-    parts = [(r2 + (n - 2) * (r3[m3] - r2))[ok]]
+    bases, steps = [r2[ok]], [(r3[m3] - r2)[ok]]
     covered = ok.copy()
     for k in range(len(ins3)):
         # Moving insertion k from lows[k] to p moves the ops of the 2-layer
@@ -217,10 +244,9 @@ def _stacked_rows(
             )
         top = int(consistent.max())
         moved = window[:top]
-        parts.append(r2[moved] + (n - 2) * (r3[s3[:top]] - r2[moved]))
+        bases.append(r2[moved])
+        steps.append(r3[s3[:top]] - r2[moved])
         covered[moved] = True
     if not covered.all():
         raise StackingError("the stage graphs' memory rows are not affine in layers")
-    rows = np.concatenate(parts)
-    out: np.ndarray = np.unique(rows, axis=0)
-    return out
+    return np.concatenate(bases), np.concatenate(steps)

@@ -13,7 +13,7 @@ from layout_planner.analysis import GraphAnalysis
 from layout_planner.plan_mesh import solve_problem
 from layout_planner.problem import LayoutProblem
 from layout_planner.program import Objective, SolveParams
-from layout_planner.stacked import StackedAnalysis, StackingError
+from layout_planner.stacked import LayerStack, StackingError
 from mtf_core.models import TransformerConfig, build_encoder_decoder, build_lm
 from mtf_core.shapes import convert_to_shape
 
@@ -37,7 +37,7 @@ def test_stacked_stage_prices_every_layout_like_the_full_graph(attention, ffn):
     cfg = BASE.replace(recompute_attention=attention, recompute_ffn=ffn)
     n = 7
     small = [_analysis(cfg, k) for k in (2, 3, 4)]
-    stacked = StackedAnalysis(*small, n)
+    stacked = LayerStack(*small).analysis(n)
     full = _analysis(cfg, n)
     # The unit classes are the n-layer graph's, counts included.
     want = {(c.unit.dim_names, c.unit.signature): c.count for c in full.unit_classes}
@@ -82,7 +82,7 @@ def test_stacked_stage_prices_every_layout_like_the_full_graph(attention, ffn):
 
 def test_stacked_rows_are_fewer_than_the_full_graph_rows():
     small = [_analysis(BASE, k) for k in (2, 3, 4)]
-    stacked = StackedAnalysis(*small, 48)
+    stacked = LayerStack(*small).analysis(48)
     full = _analysis(BASE, 48)
     assert len(stacked.live_rows) < len(full.live_rows) / 5
 
@@ -92,6 +92,6 @@ def test_stages_whose_layers_are_not_identical_are_refused_by_name():
     # encoder output: one deferred group whose size grows with the layers.
     small = [_analysis(BASE, k, build_encoder_decoder) for k in (2, 3, 4)]
     with pytest.raises(StackingError, match="cost-unit classes"):
-        StackedAnalysis(*small, 6)
+        LayerStack(*small)
     with pytest.raises(StackingError, match="1 layers"):
-        StackedAnalysis(*[_analysis(BASE, k) for k in (2, 3, 4)], 1)
+        LayerStack(*[_analysis(BASE, k) for k in (2, 3, 4)]).analysis(1)
