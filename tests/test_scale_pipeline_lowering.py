@@ -381,6 +381,33 @@ def test_units_are_built_in_an_order_every_stage_keeps() -> None:
     assert dx.mesh is x.mesh
 
 
+def test_1f1b_peak_memory_is_a_fraction_of_gpipes_when_run(devices: list[str]) -> None:
+    """The order holds at run time: with 8 micro-batches on 2 stages GPipe
+    keeps 8 micro-batches' activations on each stage, 1F1B 2 on the first
+    and 1 on the last (held bytes 16 vs 3 times a stage's).  Measured: the
+    peak of TensorFlow's CPU allocator (which the logical CPUs share)."""
+    import tensorflow as tf
+
+    from mtf_core.lowering.pipeline_step import PipelinedStep
+
+    cfg = CFG.replace(num_layers=2, d_model=64, d_kv=16, d_ff=256, vocab=64,
+                      length=128, batch=32)  # fmt: skip
+    ids = np.random.default_rng(0).integers(0, 64, (32, 128)).astype(np.int32)
+    batch = {"inputs": ids, "targets": np.roll(ids, -1, axis=1)}
+    peaks = {}
+    for schedule in ("gpipe", "1f1b"):
+        model = build_pipelined_lm(cfg, PipelineStages(2, 8, schedule), "sgd", 0.1)
+        step = PipelinedStep(model, "pp:2;dp:2", "batch:dp", devices)
+        step(batch)
+        tf.config.experimental.reset_memory_stats("CPU:0")
+        before = tf.config.experimental.get_memory_info("CPU:0")["current"]
+        step(batch)
+        peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
+        peaks[schedule] = peak - before
+    # Measured once (whole process, load 2): 50.3 MB and 10.5 MB.
+    assert peaks["1f1b"] < 0.4 * peaks["gpipe"], peaks
+
+
 def test_bad_pipelines_are_refused_naming_the_value(devices: list[str]) -> None:
     from mtf_core.lowering.pipeline_step import PipelinedStep
 
