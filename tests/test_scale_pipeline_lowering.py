@@ -417,6 +417,10 @@ def test_bad_pipelines_are_refused_naming_the_value(devices: list[str]) -> None:
         PipelineConfigError, match="3 micro-batches do not divide the batch of 8"
     ):
         build_pipelined_lm(CFG, PipelineStages(2, 3), "sgd")
+    with pytest.raises(PipelineConfigError, match="recomputation"):
+        build_pipelined_lm(
+            CFG.replace(recompute_ffn="block"), PipelineStages(2, 4), "sgd"
+        )
     with pytest.raises(PipelineConfigError, match="'zigzag'"):
         PipelineStages(2, 4, "zigzag")
     with pytest.raises(PipelineConfigError, match="micro_batches"):
