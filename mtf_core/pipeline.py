@@ -57,7 +57,6 @@ from mtf_core.ops.stored import StoredRead
 from mtf_core.ops.variables import Assign, Variable
 from mtf_core.optimize import STEP_NAME, Optimizer, make_optimizer
 from mtf_core.pipeline_schedule import (
-    PipelineConfigError,
     PipelineStages,
     Work,
     global_order,
@@ -226,11 +225,6 @@ def build_pipelined_lm(
     """
     cfg = config
     spec.check(cfg.num_layers, cfg.batch)
-    if cfg.recompute_attention != "none" or cfg.recompute_ffn != "none":
-        raise PipelineConfigError(
-            "a pipelined step with recomputation is not built yet; use "
-            "recompute_attention='none' and recompute_ffn='none'"
-        )
     p, m = spec.stages, spec.micro_batches
     graph = Graph()
     meshes = [Mesh(graph, f"stage_{s}") for s in range(p)]

@@ -168,6 +168,34 @@ def test_public_road_orders_the_units_and_gives_the_same_loss(
     assert {"done_F0_0", "done_F1_0", "done_B0_0"} <= names
 
 
+@pytest.mark.solver
+@pytest.mark.parametrize("recompute", [("block", "block"), ("scores", "none")])
+def test_recomputed_pipeline_equals_the_unpipelined_step_and_holds_the_plans_bytes(
+    recompute: tuple[str, str], devices: list[str]
+) -> None:
+    """Recomputed blocks (whole, or the attention scores) inside a pipeline:
+    the same values, and on the first stage each micro-batch holds what the
+    scale planner prices (with whole blocks: their inputs and the ids)."""
+    from layout_planner.choices import ScaleChoice, price_layout
+    from mtf_core.lowering.pipeline_step import PipelinedStep
+
+    cfg = CFG.replace(recompute_attention=recompute[0], recompute_ffn=recompute[1])
+    ref = build_lm(cfg, optimizer="sgd", learning_rate=0.5)
+    fn = _plain_step(ref, STAGE_MESH, RULES, devices)
+    model = build_pipelined_lm(cfg, PipelineStages(P, M, "1f1b"), "sgd", 0.5)
+    step = PipelinedStep(model, MESH, RULES, devices)
+    for b in _batches()[:2]:
+        want = float(fn(b["inputs"], b["targets"])[0])
+        assert step(b) == pytest.approx(want, rel=1e-5)
+    got = step.fn.variables.to_dict()
+    for name, value in fn.variables.to_dict().items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-7, err_msg=name)
+    choice = ScaleChoice(P, 2, 2, M, "1f1b", *recompute)
+    plan = price_layout(CFG, choice, RULES, HW, optimizer="sgd").pipeline
+    ctx = LayoutContext.make(STAGE_MESH, RULES)
+    assert [held_bytes(model, 0, j, ctx) for j in range(M)] == [plan.held_bytes] * M
+
+
 def _stage_cost() -> tuple[Any, Any, Any]:
     """The plan's stage graph (L/p layers at one micro-batch) and its cost."""
     stage = build_lm(
@@ -417,10 +445,6 @@ def test_bad_pipelines_are_refused_naming_the_value(devices: list[str]) -> None:
         PipelineConfigError, match="3 micro-batches do not divide the batch of 8"
     ):
         build_pipelined_lm(CFG, PipelineStages(2, 3), "sgd")
-    with pytest.raises(PipelineConfigError, match="recomputation"):
-        build_pipelined_lm(
-            CFG.replace(recompute_ffn="block"), PipelineStages(2, 4), "sgd"
-        )
     with pytest.raises(PipelineConfigError, match="'zigzag'"):
         PipelineStages(2, 4, "zigzag")
     with pytest.raises(PipelineConfigError, match="micro_batches"):
