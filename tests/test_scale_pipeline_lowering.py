@@ -43,6 +43,7 @@ from mtf_core.pipeline import build_pipelined_lm, held_bytes
 from mtf_core.pipeline_schedule import (
     PipelineConfigError,
     PipelineStages,
+    global_order,
     in_flight,
     stage_orders,
 )
@@ -388,6 +389,22 @@ def test_schedules_hold_at_most_p_or_m_micro_batches_and_are_ordered(
     # first backward waits for the last forward.
     before = "done_B0_0" if model.spec.schedule == "1f1b" else "done_F3_0"
     assert waiting[before] > 0
+
+
+def test_the_cost_models_in_flight_count_is_the_schedules() -> None:
+    """PipelineSpec.in_flight (m for GPipe, min(p, m) for 1F1B) is the most
+    micro-batches any stage of the lowered order holds, and every order can
+    be built (no stage waits forever)."""
+    for p in range(1, 6):
+        for m in range(1, 9):
+            for schedule in ("gpipe", "1f1b"):
+                spec = PipelineStages(p, m, schedule)
+                orders = stage_orders(spec)
+                assert max(map(in_flight, orders)) == (
+                    PipelineSpec(p, m, schedule).in_flight
+                ), (p, m, schedule)
+                assert all(len(o) == 2 * m for o in orders)
+                assert len(global_order(spec)) == 2 * m * p
 
 
 def test_units_are_built_in_an_order_every_stage_keeps() -> None:
