@@ -264,3 +264,35 @@ def test_max_pool_gradient_goes_to_one_tied_maximum() -> None:
     # one 1 per window (TF's MaxPoolGrad); Mesh TF's rule would give all 32
     assert got.sum() == 2 * 2 * 2
     assert sorted(np.unique(got)) == [0.0, 1.0]
+
+
+def test_pooling_and_its_gradient_round_trip_through_the_graph_format() -> None:
+    from mtf_core.serialization import graph_from_dict, graph_to_dict
+
+    graph = mtf_core.Graph()
+    mesh = mtf_core.Mesh(graph, "m")
+    x = mtf_core.zeros(mesh, "batch:2,h:6,w:4,c:3")
+    y = PoolOperation(x, [3, 2], [3, 2], "MAX_2D").outputs[0]
+    (dx,) = mtf_core.gradients([mtf_core.reduce_sum(y)], [x])
+    doc = graph_to_dict(graph, outputs=[dx])
+    again = graph_from_dict(doc).graph
+    kinds = [(op.op_type, op.attrs()) for op in again.operations]
+    assert (
+        "Pool",
+        {"ksize": [3, 2], "strides": [3, 2], "pool_fn_string": "MAX_2D"},
+    ) in kinds
+    assert [k for k, _ in kinds].count("PoolBackProp") == 1
+    assert graph_to_dict(again, outputs=[again.operations[-1].outputs[0]]) == doc
+
+
+def test_an_imported_laid_out_tensor_is_refused_by_name_in_a_document() -> None:
+    from mtf_core.errors import SerializationError
+    from mtf_core.serialization import graph_from_dict, graph_to_dict
+
+    graph = mtf_core.Graph()
+    mesh = mtf_core.Mesh(graph, "m")
+    slices = [tf.zeros([1, 4]) for _ in range(8)]
+    x = import_laid_out_tensor(mesh, _MeshTfLaidOut(slices), "a:8,b:4", name="fed")
+    doc = graph_to_dict(graph, outputs=[x])
+    with pytest.raises(SerializationError, match="ImportLaidOutTensor 'fed' cannot"):
+        graph_from_dict(doc)

@@ -17,9 +17,10 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from mtf_core import graph
-from mtf_core.errors import ArgumentError, LoweringError
+from mtf_core.errors import ArgumentError, LoweringError, SerializationError
 from mtf_core.graph import Mesh, Tensor
 from mtf_core.seams import LoweringContext
+from mtf_core.serialization.registry import OpSpec, register
 from mtf_core.shapes import convert_to_shape
 
 
@@ -206,3 +207,12 @@ __all__ = [
     "Operation",
     "import_laid_out_tensor",
 ]
+
+
+@register(ImportLaidOutTensorOperation)
+def _import_laid_out_from_document(spec: OpSpec) -> Operation:
+    raise SerializationError(
+        f"{spec.path}: ImportLaidOutTensor {spec.name!r} cannot be rebuilt from a "
+        "document: it holds TensorFlow values already laid out on devices; "
+        "build it in Python"
+    )

@@ -20,6 +20,7 @@ from mtf_core.compat.operation import Operation
 from mtf_core.errors import ArgumentError, ShapeError
 from mtf_core.graph import Tensor
 from mtf_core.seams import LoweringContext
+from mtf_core.serialization.registry import OpSpec, register
 from mtf_core.shapes import Dimension, Shape
 
 # pool_fn_string -> (reduction, number of spatial dims)
@@ -223,3 +224,30 @@ def pool_backprop(
     return PoolBackPropOperation(
         x, y, dy, ksize, strides, pool_fn_string, name
     ).outputs[0]
+
+
+@register(PoolOperation)
+def _pool_from_document(spec: OpSpec) -> PoolOperation:
+    spec.expect_inputs(1)
+    return PoolOperation(
+        spec.inputs[0],
+        spec.attrs.get_int_list("ksize", minimum=1),
+        spec.attrs.get_int_list("strides", minimum=1),
+        spec.attrs.get_str("pool_fn_string"),
+        name=spec.name,
+    )
+
+
+@register(PoolBackPropOperation)
+def _pool_backprop_from_document(spec: OpSpec) -> PoolBackPropOperation:
+    spec.expect_inputs(3)
+    x, y, dy = spec.inputs
+    return PoolBackPropOperation(
+        x,
+        y,
+        dy,
+        spec.attrs.get_int_list("ksize", minimum=1),
+        spec.attrs.get_int_list("strides", minimum=1),
+        spec.attrs.get_str("pool_fn_string"),
+        name=spec.name,
+    )
