@@ -203,6 +203,7 @@ from mtf_core.layout import (  # noqa: E402
 )
 from mtf_core.ops.control import WhileLoop, while_loop  # noqa: E402
 from mtf_core.ops.creation import import_fully_replicated  # noqa: E402
+from mtf_core.ops.dynamic_shift import dynamic_shift  # noqa: E402
 from mtf_core.ops.elementwise import to_bfloat16, to_float, to_int32  # noqa: E402
 from mtf_core.ops.halo import halo_exchange, left_halo_exchange  # noqa: E402
 from mtf_core.ops.indexing import mtf_range  # noqa: E402
@@ -294,6 +295,7 @@ __all__ = [
     "depend",
     "divide",
     "dropout",
+    "dynamic_shift",
     "dtypes",
     "einsum",
     "elu",
