@@ -21,12 +21,14 @@ Transformer gin files use.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from mtf_core import optimize as _core
 from mtf_core.errors import ConfigError
 from mtf_core.graph import Mesh, Tensor
+from mtf_core.ops.reduce import reduce_mean
+from mtf_core.ops.unary import sqrt, square
 
 # The rest of Mesh TF's module, as mtf_core.optimize has it.
 from mtf_core.optimize import (
@@ -41,7 +43,7 @@ from mtf_core.optimize import (
 )
 from mtf_core.shapes import Dimension, Shape
 
-_Class = TypeVar("_Class", bound=type)
+_Class = TypeVar("_Class", bound=Callable[..., Any])
 
 
 def _gin(cls: _Class) -> _Class:
@@ -143,10 +145,36 @@ class SgdOptimizer(_core.SgdOptimizer):
     """Mesh TF's ``SgdOptimizer(lr)``."""
 
 
+def reduce_rms(x: Tensor, **kwargs: Any) -> Tensor:
+    """The root mean square of ``x`` (``reduce_mean``'s keyword arguments)."""
+    return sqrt(reduce_mean(square(x), **kwargs))
+
+
+def product_learning_rate(
+    step: Any,
+    total_train_steps: Any,
+    factors: Sequence[Any] = (),
+    offset: Any = 0,
+) -> Any:
+    """Mesh TF's learning rate as a product of ``factors``: numbers, or
+    schedules called as ``f(step - offset, total_train_steps - offset)``
+    (``step`` may be a number or a TF scalar).  Gin-configurable as
+    ``optimize.product_learning_rate``; without factors it is 1."""
+    rate: Any = 1.0
+    for factor in factors:
+        rate *= (
+            factor(step - offset, total_train_steps - offset)
+            if callable(factor)
+            else factor
+        )
+    return rate
+
+
 AdamWeightDecayOptimizer = _gin(AdamWeightDecayOptimizer)  # type: ignore[misc]
 AdafactorOptimizer = _gin(AdafactorOptimizer)  # type: ignore[misc]
 SgdOptimizer = _gin(SgdOptimizer)  # type: ignore[misc]
 MomentumOptimizer = _gin(MomentumOptimizer)  # type: ignore[misc]
+product_learning_rate = _gin(product_learning_rate)
 AdamOptimizer = AdamWeightDecayOptimizer
 
 __all__ = [
@@ -160,6 +188,8 @@ __all__ = [
     "clip_by_global_norm",
     "global_step",
     "make_optimizer",
+    "product_learning_rate",
+    "reduce_rms",
     "trainable_value_tensors",
     "training_gradients",
 ]

@@ -17,8 +17,14 @@ from mtf_core.errors import ArgumentError
 # Mesh TF's mtf.utils name; it lives with the initial values it serves.
 from mtf_core.lowering.initial_values import outside_all_rewrites
 from mtf_core.lowering.masters import make_master
+from mtf_core.ops.summary import SCALAR_SUMMARIES_COLLECTION_KEY
 
-__all__ = ["BalancedVariablePlacer", "outside_all_rewrites"]
+__all__ = [
+    "SCALAR_SUMMARIES_COLLECTION_KEY",
+    "BalancedVariablePlacer",
+    "outside_all_rewrites",
+    "remove_summaries",
+]
 
 _VARIABLE_OP_TYPES = ("Variable", "VariableV2", "VarHandleOp")
 
@@ -71,3 +77,12 @@ class BalancedVariablePlacer:
         heapq.heappush(self._heap, (used + nbytes, pos, device))
         self._last_device = device
         return device
+
+
+def remove_summaries() -> None:
+    """Empties the default TF graph's ``mtf_scalar_summaries`` collection, which
+    lowering ``mtf.scalar_summary`` ops fills (Mesh TF's Transformer calls it
+    once it has handed the summaries to a TPU host call)."""
+    del tf.compat.v1.get_default_graph().get_collection_ref(
+        SCALAR_SUMMARIES_COLLECTION_KEY
+    )[:]
