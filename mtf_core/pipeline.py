@@ -62,6 +62,7 @@ from mtf_core.pipeline_schedule import (
     global_order,
 )
 from mtf_core.seams import LoweringContext
+from mtf_core.serialization.registry import OpSpec, register
 from mtf_core.shapes import Shape
 
 # --------------------------------------------------------------------------
@@ -107,6 +108,12 @@ class StageSend(Operation):
             )
         laid = lowering.tensors[self.inputs[0]]
         lowering.set_tensor_lowering(self.outputs[0], receive(laid, self))
+
+
+@register(StageSend)
+def _stage_send_from_document(spec: OpSpec) -> StageSend:
+    spec.expect_inputs(1)
+    return StageSend(spec.inputs[0], spec.mesh, name=spec.name)
 
 
 def send(x: Tensor, to: Mesh) -> Tensor:

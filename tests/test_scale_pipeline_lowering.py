@@ -476,3 +476,25 @@ def test_bad_pipelines_are_refused_naming_the_value(devices: list[str]) -> None:
     step = PipelinedStep(model, MESH, RULES, devices)
     with pytest.raises(ConfigError, match=r"has shape \[8, 4\]; expected \[8, 8\]"):
         step({"inputs": np.zeros((8, 4), np.int32), "targets": np.zeros((8, 4))})
+
+
+def test_a_pipelined_graph_round_trips_through_the_graph_format() -> None:
+    from mtf_core.serialization import graph_from_dict, graph_to_dict
+
+    model = build_pipelined_lm(CFG, PipelineStages(P, M, "1f1b"), "sgd", 0.5)
+    doc = graph_to_dict(model.graph, outputs=[model.loss])
+    again = graph_from_dict(doc)
+    sends = [op for op in again.graph.operations if op.op_type == "StageSend"]
+    assert len(sends) == 2 * M * (P - 1)  # activations forward, gradients back
+    # Each send leaves its input's stage for the next (or previous) one.
+    assert all(op.inputs[0].mesh is not op.outputs[0].mesh for op in sends)
+    # The same ops on the same stages (initializers are not in the format).
+    twice = graph_to_dict(again.graph, outputs=again.outputs)
+
+    def ops(d: dict[str, Any]) -> list[tuple[Any, ...]]:
+        return [
+            (o["name"], o["op_type"], o["mesh"], o["inputs"], o["outputs"])
+            for o in d["operations"]
+        ]
+
+    assert ops(twice) == ops(doc)
