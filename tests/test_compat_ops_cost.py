@@ -2,7 +2,10 @@
 lower: ``evaluate()`` predicts the collectives (kind, axes, bytes, in order)
 and flops per device a Lowering records, for a beam search (a while loop),
 halo exchanges with a blocked convolution, 3-D convolution with its
-gradients, and the selection helpers, under 1-D, 2-D and replicated layouts."""
+gradients, the selection helpers, 2-D pooling (``layers`` and Mesh TF's
+``PoolOperation``) and 1-D/separable/transposed convolutions with their
+gradients, batch norm with ``pool_tensor_1d`` and ``anonymize``, and local
+attention, under 1-D, 2-D and replicated layouts."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from test_cost_graphs import Case
 import mtf_core as mtf
 from mtf_core import layers
 from mtf_core.beam_search import beam_search
+from mtf_core.compat.pool import PoolOperation
 
 pytestmark = pytest.mark.tf
 
@@ -102,10 +106,111 @@ def _selection_case() -> Case:
     return Case(g, m, outs, LAYOUTS_2x2)
 
 
+# Layouts for the image/sequence cases: dims batch and c split.
+LAYOUTS_BC = [
+    ("all:1", ""),
+    ("x:4", "batch:x"),
+    ("x:4", "c:x"),
+    ("x:2;y:2", "batch:x;c:y"),
+]
+
+
+def _pooling_case() -> Case:
+    g = mtf.Graph()
+    m = mtf.Mesh(g, "m")
+    x = mtf.import_tf_tensor(
+        m,
+        np.random.RandomState(4).randn(4, 4, 4, 4).astype(np.float32),
+        "batch:4,h:4,w:4,c:4",
+    )
+    pooled = [
+        layers.max_pool2d(x),
+        layers.avg_pool2d(x),
+        PoolOperation(x, [2, 2], [2, 2], "MAX_2D").outputs[0],
+    ]
+    loss = mtf.reduce_sum(mtf.square(pooled[0] + pooled[1] + pooled[2]))
+    (dx,) = mtf.gradients([loss], [x])
+    return Case(g, m, [*pooled, dx], LAYOUTS_BC)
+
+
+def _conv1d_case() -> Case:
+    g = mtf.Graph()
+    m = mtf.Mesh(g, "m")
+    x = mtf.import_tf_tensor(
+        m,
+        np.random.RandomState(5).randn(4, 8, 4).astype(np.float32),
+        "batch:4,length:8,c:4",
+    )
+    y = layers.conv1d(x, D("d", 4), 3, name="c1")
+    z = layers.separable_conv1d(x, D("e", 4), name="s1")
+    loss = mtf.reduce_sum(mtf.square(y)) + mtf.reduce_sum(mtf.square(z))
+    (dx,) = mtf.gradients([loss], [x])
+    img = mtf.import_tf_tensor(
+        m,
+        np.random.RandomState(6).randn(4, 2, 2, 4).astype(np.float32),
+        "batch:4,h:2,w:2,c:4",
+    )
+    t = layers.conv2d_transpose(img, D("d", 4), name="ct")
+    (dimg,) = mtf.gradients([mtf.reduce_sum(mtf.square(t))], [img])
+    return Case(g, m, [y, z, dx, t, dimg], LAYOUTS_BC)
+
+
+def _norm_case() -> Case:
+    g = mtf.Graph()
+    m = mtf.Mesh(g, "m")
+    x = mtf.import_tf_tensor(
+        m,
+        np.random.RandomState(7).randn(4, 8).astype(np.float32),
+        "batch:4,c:8",
+    )
+    normed = layers.batch_norm(x, True, 0.9)
+    normed = normed[0] if isinstance(normed, tuple) else normed
+    outs = [normed, mtf.pool_tensor_1d(x, "c", pool_size=2), mtf.anonymize(x)]
+    return Case(g, m, outs, LAYOUTS_BC)
+
+
+def _local_attention_case() -> Case:
+    g = mtf.Graph()
+    m = mtf.Mesh(g, "m")
+    x = mtf.import_tf_tensor(
+        m,
+        np.random.RandomState(8).randn(4, 8, 4).astype(np.float32),
+        "batch:4,length:8,c:4",
+    )
+    y = layers.masked_local_attention_1d(
+        x, D("kv", 2), D("heads", 4), False, window_size=2
+    )
+    layouts = [
+        ("all:1", ""),
+        ("x:4", "batch:x"),
+        ("x:4", "heads:x"),
+        ("x:2;y:2", "batch:x;heads:y"),
+    ]
+    return Case(g, m, [y], layouts)
+
+
 @pytest.mark.parametrize(
     "build",
-    [_beam_case, _blocks_case, _conv3d_case, _selection_case],
-    ids=["beam_search", "conv2d_with_blocks", "conv3d", "selection"],
+    [
+        _beam_case,
+        _blocks_case,
+        _conv3d_case,
+        _selection_case,
+        _pooling_case,
+        _conv1d_case,
+        _norm_case,
+        _local_attention_case,
+    ],
+    ids=[
+        "beam_search",
+        "conv2d_with_blocks",
+        "conv3d",
+        "selection",
+        "pooling",
+        "conv1d_separable_transpose",
+        "batch_norm_pool_1d_anonymize",
+        "local_attention_1d",
+    ],
 )
 def test_cost_model_prices_mesh_tf_op_families_as_they_lower(build, devices) -> None:
     case = build()
