@@ -4,7 +4,7 @@
 transposed convolutions run the ``mtf_core.ops.conv`` ops on whole images per
 device: spatial dims stay whole, batch and channel dims may be split; the
 ``*_with_blocks`` forms cut the spatial dims into blocks that may be split,
-with halo exchanges.  ``separable_conv1d`` is shifts and per-channel products
+with halo exchanges (the transposed ones need none).  ``separable_conv1d`` is shifts and per-channel products
 (so its length may be split: shifts become neighbour exchanges).  Pooling is
 in :mod:`.pooling`.
 """
@@ -360,6 +360,87 @@ def conv3d_with_blocks(
         filter_size,
         strides,
         "VALID",
+        filter_initializer,
+        variable_dtype,
+        name,
+    )
+
+
+def _transpose_blocks_check(
+    what: str, filter_size: Sequence[int], strides: Sequence[int], padding: str
+) -> None:
+    """Blocks transpose independently only when each input position's output
+    patch is its own (``filter_size == strides``): then no halo is needed and
+    the blocked result is the whole image's.  Mesh TF's halo for larger even
+    filters (``filter // 2 - 1``) changes the output size, so it is refused."""
+    if padding != "SAME":
+        raise ShapeError(f"{what}: needs padding 'SAME', got {padding!r}")
+    if [int(k) for k in filter_size] != [int(st) for st in strides]:
+        raise ShapeError(
+            f"{what}: filter_size {tuple(filter_size)} differs from strides "
+            f"{tuple(strides)}; blocks transpose independently only when they "
+            "are equal (each input position fills its own output patch)"
+        )
+
+
+def conv2d_transpose_with_blocks(
+    x: Tensor,
+    output_dim: Any,
+    filter_size: Sequence[int] = (2, 2),
+    strides: Sequence[int] = (2, 2),
+    padding: str = "SAME",
+    h_blocks_dim: Any = None,
+    w_blocks_dim: Any = None,
+    filter_initializer: Any = None,
+    variable_dtype: Any = None,
+    name: str | None = None,
+) -> Tensor:
+    """:func:`conv2d_transpose` of an image cut into blocks: ``x [batch...,
+    h_blocks, w_blocks, h, w, channels]`` to ``[batch..., h_blocks,
+    w_blocks, h * stride, w * stride, output_dim]``, the blocks dims split
+    freely.  With ``filter_size == strides`` (Mesh TF's (2, 2), what its
+    U-Net uses) each block upsamples on its own, with no communication, and
+    the result is the whole image's transposed convolution, blocked."""
+    if h_blocks_dim is not None or w_blocks_dim is not None:
+        _transpose_blocks_check(
+            "conv2d_transpose_with_blocks", filter_size, strides, padding
+        )
+    return conv2d_transpose(
+        x,
+        output_dim,
+        filter_size,
+        strides,
+        padding,
+        filter_initializer,
+        variable_dtype,
+        name,
+    )
+
+
+def conv3d_transpose_with_blocks(
+    x: Tensor,
+    output_dim: Any,
+    filter_size: Sequence[int] = (2, 2, 2),
+    strides: Sequence[int] = (2, 2, 2),
+    padding: str = "SAME",
+    d_blocks_dim: Any = None,
+    h_blocks_dim: Any = None,
+    filter_initializer: Any = None,
+    variable_dtype: Any = None,
+    name: str | None = None,
+) -> Tensor:
+    """:func:`conv2d_transpose_with_blocks` with three spatial dims: ``x
+    [batch..., d_blocks, h_blocks, w_blocks, d, h, w, channels]``."""
+    if d_blocks_dim is not None or h_blocks_dim is not None:
+        _transpose_blocks_check(
+            "conv3d_transpose_with_blocks", filter_size, strides, padding
+        )
+    return conv3d_transpose(
+        x,
+        output_dim,
+        filter_size,
+        strides,
+        padding,
         filter_initializer,
         variable_dtype,
         name,
