@@ -35,6 +35,8 @@ from mtf_core.layers.attention import (
 from mtf_core.layers.attention_steps import (
     compress_mean,
     local_1d_halo_exchange,
+    local_2d_halo_exchange,
+    masked_local_attention_1d_incremental,
     multihead_encdec_attention_incremental,
     multihead_self_attention_incremental,
 )
@@ -83,6 +85,8 @@ from mtf_core.layers.regularization import (
 __all__ = [
     "compress_mean",
     "local_1d_halo_exchange",
+    "local_2d_halo_exchange",
+    "masked_local_attention_1d_incremental",
     "multihead_encdec_attention_incremental",
     "multihead_self_attention_incremental",
     "annealed_dropout",

@@ -8,6 +8,7 @@ communication) and attend to the positions decoded so far.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from mtf_core.errors import ShapeError
@@ -91,6 +92,87 @@ def local_1d_halo_exchange(
         )
     widths = [w_dim.size, 0] if mask_right else [w_dim.size, w_dim.size]
     return pad(k, widths, w_dim.name), pad(v, widths, w_dim.name)
+
+
+def masked_local_attention_1d_incremental(
+    x: Tensor,
+    prev_k: Tensor,
+    prev_v: Tensor,
+    step_num: Tensor,
+    master_dtype: Any = None,
+    slice_dtype: Any = None,
+    params: Sequence[Tensor] | None = None,
+    name: str | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """One decode step of :func:`masked_local_attention_1d`: ``x [batch...,
+    io_channels]`` (this position), ``prev_k``/``prev_v [batch..., heads,
+    window_length, kv_channels]`` a ring of the last ``window_length`` keys
+    and values, scalar int ``step_num``.  This step's key and value replace
+    slot ``step_num % window_length``; the query attends to the whole ring
+    (slots not yet written hold what ``prev_k``/``prev_v`` held, as in Mesh
+    TF).  From zero caches this is the full layer's output at each position
+    when its blocks are ``window_length`` long (``window_size`` and
+    ``length_per_split`` both ``window_length``): both see the last
+    ``window_length`` positions, zero keys and values before the first.  ``params`` are the layer's
+    ``(wq, wk, wv, wo)``; without them the weights are made as that layer
+    makes them."""
+    batch_dims = list(x.shape.dims[:-1])
+    io = x.shape.dims[-1]
+    heads, window, kv = prev_k.shape.dims[-3:]
+    if prev_v.shape != prev_k.shape:
+        raise ShapeError(
+            f"masked_local_attention_1d_incremental: prev_v {prev_v.shape} differs "
+            f"from prev_k {prev_k.shape}"
+        )
+    if params is None:
+        wq, wk, wv, wo = multihead_attention_vars(
+            x.mesh,
+            heads,
+            io,
+            kv,
+            master_dtype or "float32",
+            slice_dtype or "float32",
+            x.dtype,
+            name=name or "masked_local_attention_1d",
+        )
+    else:
+        wq, wk, wv, wo = params
+    step_shape = Shape([*batch_dims, heads, kv])
+    q = einsum([x, wq], output_shape=step_shape)
+    slot = ew.equal(
+        mtf_range(x.mesh, window, step_num.dtype), ew.mod(step_num, window.size)
+    )
+    k = ew.where(
+        slot,
+        einsum([x, wk], output_shape=step_shape),
+        prev_k,
+        output_shape=prev_k.shape,
+    )
+    v = ew.where(
+        slot,
+        einsum([x, wv], output_shape=step_shape),
+        prev_v,
+        output_shape=prev_v.shape,
+    )
+    o = dot_product_attention(q, k, v, None, is_training=False)
+    return einsum([o, wo], output_shape=x.shape), k, v
+
+
+def local_2d_halo_exchange(
+    k: Tensor,
+    v: Tensor,
+    num_h_blocks: Any,
+    h_dim: Dimension,
+    num_w_blocks: Any,
+    w_dim: Dimension,
+    mask_right: bool,
+) -> tuple[Tensor, Tensor]:
+    """:func:`local_1d_halo_exchange` along both spatial dims of ``[...,
+    num_h_blocks, num_w_blocks, h_dim, w_dim, ...]`` blocks: each block's keys
+    and values gain a block's worth of rows and columns from its neighbours
+    (above and to the left only with ``mask_right``; zeros at the edges)."""
+    k, v = local_1d_halo_exchange(k, v, num_h_blocks, h_dim, mask_right)
+    return local_1d_halo_exchange(k, v, num_w_blocks, w_dim, mask_right)
 
 
 def compress_mean(x: Tensor, dim: Any, compression_factor: int) -> Tensor:
