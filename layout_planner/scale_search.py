@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -43,7 +44,7 @@ from dataclasses import dataclass
 from cost_models.costs import Cost, evaluate
 from cost_models.hardware import HardwareProfile
 from cost_models.layout_cache import CachedLayoutContext
-from cost_models.memory import MemoryModel
+from cost_models.memory import MemoryModel, memory_model
 from cost_models.pipeline import (
     PipelineCost,
     PipelineSpec,
@@ -122,36 +123,36 @@ class _SignaturePricer(UnitPricer):
         return got
 
 
-@dataclass
 class _Graph:
-    """One built stage graph and what pricing a layout on it needs."""
+    """One built stage graph and what pricing a layout on it needs (its
+    analysis is made only when a trial plans on it: the winner's full stage
+    graph is only evaluated)."""
 
-    model: ModelGraph
-    analysis: GraphAnalysis
-    first_update: int
-    first_backward: int
-    head_start: int
+    def __init__(self, model: ModelGraph) -> None:
+        self.model = model
+        ops = model.graph.operations
+        self.first_update = next(
+            i for i, op in enumerate(ops) if op.name == "global_step"
+        )
+        # As choices._trial: the forward ends at the loss, the last stage's
+        # head starts at its final norm.
+        self.first_backward = 1 + next(
+            i for i, op in enumerate(ops) if op is model.loss.operation
+        )
+        self.head_start = next(
+            (i for i, op in enumerate(ops) if op.name == "final_norm_scale"),
+            self.first_backward,
+        )
 
-    @property
+    @functools.cached_property
+    def analysis(self) -> GraphAnalysis:
+        return GraphAnalysis(self.model.graph, [self.model.loss])
+
+    @functools.cached_property
     def memory(self) -> MemoryModel:
-        return self.analysis.memory
-
-
-def _graph(model: ModelGraph, analysis: GraphAnalysis | None = None) -> _Graph:
-    ops = model.graph.operations
-    first_update = next(i for i, op in enumerate(ops) if op.name == "global_step")
-    # As choices._trial: the forward ends at the loss, the last stage's head
-    # starts at its final norm.
-    first_backward = 1 + next(
-        i for i, op in enumerate(ops) if op is model.loss.operation
-    )
-    head_start = next(
-        (i for i, op in enumerate(ops) if op.name == "final_norm_scale"),
-        first_backward,
-    )
-    if analysis is None:
-        analysis = GraphAnalysis(model.graph, [model.loss])
-    return _Graph(model, analysis, first_update, first_backward, head_start)
+        if "analysis" in self.__dict__:
+            return self.analysis.memory
+        return memory_model(self.model.graph, [self.model.loss])
 
 
 @dataclass(frozen=True)
@@ -250,7 +251,7 @@ class _Stages:
                 self.stage_config(choice, layers), optimizer=self.optimizer
             )
             self.built_layers += layers
-            got = self._graphs[key] = _graph(model)
+            got = self._graphs[key] = _Graph(model)
         return got
 
     def _key(self, choice: ScaleChoice, layers: int) -> tuple[int, str, str, int]:
