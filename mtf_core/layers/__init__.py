@@ -32,6 +32,10 @@ from mtf_core.layers.attention import (
     multiplicative_jitter,
     rename_length_to_memory_length,
 )
+from mtf_core.layers.attention_blocks import (
+    local_self_attention_spatial_blocks,
+    multihead_self_attention_memory_compressed,
+)
 from mtf_core.layers.attention_steps import (
     compress_mean,
     local_1d_halo_exchange,
@@ -86,8 +90,10 @@ __all__ = [
     "compress_mean",
     "local_1d_halo_exchange",
     "local_2d_halo_exchange",
+    "local_self_attention_spatial_blocks",
     "masked_local_attention_1d_incremental",
     "multihead_encdec_attention_incremental",
+    "multihead_self_attention_memory_compressed",
     "multihead_self_attention_incremental",
     "annealed_dropout",
     "clip_activation_gradient",
