@@ -154,3 +154,25 @@ def test_product_learning_rate_is_gin_configurable(mtf) -> None:
         assert optimize.product_learning_rate(1, 10) == pytest.approx(0.3)
     finally:
         gin.clear_config()
+
+
+def test_summary_for_clip_activation_gradient_records_mesh_tfs_scalars(mtf) -> None:
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "m")
+    tv = np.array([[3.0, 4.0], [0.0, 1.0]], np.float32)
+    t = mtf.import_tf_tensor(mesh, tv, "batch:2,d:2")
+    mtf.layers.summary_for_clip_activation_gradient(t, "act", batch_dims="batch:2")
+    impl = mtf.PlacementMeshImpl("all:2", "batch:all", mtf_core.logical_devices(8)[:2])
+    lowering = mtf.Lowering(graph, {mesh: impl})
+    got = {k: float(v.numpy()) for k, v in lowering.scalar_summaries.items()}
+    rms = np.sqrt((tv**2).mean(1))
+    want = {
+        "mean/": tv.mean(),
+        "max/": tv.max(),
+        "rms_mean/act": rms.mean(),
+        "rms_max/act": rms.max(),
+        "rms_var/act": rms.var(),
+    }
+    assert got.keys() == want.keys()
+    for key, value in want.items():
+        assert got[key] == pytest.approx(value, rel=1e-6), key

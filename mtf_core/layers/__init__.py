@@ -84,6 +84,7 @@ from mtf_core.layers.regularization import (
     annealed_dropout,
     clip_activation_gradient,
     reversible_half_residual_and_swap,
+    summary_for_clip_activation_gradient,
 )
 
 __all__ = [
@@ -98,6 +99,7 @@ __all__ = [
     "annealed_dropout",
     "clip_activation_gradient",
     "reversible_half_residual_and_swap",
+    "summary_for_clip_activation_gradient",
     "DenseInitializer",
     "RandomInitializer",
     "VarianceScalingInitializer",

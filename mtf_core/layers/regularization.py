@@ -1,6 +1,6 @@
 """Training aids from Mesh TensorFlow's ``mtf.layers``: dropout whose rate
 anneals with the step, activation-gradient clipping, and the reversible
-residual block.  All are mtf ops, so they lower under any layout."""
+residual block, and the activation summaries.  All are mtf ops, so they lower under any layout."""
 
 from __future__ import annotations
 
@@ -75,6 +75,27 @@ def clip_activation_gradient(x: Tensor, clip_rms_norm: float | None = None) -> T
 
     out: Tensor = custom_gradient(lambda t: ew.identity(t), grad_fn, [x])  # type: ignore[assignment]
     return out
+
+
+def summary_for_clip_activation_gradient(
+    t: Tensor, name: str | None = None, batch_dims: Any = None
+) -> None:
+    """Scalar summaries of ``t`` (Mesh TF's names): ``mean/`` and ``max/``,
+    and with ``batch_dims`` the mean, max and variance of the per-example
+    root mean square as ``rms_mean/<name>``, ``rms_max/<name>`` and
+    ``rms_var/<name>``."""
+    from mtf_core.ops.summary import scalar_summary
+
+    scalar_summary("mean/", red.reduce_mean(t))
+    scalar_summary("max/", red.reduce_max(t))
+    if batch_dims:
+        rms = ew.sqrt(
+            red.reduce_mean(ew.square(t), output_shape=convert_to_shape(batch_dims))
+        )
+        mean = red.reduce_mean(rms)
+        scalar_summary(f"rms_mean/{name}", mean)
+        scalar_summary(f"rms_max/{name}", red.reduce_max(rms))
+        scalar_summary(f"rms_var/{name}", red.reduce_mean(ew.square(rms - mean)))
 
 
 def reversible_half_residual_and_swap(
