@@ -176,3 +176,16 @@ def test_summary_for_clip_activation_gradient_records_mesh_tfs_scalars(mtf) -> N
     assert got.keys() == want.keys()
     for key, value in want.items():
         assert got[key] == pytest.approx(value, rel=1e-6), key
+
+
+def test_top_level_mesh_impl_answers_layout_questions_and_refuses_to_lower(
+    mtf,
+) -> None:
+    impl = mtf.MeshImpl("x:2;y:4", layout_rules="batch:x;hidden:y")
+    shape = mtf.Shape("batch:4,hidden:8,d:3")
+    assert impl.size == 8 and impl.shape == mtf.Shape("x:2;y:4")
+    assert impl.tensor_layout(shape) == mtf.TensorLayout([0, 1, None])
+    assert impl.slice_shape(shape) == [2, 2, 3]
+    assert impl.tensor_dimension_to_mesh_axis(mtf.Dimension("hidden", 8)) == 1
+    with pytest.raises(NotImplementedError, match="use PlacementMeshImpl or SimdMesh"):
+        impl.allreduce(None, [0], "SUM")
