@@ -199,6 +199,13 @@ def run(cases: list[Case], quick: bool = False, exhaustive: bool = False) -> str
                 f"| {case.title} | planned | " + " | ".join(_row(ours, planning)) + " |"
             )
             print(case.title, f"planned in {planning:.1f} s", flush=True)
+            rep = [t for t in ours.trials if t.choice == ours.choice][-1]
+            print(
+                f"  representative: step {rep.step_time_s!r} s, peak "
+                f"{rep.peak_memory_bytes:,} B; full stage graph (evaluate): step "
+                f"{ours.step_time_s!r} s, peak {ours.peak_memory_bytes:,} B",
+                flush=True,
+            )
             print(ours.explain(), flush=True)
         except ScaleError as e:
             planning = time.perf_counter() - start
