@@ -57,10 +57,13 @@ def test_search_on_representatives_returns_the_exhaustive_plan(memory_mib):
     assert fast.stage_plan.evaluation.peak_memory_bytes <= fast.peak_memory_bytes
 
 
-@pytest.mark.parametrize("recompute", [("none", "none"), ("block", "block")])
-def test_representative_prices_layouts_as_the_full_stage_graph(recompute):
+@pytest.mark.parametrize(
+    "recompute,experts",
+    [(("none", "none"), 0), (("block", "block"), 0), (("scores", "none"), 4)],
+)
+def test_representative_prices_layouts_as_the_full_stage_graph(recompute, experts):
     hw = get_hardware("h100-nvlink-ib")
-    cfg = CFG.replace(shardable_weights=True, shardable_slots=True)
+    cfg = CFG.replace(shardable_weights=True, shardable_slots=True, experts=experts)
     stages = _Stages(cfg, build_lm, "adam")
     choice = ScaleChoice(2, 4, 2, 8, "1f1b", *recompute)  # 6 layers a stage
     rep = stages.stage(choice, hw)
