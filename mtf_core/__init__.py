@@ -217,6 +217,7 @@ from mtf_core.ops.selection import (  # noqa: E402
     stride_tensor_1d,
     top_1,
 )
+from mtf_core.ops.unary import selu, squared_relu  # noqa: E402
 
 _LAZY["MeshImpl"] = ("mtf_core.lowering.mesh_impl", "MeshImpl")
 from mtf_core.ops.slicewise import (  # noqa: E402
@@ -376,6 +377,7 @@ __all__ = [
     "rsqrt",
     "sample_with_temperature",
     "scalar_summary",
+    "selu",
     "shift",
     "sigmoid",
     "sign",
@@ -388,6 +390,7 @@ __all__ = [
     "split",
     "sqrt",
     "square",
+    "squared_relu",
     "stack",
     "stop_gradient",
     "stride_tensor_1d",

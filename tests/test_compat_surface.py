@@ -189,3 +189,20 @@ def test_top_level_mesh_impl_answers_layout_questions_and_refuses_to_lower(
     assert impl.tensor_dimension_to_mesh_axis(mtf.Dimension("hidden", 8)) == 1
     with pytest.raises(NotImplementedError, match="use PlacementMeshImpl or SimdMesh"):
         impl.allreduce(None, [0], "SUM")
+
+
+def test_selu_squared_relu_and_mesh_tfs_spellings(mtf) -> None:
+    assert (mtf.mtf_pow, mtf.mtf_abs, mtf.mtf_slice) == (mtf.pow, mtf.abs, mtf.slice)
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "m")
+    xv = np.array([[-2.0, -0.5, 0.0, 1.5]], np.float32)
+    x = mtf.import_tf_tensor(mesh, xv, "batch:1,d:4")
+    # Mesh TF's Transformer names activations by their mtf function name
+    gated = mtf.layers.dense_product(
+        x, "d", mtf.Dimension("h", 3), ["squared_relu", "linear"], name="glu"
+    )
+    outs = [mtf.selu(x), mtf.squared_relu(x), gated]
+    got = _run(graph, mesh, outs, "all:2", "d:all")
+    np.testing.assert_allclose(got[0], tf.nn.selu(xv).numpy(), rtol=1e-6)
+    np.testing.assert_allclose(got[1], np.maximum(xv, 0) ** 2)
+    assert got[2].shape == (1, 3)

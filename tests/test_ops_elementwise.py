@@ -32,6 +32,8 @@ UNARY = {
     "silu": tf.nn.silu,
     "gelu": lambda x: tf.nn.gelu(x, approximate=True),
     "elu": tf.nn.elu,
+    "selu": tf.nn.selu,
+    "squared_relu": lambda x: tf.square(tf.nn.relu(x)),
     "leaky_relu": lambda x: tf.nn.leaky_relu(x, alpha=0.2),
     "identity": tf.identity,
 }

@@ -330,6 +330,8 @@ NAMES |= {
     "pool_backprop": pool_backprop,
 }
 NAMES["processor_coordinates_to_pnum"] = processor_coordinates_to_pnum
+# Mesh TF's own spellings of the builtin-shadowing names (mtf.pow etc.).
+NAMES |= {"mtf_pow": _m.pow, "mtf_abs": _m.abs, "mtf_slice": _m.slice}
 
 OVERRIDES: dict[str, Any] = {
     "Operation": CompatOperation,

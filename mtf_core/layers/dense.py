@@ -169,6 +169,7 @@ def dense(
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     **{name: getattr(unary, name) for name in unary.UNARY},
     "swish": unary.swish,
+    "squared_relu": unary.squared_relu,
     "leaky_relu": ew.leaky_relu,
     "identity": ew.identity,
     "stop_gradient": ew.stop_gradient,

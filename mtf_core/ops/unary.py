@@ -98,6 +98,19 @@ def _g_elu(x: Tensor, y: Tensor, dy: Tensor) -> Tensor:
     return dy * (pos + (1.0 - pos) * (y + 1.0))
 
 
+# SELU's constants (Klambauer et al. 2017, what tf.nn.selu uses).
+SELU_ALPHA = 1.6732632423543772
+SELU_SCALE = 1.0507009873554805
+
+
+def _g_selu(x: Tensor, y: Tensor, dy: Tensor) -> Tensor:
+    from mtf_core.ops.elementwise import cast, greater
+
+    # x > 0: scale; else d/dx scale*alpha*(e^x - 1) = y + scale*alpha
+    pos = cast(greater(x, 0.0), dy.dtype)
+    return dy * (pos * SELU_SCALE + (1.0 - pos) * (y + SELU_SCALE * SELU_ALPHA))
+
+
 #: name -> (TensorFlow function path, gradient formula or None).
 UNARY: dict[str, tuple[str, GradFn | None]] = {
     "exp": ("math.exp", _g_exp),
@@ -117,6 +130,7 @@ UNARY: dict[str, tuple[str, GradFn | None]] = {
     "silu": ("nn.silu", _g_silu),
     "gelu": ("nn.gelu", _g_gelu),
     "elu": ("nn.elu", _g_elu),
+    "selu": ("nn.selu", _g_selu),
     "sign": ("math.sign", None),
     "floor": ("math.floor", None),
     "ceil": ("math.ceil", None),
@@ -192,9 +206,15 @@ silu = _unary("silu")
 swish = silu
 gelu = _unary("gelu")
 elu = _unary("elu")
+selu = _unary("selu")
 sign = _unary("sign")
 floor = _unary("floor")
 ceil = _unary("ceil")
 round = _unary("round")  # noqa: A001
 logical_not = _unary("logical_not")
 is_finite = _unary("is_finite")
+
+
+def squared_relu(x: Tensor, name: str | None = None) -> Tensor:
+    """``relu(x) ** 2`` (the Primer feed-forward activation; Mesh TF's name)."""
+    return square(relu(x), name=name)
