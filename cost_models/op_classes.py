@@ -76,7 +76,7 @@ COLLECTIVE_FEATURES = tuple(
 FEATURES = COMPUTE_FEATURES + COLLECTIVE_FEATURES
 
 _TRANSCENDENTAL = frozenset(
-    "exp log sqrt rsqrt sigmoid tanh sin cos softplus silu gelu elu reciprocal".split()
+    "exp log sqrt rsqrt sigmoid tanh sin cos softplus silu gelu elu selu reciprocal".split()
 )
 # Ops that make no TensorFlow work of their own: constants are shared per
 # device, identity passes its input (the lowering adds no op for it).

@@ -77,3 +77,12 @@ def test_a_data_parallel_step_spends_its_time_in_matmuls_and_placed_sums(
 def test_profile_steps_must_be_positive(devices: list[str]) -> None:
     with pytest.raises(ConfigError, match="steps must be at least 1, got 0"):
         profile_step(lambda: None, steps=0)
+
+
+def test_selu_is_priced_as_a_transcendental_op() -> None:
+    from cost_models.op_classes import op_class
+
+    graph = mtf.Graph()
+    x = mtf.zeros(mtf.Mesh(graph, "m"), "a:4")
+    assert op_class(mtf.selu(x).operation) == "transcendental"
+    assert op_class(mtf.relu(x).operation) == "elementwise"
