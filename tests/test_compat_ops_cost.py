@@ -4,8 +4,9 @@ and flops per device a Lowering records, for a beam search (a while loop),
 halo exchanges with a blocked convolution, 3-D convolution with its
 gradients, the selection helpers, 2-D pooling (``layers`` and Mesh TF's
 ``PoolOperation``) and 1-D/separable/transposed convolutions with their
-gradients, batch norm with ``pool_tensor_1d`` and ``anonymize``, and local
-attention, under 1-D, 2-D and replicated layouts."""
+gradients, batch norm with ``pool_tensor_1d`` and ``anonymize``, local
+attention, and ``slicewise``/``depend``/``Print``, under 1-D, 2-D and
+replicated layouts."""
 
 from __future__ import annotations
 
@@ -189,6 +190,22 @@ def _local_attention_case() -> Case:
     return Case(g, m, [y], layouts)
 
 
+def _slicewise_case() -> Case:
+    import tensorflow as tf
+
+    g = mtf.Graph()
+    m = mtf.Mesh(g, "m")
+    x = mtf.import_tf_tensor(
+        m, np.random.RandomState(9).randn(4, 8).astype(np.float32), "batch:4,c:8"
+    )
+    y = mtf.slicewise(
+        tf.exp, [x], output_shape=x.shape, output_dtype=x.dtype,
+        splittable_dims=x.shape.dims,
+    )  # fmt: skip
+    z = mtf.Print(mtf.depend(y * 2.0, []), [y], "y: ")
+    return Case(g, m, [y, mtf.reduce_sum(z, reduced_dim=D("c", 8))], LAYOUTS_BC)
+
+
 @pytest.mark.parametrize(
     "build",
     [
@@ -200,6 +217,7 @@ def _local_attention_case() -> Case:
         _conv1d_case,
         _norm_case,
         _local_attention_case,
+        _slicewise_case,
     ],
     ids=[
         "beam_search",
@@ -210,6 +228,7 @@ def _local_attention_case() -> Case:
         "conv1d_separable_transpose",
         "batch_norm_pool_1d_anonymize",
         "local_attention_1d",
+        "slicewise_depend_print",
     ],
 )
 def test_cost_model_prices_mesh_tf_op_families_as_they_lower(build, devices) -> None:
