@@ -24,8 +24,6 @@ COPY mtf_core ./mtf_core
 COPY cost_models ./cost_models
 COPY layout_planner ./layout_planner
 COPY api ./api
-# examples/mnist.py: `mtf-planner export --model mnist` builds its graph.
-COPY examples ./examples
 RUN pip install --constraint constraints-service.txt '.[service]' \
     && if pip show tensorflow tensorflow-cpu >/dev/null 2>&1; then \
          echo "TensorFlow must not be in the service image" >&2; exit 1; fi \

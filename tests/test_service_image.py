@@ -60,3 +60,21 @@ def test_dockerfile_installs_the_service_extra_under_the_constraints():
     assert health is not None and "/healthz" in health.group(1)
     assert re.search(r'CMD \["mtf-planner", "serve", "--host", "0.0.0.0"', text)
     assert "--insecure" not in text.split("CMD [")[-1]  # tokens are required
+
+
+def test_dockerfile_copies_only_what_the_service_install_needs():
+    # The installed packages (setuptools' include list) and the files pip
+    # reads; examples/ is not among them: `mtf-planner export --model mnist`
+    # builds the network from mtf_core.models.
+    text = (ROOT / "Dockerfile").read_text()
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    packages = {p.rstrip("*") for p in cfg["packages"]["find"]["include"]}
+    copied = [line.split()[1:-1] for line in re.findall(r"^COPY .*$", text, re.M)]
+    sources = {s for srcs in copied for s in srcs}
+    assert sources == packages | {
+        "constraints-service.txt",
+        "pyproject.toml",
+        "README.md",
+    }
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert "examples" in ignored and not packages & set(ignored)
