@@ -214,6 +214,26 @@ def test_pooling_matches_tensorflow_with_the_batch_split(devices):
 
 
 @pytest.mark.tf
+def test_pooling_gradients_match_tensorflow(devices):
+    import tensorflow as tf
+
+    graph, mesh = _graph()
+    x, xv = _x(mesh, "batch:8,h:4,w:6,hidden:8")
+    loss = mtf.reduce_sum(mtf.square(layers.max_pool2d(x, (2, 3)))) + mtf.reduce_sum(
+        mtf.square(layers.avg_pool2d(x, (2, 2)))
+    )
+    (dx,) = mtf.gradients([loss], [x])
+    (got,) = assert_same_under_layouts(graph, mesh, devices, [dx])
+    xt = tf.constant(xv)
+    with tf.GradientTape() as tape:
+        tape.watch(xt)
+        want_loss = tf.reduce_sum(
+            tf.square(tf.nn.max_pool2d(xt, (2, 3), (2, 3), "VALID"))
+        ) + tf.reduce_sum(tf.square(tf.nn.avg_pool2d(xt, 2, 2, "VALID")))
+    np.testing.assert_allclose(got, tape.gradient(want_loss, xt).numpy(), rtol=1e-5)
+
+
+@pytest.mark.tf
 def test_pool3d_matches_numpy(devices):
     graph, mesh = _graph()
     x, xv = _x(mesh, "batch:8,d:2,h:2,w:4,c:2")
