@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from services import require_module
 from test_optimize import W0, _grad, _run
 
 from mtf_core.compat import optimize as mopt
@@ -59,7 +60,7 @@ def test_unsupported_adafactor_options_are_a_clear_error():
 
 
 def test_optimizers_are_gin_configurable_under_mesh_tf_names():
-    gin = pytest.importorskip("gin")
+    gin = require_module("gin", "compat")
     import mtf_core.compat  # noqa: F401  (registers them on import)
 
     @gin.configurable

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
+from services import require_module
 
 import mtf_core
 
@@ -145,7 +146,7 @@ def test_product_learning_rate_and_reduce_rms(mtf) -> None:
 
 
 def test_product_learning_rate_is_gin_configurable(mtf) -> None:
-    gin = pytest.importorskip("gin")
+    gin = require_module("gin", "compat")
     import mesh_tensorflow.optimize as optimize
 
     with gin.unlock_config():
