@@ -49,7 +49,9 @@ def test_wheels_are_ignored():
 def test_docs_cite_no_issue_numbers_readers_cannot_see():
     import re
 
-    cite = re.compile(r"\bissues?\s*#?\d+", re.IGNORECASE)
+    # "issue 14", "issues #3", "#14", "(the issue asks ...)": a tracker the
+    # reader of the docs does not have.
+    cite = re.compile(r"\bissues?\s*#?\d+|(?<![\w&])#\d+\b|\bthe issue\b", re.I)
     found = [
         f"{path.relative_to(ROOT)}:{i}: {line.strip()}"
         for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
