@@ -19,6 +19,7 @@ the same on every run.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import ModuleType
 
 from layout_planner.mesh_search import search_mesh_shape
 from layout_planner.options import PlanOptions
@@ -62,3 +63,14 @@ def layout_and_mesh_shape(
         ordered=False,
     )
     return plan.layout_rules, plan.mesh_shape
+
+
+def __getattr__(name: str) -> ModuleType:
+    # ``mesh_tensorflow.auto_mtf.layout_optimizer``, Mesh TF's memory-only
+    # CP-SAT model: mtf_core.compat reaches it through ``mtf.auto_mtf`` (the
+    # extensions seam), loaded on first use.
+    if name == "layout_optimizer":
+        from layout_planner import mesh_tf_layout_optimizer
+
+        return mesh_tf_layout_optimizer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

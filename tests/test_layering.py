@@ -209,3 +209,56 @@ def test_no_op_family_imports_the_lowering():
 
     g = grimp.build_graph("mtf_core")
     assert not g.chain_exists("mtf_core.ops", "mtf_core.lowering", as_packages=True)
+
+
+def _upper_package_names_in_strings(package_dir: Path) -> list[str]:
+    """``path:line: 'name'`` for every string (docstrings aside) under
+    ``package_dir`` that names an upper package's module: an import by name
+    (``importlib.import_module("layout_planner...")``) the linters cannot see."""
+    import ast
+    import re
+
+    upper = re.compile(r"(layout_planner|cost_models|api)(\.\w+)*")
+    found = []
+    for path in sorted(package_dir.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        docstrings = {
+            id(node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(
+                node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef
+            )
+            and node.body
+            and isinstance(node.body[0], ast.Expr)
+            and isinstance(node.body[0].value, ast.Constant)
+        }
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and id(node) not in docstrings
+                and upper.fullmatch(node.value)
+            ):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value!r}")
+    return found
+
+
+def test_mtf_core_names_no_upper_package_even_by_string():
+    # The planner's names reach mtf_core (mtf.auto_mtf, and Mesh TF's
+    # auto_mtf package in mtf_core.compat) only through mtf_core.extensions.
+    assert _upper_package_names_in_strings(ROOT / "mtf_core") == []
+
+
+def test_mesh_tf_auto_mtf_names_come_from_the_planner_through_the_seam():
+    import layout_planner.auto_mtf
+    import layout_planner.mesh_tf_layout_optimizer as optimizer
+    from mtf_core.compat import auto_mtf
+    from mtf_core.compat.auto_mtf import api, layout_optimizer
+
+    assert auto_mtf.layout is api.layout is layout_planner.auto_mtf.layout
+    assert (
+        auto_mtf.layout_and_mesh_shape is layout_planner.auto_mtf.layout_and_mesh_shape
+    )
+    assert layout_optimizer.LayoutOptimizer is optimizer.LayoutOptimizer
+    with pytest.raises(AttributeError, match="no_such_name"):
+        layout_planner.auto_mtf.no_such_name  # noqa: B018

@@ -3,9 +3,10 @@ the mesh shapes ``layout_and_mesh_shape`` tries."""
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Iterator
 from typing import Any
+
+from mtf_core import extensions
 
 
 def _mesh_shape_iterator(
@@ -40,4 +41,4 @@ def _mesh_shape_iterator(
 def __getattr__(name: str) -> Any:
     if name.startswith("__"):
         raise AttributeError(name)
-    return getattr(importlib.import_module("layout_planner.auto_mtf"), name)
+    return getattr(extensions.load("auto_mtf"), name)

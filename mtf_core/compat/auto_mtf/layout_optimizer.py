@@ -1,17 +1,17 @@
 """``mesh_tensorflow.auto_mtf.layout_optimizer``: Mesh TF's memory-only
 CP-SAT layout model.  It is the planner's
-(:mod:`layout_planner.mesh_tf_layout_optimizer`), loaded by name on first
-use, as mtf_core imports no solver."""
+(``mtf.auto_mtf.layout_optimizer``, provided through
+:mod:`mtf_core.extensions`), loaded on first use, as mtf_core imports no
+solver and names no upper package."""
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
-_PLANNER_MODULE = "layout_planner.mesh_tf_layout_optimizer"
+from mtf_core import extensions
 
 
 def __getattr__(name: str) -> Any:
     if name.startswith("__"):
         raise AttributeError(name)
-    return getattr(importlib.import_module(_PLANNER_MODULE), name)
+    return getattr(extensions.load("auto_mtf").layout_optimizer, name)
