@@ -50,6 +50,7 @@ from mtf_core.comm import CollectiveSpec
 from mtf_core.errors import GraphError
 from mtf_core.graph import Graph, Tensor
 from mtf_core.layout import LayoutRulesLike
+from mtf_core.liveness import step_operations
 from mtf_core.shapes import ShapeLike
 
 __all__ = [
@@ -155,11 +156,14 @@ def evaluate(
     outputs: Sequence[Tensor] = (),
     memory: MemoryModel | None = None,
 ) -> Cost:
-    """Prices ``layout_rules`` on ``mesh_shape`` for ``graph`` (all its ops, as
-    ``Lowering(graph, ...)`` lowers them) on ``hardware``.
+    """Prices ``layout_rules`` on ``mesh_shape`` for ``graph`` on ``hardware``.
 
     ``outputs`` are the tensors exported after the step (they force their
-    pending allreduces, in this order, and stay alive to the end).  Pass a
+    pending allreduces, in this order, and stay alive to the end).  With
+    outputs, the step is priced as a compiled step runs it: only the ops the
+    outputs and the graph's updates (its ``Assign`` ops) need
+    (:func:`mtf_core.liveness.step_operations`); without, every op, as
+    ``Lowering(graph, ...)`` lowers them.  Pass a
     precomputed ``memory`` model to save time when evaluating many layouts.
     Raises LayoutError for layouts the lowering rejects.
     """
@@ -189,7 +193,7 @@ def _evaluate(
     names: list[str] = []
     compute_s = 0.0
     flops = 0.0
-    for op in graph.operations:
+    for op in step_operations(graph, outputs):
         ran = sim.step(op, op.communication(ctx))
         collectives.extend(i.spec for i in ran)
         names.extend([op.name] * len(ran))

@@ -40,6 +40,7 @@ from mtf_core import dtypes
 from mtf_core.comm import CollectiveSpec, LayoutContext
 from mtf_core.errors import GraphError
 from mtf_core.graph import Graph, Tensor
+from mtf_core.liveness import step_operations
 from mtf_core.ops.elementwise import Identity
 from mtf_core.ops.variables import Variable
 from mtf_core.shapes import Shape
@@ -273,9 +274,13 @@ def max_collective_buffer_bytes(
 
 
 def memory_model(graph: Graph, outputs: Sequence[Tensor] = ()) -> MemoryModel:
-    """The tensors and live sets of ``graph`` (all ops, in graph order).
+    """The tensors and live sets of ``graph`` (in graph order; steps are op
+    indices of the graph).
 
-    ``outputs`` are exported at the end of the step, so they stay alive to the end.
+    ``outputs`` are exported at the end of the step, so they stay alive to the
+    end.  With outputs, only the ops the step runs
+    (:func:`mtf_core.liveness.step_operations`) make or read buffers; every
+    variable is held (the step keeps all of them).
     """
     with gc_paused():
         return _memory_model(graph, outputs)
@@ -283,7 +288,11 @@ def memory_model(graph: Graph, outputs: Sequence[Tensor] = ()) -> MemoryModel:
 
 def _memory_model(graph: Graph, outputs: Sequence[Tensor]) -> MemoryModel:
     ops = graph.operations
+    runs = set(step_operations(graph, outputs)) if outputs else None
+    # The step's last op: variables and outputs are held to there.
     last = len(ops) - 1
+    while runs is not None and last > 0 and ops[last] not in runs:
+        last -= 1
     buffers: list[Tensor] = []
     kinds: list[MemoryKind] = []
     nbytes: list[int] = []
@@ -294,6 +303,8 @@ def _memory_model(graph: Graph, outputs: Sequence[Tensor]) -> MemoryModel:
     elements: dict[int, tuple[Shape, int]] = {}
     itemsize: dict[str, int] = {}
     for k, op in enumerate(ops):
+        if runs is not None and op not in runs and not isinstance(op, Variable):
+            continue
         for t in op.inputs:
             i = root[t]
             if end[i] < k:
@@ -342,16 +353,23 @@ def _maximal_steps(
     """Steps whose live set no other step's live set contains.
 
     For intervals, the set at step ``k`` is inside the set at ``k + 1`` unless
-    an interval ends at ``k``, and inside the set at ``k - 1`` unless one starts
-    at ``k``; and a set inside a later (earlier) one is inside the next
-    (previous) one.  So the maximal sets are at the steps where an activation
-    both starts and ends (variables are in every set and decide nothing).
+    an interval ends at ``k``, and between two ends the sets only grow.  So
+    the maximal sets are at the ends ``e`` of activations such that one
+    starts after the previous end and by ``e`` (usually at ``e``: each op's
+    output starts at its step; not when the op at ``e`` only reads, as an
+    identity or an assignment does).  Variables are in every set and decide
+    nothing.
     """
     acts = np.fromiter((k == ACTIVATION for k in kinds), bool, len(kinds))
     if not acts.any():
         return (0,) if len(kinds) else ()
-    both = np.intersect1d(np.asarray(start)[acts], np.asarray(end)[acts])
-    return tuple(both.tolist())
+    starts = np.sort(np.asarray(start)[acts])
+    ends = np.unique(np.asarray(end)[acts])
+    before = np.concatenate(([-1], ends[:-1]))
+    new = np.searchsorted(starts, ends, "right") > np.searchsorted(
+        starts, before, "right"
+    )
+    return tuple(ends[new].tolist())
 
 
 def describe_overflow(

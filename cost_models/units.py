@@ -36,8 +36,8 @@ from cost_models.layout_cache import CachedLayoutContext, LayoutSizes
 from cost_models.op_costs import op_compute
 from cost_models.signatures import Signature, Signer
 from mtf_core.comm import CollectiveSpec, LayoutContext
-from mtf_core.errors import GraphError
 from mtf_core.graph import Graph, Operation, Tensor
+from mtf_core.liveness import step_operations
 from mtf_core.shapes import Shape
 
 
@@ -204,7 +204,8 @@ class UnitPricer:
 
 
 def cost_units(graph: Graph, outputs: Sequence[Tensor] = ()) -> list[CostUnit]:
-    """The graph's cost units: one ``op`` unit per op (graph order), then one
+    """The graph's cost units: one ``op`` unit per op of the step
+    (:func:`mtf_core.liveness.step_operations`, graph order), then one
     ``deferred`` unit per group of ops linked by possibly-pending values."""
     with gc_paused():
         ops, sigs, signer = _signed_ops(graph, outputs)
@@ -267,12 +268,7 @@ def _unit_classes(graph: Graph, outputs: Sequence[Tensor]) -> list[UnitClass]:
 def _signed_ops(
     graph: Graph, outputs: Sequence[Tensor]
 ) -> tuple[list[Operation], dict[Operation, Signature], Signer]:
-    ops = list(graph.operations)
-    for t in outputs:
-        if not isinstance(t, Tensor) or t.graph is not graph:
-            raise GraphError(
-                f"output {t!r} is not a tensor of this graph; expected mtf.Tensors"
-            )
+    ops = list(step_operations(graph, outputs))  # raises for a foreign output
     signer = Signer()
     return ops, {op: signer.op(op) for op in ops}, signer
 

@@ -13,6 +13,7 @@ from test_cost_graphs import BUILDERS, Case
 
 import mtf_core as mtf
 from cost_models import evaluate
+from mtf_core.liveness import step_targets
 from mtf_core.shapes import convert_to_shape
 
 pytestmark = pytest.mark.tf
@@ -21,7 +22,9 @@ pytestmark = pytest.mark.tf
 def lowered(case: Case, mesh_shape: str, rules: str, devices: list[str]):
     n = convert_to_shape(mesh_shape).size
     impl = mtf.PlacementMeshImpl(mesh_shape, rules, devices[:n])
-    lowering = mtf.Lowering(case.graph, {case.mesh: impl})
+    # what a step exporting the outputs lowers (and evaluate prices)
+    targets = step_targets(case.graph, case.outputs)
+    lowering = mtf.Lowering(case.graph, {case.mesh: impl}, targets=targets)
     values = [lowering.export_to_tf_tensor(t).numpy() for t in case.outputs]
     return lowering.counters, values
 

@@ -9,6 +9,7 @@ import pytest
 from test_planner_graphs import mtf_example, transformer
 
 import mtf_core as mtf
+from mtf_core.liveness import step_targets
 
 pytestmark = [pytest.mark.tf, pytest.mark.solver]
 
@@ -16,7 +17,9 @@ pytestmark = [pytest.mark.tf, pytest.mark.solver]
 def lower(graph, mesh, mesh_shape, rules, devices, feeds, outputs):
     n = mtf.convert_to_shape(mesh_shape).size
     impl = mtf.PlacementMeshImpl(mesh_shape, rules, devices[:n])
-    lowering = mtf.Lowering(graph, {mesh: impl}, feeds=feeds)
+    # what a step exporting the outputs lowers (and the plan prices)
+    targets = step_targets(graph, outputs)
+    lowering = mtf.Lowering(graph, {mesh: impl}, feeds=feeds, targets=targets)
     values = [lowering.export_to_tf_tensor(t).numpy() for t in outputs]
     return lowering.counters, values
 

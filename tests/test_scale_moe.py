@@ -10,6 +10,7 @@ import pytest
 import mtf_core as mtf
 from cost_models import evaluate
 from mtf_core.errors import ConfigError
+from mtf_core.liveness import step_targets
 from mtf_core.models import TransformerConfig, build_lm
 
 CFG = TransformerConfig(
@@ -39,7 +40,13 @@ def test_experts_over_the_data_axis_train_like_one_device(devices) -> None:
         if n > 1:
             feeds = {model.inputs["inputs"]: ids, model.inputs["targets"]: tg}
             impl = mtf.PlacementMeshImpl(mesh, rules, devices[:n])
-            low = mtf.Lowering(model.graph, {model.mesh: impl}, feeds=feeds)
+            # what the step lowers: the ops the loss and the updates need
+            low = mtf.Lowering(
+                model.graph,
+                {model.mesh: impl},
+                feeds=feeds,
+                targets=step_targets(model.graph, [model.loss]),
+            )
             cost = evaluate(model.graph, mesh, rules, "h100-nvlink-ib", [model.loss])
             got = [
                 (c.kind, c.mesh_axes, c.bytes_per_device)

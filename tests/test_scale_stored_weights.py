@@ -22,6 +22,7 @@ import mtf_core as mtf
 from cost_models import evaluate, get_hardware
 from layout_planner.problem import LayoutProblem
 from mtf_core.errors import ConfigError, LayoutError
+from mtf_core.liveness import step_targets
 from mtf_core.models import TransformerConfig, build_lm
 from mtf_core.ops.stored import stored_names
 from mtf_core.ops.variables import as_variable
@@ -53,7 +54,12 @@ def lowered(cfg: TransformerConfig, rules: str, devices: list[str]):
     ids = _ids()
     feeds = {model.inputs[k]: v for k, v in ids.items()}
     impl = mtf.PlacementMeshImpl(MESH, rules, devices)
-    lowering = mtf.Lowering(model.graph, {model.mesh: impl}, feeds=feeds)
+    lowering = mtf.Lowering(
+        model.graph,
+        {model.mesh: impl},
+        feeds=feeds,
+        targets=step_targets(model.graph, [model.loss]),
+    )
     cost = evaluate(model.graph, MESH, rules, "h100-nvlink-ib", outputs=[model.loss])
     return lowering.counters, cost
 

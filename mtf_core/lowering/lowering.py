@@ -12,6 +12,7 @@ from typing import Any
 from mtf_core.errors import LoweringError
 from mtf_core.graph import Graph, Mesh, Operation, Tensor
 from mtf_core.lazy_sum import LazyAllreduceSum  # noqa: F401  (re-exported)
+from mtf_core.liveness import needed_operations
 from mtf_core.lowering.counters import Counters
 from mtf_core.lowering.fast_tf import FAST_TF
 from mtf_core.lowering.mesh_impl import MeshImpl
@@ -42,22 +43,6 @@ class _TensorMap:
         return t in self.raw
 
 
-def needed_operations(
-    graph: Graph, targets: Iterable[Tensor | Operation]
-) -> list[Operation]:
-    """Operations the targets depend on, in graph order."""
-    want: set[Operation] = set()
-    stack = [t.operation if isinstance(t, Tensor) else t for t in targets]
-    while stack:
-        op = stack.pop()
-        if op in want:
-            continue
-        want.add(op)
-        stack.extend(i.operation for i in op.inputs)
-        stack.extend(getattr(op, "control_inputs", ()))
-    return [op for op in graph.operations if op in want]
-
-
 class Lowering:
     """Lowers ``graph`` onto the mesh implementations in ``mesh_to_impl``.
 
@@ -67,7 +52,9 @@ class Lowering:
       feeds: ``{placeholder tensor: full tf value}``.
       variables: an existing VariableStore (per-device slice variables); a new
         one is made (initialized from each variable's initializer) if None.
-      targets: lower only what these tensors/operations need (default: all).
+      targets: lower only what these tensors/operations need (default: all;
+        :func:`mtf_core.liveness.needed_operations`, the rule the cost model
+        prices a step by).
       seed: integer or scalar int tensor mixed into every random op's seed.
     """
 

@@ -174,8 +174,10 @@ def trace_lowering(
     targets: Sequence[Tensor | Operation] | None = None,
 ) -> TracedLowering:
     """Lowers ``graph`` on an SPMD mesh into one replica program, traced but
-    not run: every op (as ``Lowering(graph, ...)`` and ``cost_models.evaluate``
-    take it) or only what ``targets`` need (as a compiled step does).  Returns
+    not run: every op (as ``Lowering(graph, ...)`` takes it) or only what
+    ``targets`` need (as a compiled step does; with
+    ``mtf_core.liveness.step_targets(graph, outputs)``, what
+    ``cost_models.evaluate(..., outputs)`` prices).  Returns
     the counters it recorded and the collectives its program sends.
     ``inputs`` are the placeholders (fed symbolically).
     """
