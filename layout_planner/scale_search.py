@@ -55,19 +55,19 @@ from cost_models.pipeline import (
 )
 from cost_models.units import CostUnit, UnitCost, UnitPricer
 from layout_planner.analysis import GraphAnalysis
-from layout_planner.choices import (
-    ScaleChoice,
-    ScaleError,
-    ScalePlan,
-    ScaleTrial,
-    _boundary_shape,
-    _slots_instead_of_stored,
-)
 from layout_planner.errors import PlannerError, SolverError
 from layout_planner.plan import LayoutPlan
 from layout_planner.plan_mesh import plan_problem
 from layout_planner.problem import LayoutProblem
 from layout_planner.program import Objective, SolveParams
+from layout_planner.scale_plan import (
+    ScaleChoice,
+    ScaleError,
+    ScalePlan,
+    ScaleTrial,
+    boundary_shape,
+    slots_instead_of_stored,
+)
 from layout_planner.stacked import (
     DIRECT_LAYERS,
     LayerStack,
@@ -326,7 +326,7 @@ def _price(
     the stage is priced on its own graph)."""
     parts, cost = stage.parts(rules)
     ctx = LayoutContext.make(choice.stage_mesh, rules)
-    boundary = ctx.slice_bytes(_boundary_shape(stage_cfg), stage_cfg.activation_dtype)
+    boundary = ctx.slice_bytes(boundary_shape(stage_cfg), stage_cfg.activation_dtype)
     priced = pipeline_cost(
         spec,
         StepSplit(parts.time_s - parts.once_s, parts.once_s),
@@ -368,7 +368,7 @@ def _trial(
             break
         limit = room
     if spec.micro_batches > 1:
-        variant = _slots_instead_of_stored(plan.layout_rules)
+        variant = slots_instead_of_stored(plan.layout_rules)
         if variant is not None:
             vpriced, _ = _price(stage, variant, choice, spec, stage_cfg, hw)
             if vpriced.fits and (

@@ -1,0 +1,184 @@
+"""The scale planner's value types and the helpers its two searches share.
+
+:class:`ScaleChoice` (one trial's mesh, pipeline and recomputation),
+:class:`ScaleTrial` (what a trial cost), :class:`ScalePlan` (the chosen trial
+with its stage layout and pipelined cost, and :meth:`ScalePlan.explain`) and
+:class:`ScaleError`.  Both the exhaustive search (:mod:`layout_planner.choices`)
+and the stacked one (:mod:`layout_planner.scale_search`) build them; keeping
+them here lets the two import one way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from cost_models.hardware import HardwareProfile
+from cost_models.pipeline import PipelineCost
+from layout_planner.errors import PlannerError
+from layout_planner.plan import LayoutPlan
+from mtf_core.models import TransformerConfig
+
+
+class ScaleError(PlannerError, ValueError):
+    """A request the scale planner cannot plan (names the bad value)."""
+
+
+@dataclass(frozen=True)
+class ScaleChoice:
+    """One trial: mesh sizes, pipeline and recomputation."""
+
+    stages: int
+    data: int
+    tensor: int
+    micro_batches: int
+    schedule: str
+    recompute_attention: str
+    recompute_ffn: str
+
+    @property
+    def stage_mesh(self) -> str:
+        """The mesh the layout rules use (the pipeline axis is outside it)."""
+        return f"dp:{self.data};tp:{self.tensor}"
+
+    @property
+    def full_mesh(self) -> str:
+        return f"pp:{self.stages};dp:{self.data};tp:{self.tensor}"
+
+    def __str__(self) -> str:
+        return (
+            f"pp={self.stages} dp={self.data} tp={self.tensor} "
+            f"micro_batches={self.micro_batches} ({self.schedule}) "
+            f"recompute attention={self.recompute_attention} "
+            f"ffn={self.recompute_ffn}"
+        )
+
+
+@dataclass(frozen=True)
+class ScaleTrial:
+    """A trial and what it cost (``None``: its stage graph could not be
+    laid out, see ``note``)."""
+
+    choice: ScaleChoice
+    step_time_s: float | None
+    peak_memory_bytes: int | None
+    fits: bool
+    layout_rules: str
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class ScalePlan:
+    """The chosen trial, its stage layout and pipelined cost."""
+
+    config: TransformerConfig
+    hardware: HardwareProfile
+    devices: int
+    choice: ScaleChoice
+    stage_plan: LayoutPlan
+    pipeline: PipelineCost
+    model_flops: float
+    trials: tuple[ScaleTrial, ...]
+    planning_s: float
+    sharded_classes: tuple[str, ...] = field(default=())
+    slot_sharded_classes: tuple[str, ...] = field(default=())
+
+    @property
+    def layout_rules(self) -> str:
+        return str(self.stage_plan.layout_rules)
+
+    @property
+    def step_time_s(self) -> float:
+        return self.pipeline.step_time_s
+
+    @property
+    def peak_memory_bytes(self) -> int:
+        return self.pipeline.peak_memory_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.pipeline.fits
+
+    @property
+    def mfu(self) -> float:
+        """Model flops / (devices x peak x step time)."""
+        return self.model_flops / (
+            self.devices * self.hardware.peak_flops * self.step_time_s
+        )
+
+    def explain(self) -> str:
+        """The choices, and what each saves or costs."""
+        p = self.pipeline
+        gib = 2**30
+        lines = [
+            f"{self.choice}",
+            f"  mesh {self.choice.full_mesh}; stage rules: {self.layout_rules}",
+            f"  dtypes: activations {self.config.activation_dtype}, master "
+            f"weights and optimizer slots {self.config.master_dtype}",
+            "  sharded weights (ZeRO, stored split over an axis their compute "
+            "does not split): "
+            + (", ".join(self.sharded_classes) if self.sharded_classes else "none"),
+            "  optimizer slots only sharded (ZeRO-1, weights whole, gradient "
+            "reduce-scattered, updated shard gathered once per step): "
+            + (
+                ", ".join(self.slot_sharded_classes)
+                if self.slot_sharded_classes
+                else "none"
+            ),
+            f"  step {p.step_time_s * 1e3:.1f} ms = ({p.spec.micro_batches} + "
+            f"{p.spec.stages} - 1) x ({p.per_micro_batch_s * 1e3:.2f} ms per "
+            f"micro-batch + 2 x {p.send_s * 1e6:.1f} us sends) + "
+            f"{p.once_s * 1e3:.1f} ms once (gradient sync, optimizer); bubble "
+            f"{p.bubble_s * 1e3:.1f} ms",
+            f"  peak {p.peak_memory_bytes / gib:.1f} GiB of "
+            f"{p.memory_capacity_bytes / gib:.1f} GiB per device "
+            f"({p.spec.in_flight} micro-batches in flight, each other one "
+            f"holding {p.held_bytes / gib:.2f} GiB); MFU {self.mfu:.1%}",
+        ]
+        by_rc: dict[tuple[str, str], ScaleTrial] = {}
+        for t in self.trials:
+            c = t.choice
+            same_mesh = (c.stages, c.data, c.tensor) == (
+                self.choice.stages,
+                self.choice.data,
+                self.choice.tensor,
+            )
+            if same_mesh:
+                by_rc[(c.recompute_attention, c.recompute_ffn)] = t
+        for (a, f), t in sorted(by_rc.items()):
+            if t.step_time_s is None:
+                what = t.note
+            else:
+                fit = "fits" if t.fits else "does not fit"
+                what = (
+                    f"{t.step_time_s * 1e3:.1f} ms, "
+                    f"{(t.peak_memory_bytes or 0) / gib:.1f} GiB ({fit})"
+                )
+            lines.append(f"  on this mesh, recompute attention={a} ffn={f}: {what}")
+        if self.trials:
+            lines.append(f"  {len(self.trials)} trials in {self.planning_s:.1f} s")
+        return "\n".join(lines)
+
+
+def slots_instead_of_stored(layout_rules: Any) -> Any:
+    """``layout_rules`` with every stored weight class (``d_model_stored_<c>``
+    on an axis) sharded slots-only on that axis instead (ZeRO-3 -> ZeRO-1);
+    None when no class is stored split."""
+    from mtf_core.layout import convert_to_layout_rules
+
+    named = dict(layout_rules)
+    stored = {d: a for d, a in named.items() if d.startswith("d_model_stored_")}
+    if not stored:
+        return None
+    for d, a in stored.items():
+        del named[d]
+        named[d.replace("_stored_", "_slots_", 1)] = a
+    return convert_to_layout_rules(";".join(f"{d}:{a}" for d, a in named.items()))
+
+
+def boundary_shape(cfg: TransformerConfig) -> Any:
+    """The activation crossing a stage boundary for one micro-batch
+    (``cfg.batch``)."""
+    from mtf_core.shapes import Shape
+
+    return Shape([cfg.batch_dim, cfg.length_dim, cfg.model_dim])
