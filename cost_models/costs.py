@@ -47,7 +47,6 @@ from cost_models.units import (
     unit_cost,
 )
 from mtf_core.comm import CollectiveSpec
-from mtf_core.errors import GraphError
 from mtf_core.graph import Graph, Tensor
 from mtf_core.layout import LayoutRulesLike
 from mtf_core.liveness import step_operations
@@ -180,20 +179,16 @@ def _evaluate(
     memory: MemoryModel | None,
 ) -> Cost:
     hw = get_hardware(hardware)
-    ctx = layout_context(graph, mesh_shape, layout_rules)
     outputs = list(outputs)
-    for t in outputs:
-        if not isinstance(t, Tensor) or t.graph is not graph:
-            raise GraphError(
-                f"output {t!r} is not a tensor of this graph; expected mtf.Tensors"
-            )
+    ops = step_operations(graph, outputs)  # raises for a foreign output
+    ctx = layout_context(graph, mesh_shape, layout_rules, ops)
     sim = DeferredAllreduces(ctx)
     sizes = LayoutSizes(ctx)
     collectives: list[CollectiveSpec] = []
     names: list[str] = []
     compute_s = 0.0
     flops = 0.0
-    for op in step_operations(graph, outputs):
+    for op in ops:
         ran = sim.step(op, op.communication(ctx))
         collectives.extend(i.spec for i in ran)
         names.extend([op.name] * len(ran))

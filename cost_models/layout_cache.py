@@ -16,13 +16,13 @@ questions op pricing asks most from one.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from mtf_core import dtypes
 from mtf_core.comm import LayoutContext
 from mtf_core.errors import GraphError, LayoutError
-from mtf_core.graph import Graph, Tensor
+from mtf_core.graph import Graph, Operation, Tensor
 from mtf_core.layout import LayoutRules, LayoutRulesLike, TensorLayout
 from mtf_core.shapes import Shape, ShapeLike
 
@@ -110,10 +110,14 @@ class CachedLayoutContext(LayoutContext):
 
 
 def layout_context(
-    graph: Graph, mesh_shape: ShapeLike, layout_rules: LayoutRulesLike
+    graph: Graph,
+    mesh_shape: ShapeLike,
+    layout_rules: LayoutRulesLike,
+    operations: Sequence[Operation] | None = None,
 ) -> LayoutContext:
-    """A LayoutContext for ``graph``, with every tensor's layout checked the way
-    the lowering checks it up front (LayoutError naming the tensor)."""
+    """A LayoutContext for ``graph``, with the layout of every tensor of
+    ``operations`` (default: every op) checked the way the lowering checks
+    the ops it lowers up front (LayoutError naming the tensor)."""
     ctx = CachedLayoutContext.make(mesh_shape, layout_rules)
     meshes = {op.mesh for op in graph.operations}
     if len(meshes) > 1:
@@ -121,7 +125,7 @@ def layout_context(
             f"graph uses {len(meshes)} meshes ({sorted(m.name for m in meshes)}); "
             "the cost model prices one mesh"
         )
-    for op in graph.operations:
+    for op in graph.operations if operations is None else operations:
         for t in op.outputs:
             try:
                 ctx.tensor_layout(t.shape)

@@ -112,3 +112,14 @@ def test_the_planner_tables_price_the_step_like_evaluate() -> None:
             dict(cost.comm_s_by_axis), rel=1e-12
         )
         assert table.peak_bytes == cost.peak_memory_bytes, rules
+
+
+def test_only_the_steps_tensors_must_have_valid_layouts() -> None:
+    """As the lowering checks only the ops it lowers: a layout that splits a
+    dim only an unused tensor has, and cannot split it, prices the step."""
+    g, y, _, _ = _graph()
+    m = y.mesh
+    mtf.exp(mtf.ones(m, "z:3"))  # nothing reads it; z:3 cannot split over x:2
+    assert evaluate(g, "x:2", "z:x", HW, [y]).flops_per_device > 0
+    with pytest.raises(mtf.LayoutError, match="ones_2:0"):
+        evaluate(g, "x:2", "z:x", HW)
