@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -399,3 +400,76 @@ def test_client_and_cli_on_a_server(tmp_path, served, capsys):
         code = cli_main([*argv, "--devices=8", "--stages=4"])
         assert code == 1
         assert "4 pipeline stages for 2 layers" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra", [{"encoder_decoder": True}, {"experts": 4}])
+def test_encoder_decoder_and_experts_equal_plan_transformer(client, extra):
+    model = {**MODEL, "d_model": 64, "d_ff": 256, "d_kv": 16, "vocab": 128, **extra}
+    body = {**REQUEST, "model": model, "memory_limit_bytes": None}
+    r = client.post("/v1/scale-plans", json=body)
+    assert r.status_code == 200, r.text
+    plan = r.json()["plan"]
+    cfg_fields = {k: v for k, v in model.items() if k != "encoder_decoder"}
+    local = plan_transformer(
+        TransformerConfig(**cfg_fields, activation_dtype="bfloat16"),
+        8,
+        "h100-nvlink-ib",
+        encoder_decoder=bool(extra.get("encoder_decoder")),
+        stages=[1],
+        tensor=[1],
+        time_limit_s=2,
+    )
+    assert plan["mesh_shape"] == local.choice.full_mesh
+    assert plan["stage_layout_rules"] == local.layout_rules
+    assert plan["step"]["step_time_s"] == pytest.approx(local.step_time_s, rel=1e-9)
+    assert plan["memory"]["peak_memory_bytes"] == local.peak_memory_bytes
+    classes = {w["weight_class"] for w in plan["weight_classes"]}
+    if extra.get("encoder_decoder"):
+        assert "encdec_attention" in classes
+        assert r.json()["model"].startswith("encoder-decoder 2 layers")
+
+
+@pytest.mark.slow
+def test_scale_page_draws_its_charts_in_chromium(tmp_path, served):
+    """The page under its CSP in headless Chromium: both charts drawn, no
+    script error."""
+    from services import service_missing
+    from test_dashboard_browser import CHROMIUM, FLAGS
+
+    if not Path(CHROMIUM).exists():
+        service_missing(f"Debian chromium is not installed at {CHROMIUM}")
+    from playwright.sync_api import sync_playwright
+
+    with ServerThread(service_settings(tmp_path)) as server:
+        with PlannerClient(server.url, timeout_s=120) as c:
+            out = c.scale_plan(REQUEST)
+        with sync_playwright() as p:
+            browser = p.chromium.launch(
+                executable_path=CHROMIUM, args=FLAGS, headless=True
+            )
+            page = browser.new_page(viewport={"width": 1280, "height": 1600})
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.on(
+                "console",
+                lambda m: errors.append(m.text) if m.type == "error" else None,
+            )
+            page.goto(f"{server.url}/scale-plans")
+            page.click(f"a[href='/scale-plans/{out['id']}']")
+            page.wait_for_selector("body[data-charts-ready='1']", timeout=15_000)
+            assert errors == []
+            assert page.inner_text("#scale-mesh") == "pp:1;dp:8;tp:1"
+            for chart in ("parts-chart", "options-chart"):
+                inked = page.evaluate(
+                    """id => {
+                        const c = document.getElementById(id);
+                        const px = c.getContext('2d')
+                            .getImageData(0, 0, c.width, c.height).data;
+                        let n = 0;
+                        for (let i = 3; i < px.length; i += 4) if (px[i] > 0) n++;
+                        return Chart.getChart(c) ? n : -1;
+                    }""",
+                    chart,
+                )
+                assert inked > 2000, (chart, inked)
+            browser.close()

@@ -64,4 +64,5 @@
       },
     }),
   });
+  document.body.dataset.chartsReady = "1";
 })();
