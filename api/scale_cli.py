@@ -136,6 +136,7 @@ def cmd_scale(args: argparse.Namespace) -> int:
             recompute_costs,
             scale_plan_dict,
             scale_spec,
+            weight_classes,
         )
         from api.settings import Settings
 
@@ -152,7 +153,9 @@ def cmd_scale(args: argparse.Namespace) -> int:
         except ScaleError as e:
             print(f"mtf-planner scale: nothing fits: {e}")
             return EXIT_NOTHING_FITS
-        plan = scale_plan_dict(scale, recompute_costs(scale, spec))
+        plan = scale_plan_dict(
+            scale, recompute_costs(scale, spec), weight_classes(scale, spec)
+        )
         where = "this machine"
     if args.json:
         from mtf_core.serialization.schema import json_safe

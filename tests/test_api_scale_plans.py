@@ -297,6 +297,21 @@ def test_a_request_nothing_fits_is_a_422_saying_so(client, capsys):
     )
     assert code == 3
     assert "nothing fits" in capsys.readouterr().out
+    # Locally, the same tables as the service's.
+    code = cli_main(
+        [
+            *argv,
+            "--devices=8",
+            "--stages=1",
+            "--tensor=1",
+            "--memory-limit-bytes=30000000",
+        ]
+    )
+    text = capsys.readouterr().out
+    assert code == 0, text
+    assert "planned on this machine" in text
+    assert "d_model_stored_ffn: split over dp; keeping it whole: +" in text
+    assert "attention=block ffn=block: " in text
 
 
 def test_every_number_out_of_range_is_a_422(client):
