@@ -68,6 +68,18 @@ class Reduction(StrEnum):
     LOGICAL_OR = "LOGICAL_OR"
     LOGICAL_AND = "LOGICAL_AND"
 
+    @classmethod
+    def parse(cls, value: Reduction | str) -> Reduction:
+        """``value`` as a Reduction (Mesh TF programs pass the names as
+        strings); an unknown name is a ``ValueError`` that lists the known."""
+        try:
+            return cls(value)
+        except ValueError:
+            known = ", ".join(r.value for r in cls)
+            raise ValueError(
+                f"unknown reduction {value!r}; expected one of {known}"
+            ) from None
+
 
 @dataclass(frozen=True)
 class CollectiveSpec:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from mtf_core.comm import LayoutContext
+    from mtf_core.comm import LayoutContext, Reduction
     from mtf_core.graph import Mesh, Operation, Tensor
     from mtf_core.layout import TensorLayout
     from mtf_core.shapes import Shape
@@ -40,7 +40,7 @@ class MeshBackend(Protocol):
         self, fn: Callable[..., Sequence[Any]], n_out: int, *inputs: Any
     ) -> list[Any]: ...
     def allreduce(
-        self, x: Any, mesh_axes: Sequence[int], reduction: str = "SUM"
+        self, x: Any, mesh_axes: Sequence[int], reduction: Reduction | str = "SUM"
     ) -> Any: ...
     def allreduce_for(self, op: Any, x: Any, mesh_axes: Sequence[int]) -> Any: ...
     def allconcat(self, x: Any, mesh_axis: int, concat_axis: int) -> Any: ...

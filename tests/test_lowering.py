@@ -116,6 +116,21 @@ def test_allreduce_sums_maxes_and_mins_within_groups(
         ("allreduce", ("x",), "MAX", 8),
         ("allreduce", ("y",), "MIN", 8),
     ]
+    # The Reduction enum and Mesh TF's strings are the same reduction.
+    from mtf_core.comm import Reduction
+
+    by_enum = _values(impl.allreduce(x, [0], Reduction.MAX))
+    assert [v[0] for v in by_enum] == [v[0] for v in maxes]
+    assert impl.counters.collectives[-1].reduction is Reduction.MAX
+
+
+def test_an_unknown_reduction_is_refused_naming_it_and_the_known_ones(
+    impl: mtf.PlacementMeshImpl,
+) -> None:
+    with pytest.raises(
+        mtf.LoweringError, match=r"unknown reduction 'PROD'; expected one of SUM, MAX"
+    ):
+        impl.allreduce(_pnums(impl, [2]), [1], "PROD")
 
 
 def test_allconcat_gathers_slices_in_coordinate_order(

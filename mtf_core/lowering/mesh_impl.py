@@ -11,7 +11,7 @@ import abc
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from mtf_core.comm import LayoutContext, plan_layout_change
+from mtf_core.comm import LayoutContext, Reduction, plan_layout_change
 from mtf_core.errors import LayoutError
 from mtf_core.graph import Tensor
 from mtf_core.layout import LayoutRules, TensorLayout
@@ -144,7 +144,7 @@ class MeshImpl(abc.ABC):
 
     @abc.abstractmethod
     def allreduce(
-        self, x: Any, mesh_axes: Sequence[int], reduction: str = "SUM"
+        self, x: Any, mesh_axes: Sequence[int], reduction: Reduction | str = "SUM"
     ) -> Any:
         """Combines ``x`` over ``mesh_axes`` with ``reduction``; every device gets the result."""
 

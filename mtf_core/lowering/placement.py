@@ -12,11 +12,20 @@ from typing import Any
 
 import tensorflow as tf
 
+from mtf_core.comm import Reduction
 from mtf_core.errors import LoweringError
 from mtf_core.lowering import fast_tf
 from mtf_core.lowering.mesh_impl import MeshImpl
 from mtf_core.lowering.placing import DeferredPlacement
 from mtf_core.shapes import convert_to_shape
+
+#: How the placed allreduce combines the stacked slices (a sum is add_n).
+_COMBINE = {
+    Reduction.MAX: tf.reduce_max,
+    Reduction.MIN: tf.reduce_min,
+    Reduction.LOGICAL_OR: tf.reduce_any,
+    Reduction.LOGICAL_AND: tf.reduce_all,
+}
 
 
 class PlacementLaidOutTensor:
@@ -110,28 +119,24 @@ class PlacementMeshImpl(MeshImpl):
         self,
         x: PlacementLaidOutTensor,
         mesh_axes: Sequence[int],
-        reduction: str = "SUM",
+        reduction: Reduction | str = "SUM",
     ) -> PlacementLaidOutTensor:
+        try:
+            how = Reduction.parse(reduction)
+        except ValueError as e:
+            raise LoweringError(str(e)) from None
         mesh_axes = [a for a in mesh_axes if self.shape[a].size > 1]
         if not mesh_axes:
             return x
-        self.record("allreduce", mesh_axes, x.slice_bytes, reduction=reduction)
+        self.record("allreduce", mesh_axes, x.slice_bytes, reduction=how)
         out: list[Any] = [None] * self.size
         for group in self.processor_groups(mesh_axes):
             with self.on(self.devices[group[0]]):
                 parts = [x.slices[p] for p in group]
-                if reduction == "SUM":
+                if how is Reduction.SUM:
                     total = fast_tf.add_n(parts)
-                elif reduction == "MAX":
-                    total = tf.reduce_max(tf.stack(parts), axis=0)
-                elif reduction == "MIN":
-                    total = tf.reduce_min(tf.stack(parts), axis=0)
-                elif reduction == "LOGICAL_OR":
-                    total = tf.reduce_any(tf.stack(parts), axis=0)
-                elif reduction == "LOGICAL_AND":
-                    total = tf.reduce_all(tf.stack(parts), axis=0)
                 else:
-                    raise LoweringError(f"unknown reduction {reduction!r}")
+                    total = _COMBINE[how](tf.stack(parts), axis=0)
             # Every device of the group reads the one sum; TensorFlow copies
             # it to the devices that need it (no op of ours per device).
             for p in group:

@@ -46,7 +46,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from mtf_core.comm import CollectiveKind
+from mtf_core.comm import CollectiveKind, Reduction
 from mtf_core.errors import LoweringError
 from mtf_core.lowering import cluster
 from mtf_core.lowering import spmd_collectives as coll
@@ -259,8 +259,12 @@ class SimdMeshImpl(MeshImpl):
 
     # -- collectives -----------------------------------------------------------
     def allreduce(
-        self, x: Any, mesh_axes: Sequence[int], reduction: str = "SUM"
+        self, x: Any, mesh_axes: Sequence[int], reduction: Reduction | str = "SUM"
     ) -> Any:
+        try:
+            reduction = Reduction.parse(reduction)
+        except ValueError as e:
+            raise LoweringError(str(e)) from None
         mesh_axes = [a for a in mesh_axes if self.shape[a].size > 1]
         if not mesh_axes:
             return x
