@@ -54,6 +54,7 @@ from cost_models.op_costs import flops_per_device
 from mtf_core.comm import CollectiveSpec
 from mtf_core.graph import Graph, Tensor
 from mtf_core.layout import LayoutRulesLike
+from mtf_core.liveness import step_operations
 from mtf_core.shapes import ShapeLike
 
 #: Weight of the prior against one measured row (relative units).
@@ -66,12 +67,15 @@ def step_features(
     layout_rules: LayoutRulesLike,
     outputs: Sequence[Tensor] = (),
 ) -> dict[str, float]:
-    """The features of one step of ``graph`` under a layout: every op's
-    compute features and every collective's (deferred allreduces where the
-    lowering forces them, exported outputs last), summed.  For a calibrated
-    profile ``hw``, ``sum(hw.rates[f] * x)`` is ``evaluate(...).time_s``."""
+    """The features of one step of ``graph`` under a layout: the compute
+    features of every op the step runs (as ``evaluate`` takes them:
+    :func:`mtf_core.liveness.step_operations`) and every collective's
+    (deferred allreduces where the lowering forces them, exported outputs
+    last), summed.  For a calibrated profile ``hw``,
+    ``sum(hw.rates[f] * x)`` is ``evaluate(...).time_s``."""
     with gc_paused():
-        ctx = layout_context(graph, mesh_shape, layout_rules)
+        ops = step_operations(graph, outputs)
+        ctx = layout_context(graph, mesh_shape, layout_rules, ops)
         sizes = LayoutSizes(ctx)
         sim = DeferredAllreduces(ctx)
         axis_size = {d.name: d.size for d in ctx.mesh_shape}
@@ -82,7 +86,7 @@ def step_features(
                 out[f] = out.get(f, 0.0) + x
 
         specs: list[CollectiveSpec] = []
-        for op in graph.operations:
+        for op in ops:
             specs.extend(i.spec for i in sim.step(op, op.communication(ctx)))
             add(op_features(op, ctx, sizes, flops_per_device(op, ctx, sizes)))
         for t in outputs:

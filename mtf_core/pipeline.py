@@ -42,6 +42,7 @@ from mtf_core.comm import LayoutContext
 from mtf_core.errors import ConfigError, GraphError, LoweringError
 from mtf_core.graph import Graph, Mesh, Operation, Tensor
 from mtf_core.layers.attention import attention_bias_causal
+from mtf_core.liveness import step_operations
 from mtf_core.models.transformer import (
     TransformerConfig,
     _attend,
@@ -188,16 +189,18 @@ def held_bytes(
     """Per device (layout ``ctx`` of the stage's mesh), the bytes micro-batch
     ``micro_batch`` holds on ``stage`` between its forward and its backward
     unit: tensors that depend on its data (its placeholders), made before its
-    backward unit and read by it.  Under 1F1B the first stage holds ``p``
-    micro-batches' worth at once
+    backward unit and read by it (by an op the step runs:
+    :func:`~mtf_core.liveness.step_operations`).  Under 1F1B the first stage
+    holds ``p`` micro-batches' worth at once
     (:func:`~mtf_core.pipeline_schedule.in_flight`)."""
     mine = set(model.inputs[2 * micro_batch : 2 * micro_batch + 2])
     backward = Work(stage, micro_batch, "B")
     ops = model.graph.operations
     first = next(i for i, op in enumerate(ops) if model.work.get(op) == backward)
+    runs = set(step_operations(model.graph, [model.loss]))
     read: set[Tensor] = set()
     for op in ops[first:]:
-        if model.work.get(op) == backward:
+        if model.work.get(op) == backward and op in runs:
             read.update(op.inputs)
     held = 0
     for op in ops[:first]:
