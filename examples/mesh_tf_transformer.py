@@ -80,7 +80,7 @@ def train(
     dp_layout, mp_layout = layouts(devices).values()
     args = (step.inputs, [step.loss], step.updates)
     dp = compile_on(mtf, step.graph, step.mesh, dp_layout, *args)
-    # Mesh TF's initializers are unseeded: every run starts from dp's values.
+    # Every run of this process starts from dp's values.
     init = dp.variables.to_dict()
     half = steps // 2
     losses = {"data-parallel": run(dp, step, 0, half)}
@@ -155,8 +155,16 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--devices", type=int, choices=(4, 8), default=8)
+    parser.add_argument(
+        "--seed", type=int, default=0, help="TensorFlow's seed: the initial weights"
+    )
     args = parser.parse_args(argv)
     mtf = models.load_mesh_tf()
+    # Mesh TF's initializers take no seed of their own: TensorFlow's global
+    # seed makes a run's initial weights, and so its losses, repeatable.
+    import tensorflow as tf
+
+    tf.random.set_seed(args.seed)
     mp_layout = layouts(args.devices)["model-parallel"]
     for name, build_step, build_decoders in [
         ("LM", models.lm_step, models.lm_decoders),
