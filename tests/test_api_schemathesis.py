@@ -25,7 +25,7 @@ from schemathesis.specs.openapi.checks import (
 pytestmark = [pytest.mark.solver, pytest.mark.slow]
 
 #: Examples per generation mode, over all operations together.
-EXAMPLES = 300  # about 10 per operation (the scale-plan routes made 26)
+EXAMPLES = 300  # about 10 per operation, scale-plan routes included
 
 CHECKS = [
     not_a_server_error,
