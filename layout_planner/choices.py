@@ -135,6 +135,7 @@ def plan_transformer(
     memory_limit: int | None = None,
     exhaustive: bool = False,
     verify: bool = True,
+    progress: Callable[[str, float], None] | None = None,
 ) -> ScalePlan:
     """The fastest fitting plan for ``config`` on ``devices`` devices.
 
@@ -147,7 +148,9 @@ def plan_transformer(
     Trials are priced on representative stage graphs of 2-4 layers
     (:mod:`layout_planner.scale_search`) and the winner, when ``verify``, on
     its full stage graph; ``exhaustive=True`` builds and plans every trial's
-    full stage graph instead (same plan, slower).
+    full stage graph instead (same plan, slower).  ``progress(phase,
+    fraction)`` is called before each mesh of the search (and once more
+    before the winner's check).
     """
     start = time.perf_counter()
     hw = (
@@ -217,11 +220,17 @@ def plan_transformer(
             flops,
             devices,
             verify,
+            progress,
         )
         return dataclasses.replace(found, planning_s=time.perf_counter() - start)
-    for bound, pp, tp, dp, m, spec in meshes:
+    for i, (bound, pp, tp, dp, m, spec) in enumerate(meshes):
         if best is not None and bound >= best[0][0]:
             break  # no remaining mesh can be faster
+        if progress is not None:
+            progress(
+                f"mesh {i + 1} of {len(meshes)}: pp {pp} x dp {dp} x tp {tp}",
+                i / len(meshes),
+            )
         for rank, (attn, ffn) in enumerate(recompute):
             choice = ScaleChoice(pp, dp, tp, m, schedule, attn, ffn)
             try:

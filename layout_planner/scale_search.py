@@ -410,19 +410,26 @@ def search(
     flops: float,
     devices: int,
     verify: bool = True,
+    progress: Callable[[str, float], None] | None = None,
 ) -> ScalePlan:
     """The search of :func:`~layout_planner.choices.plan_transformer` over
     ``meshes`` (sorted by bound), on representative stage graphs; the winner
-    verified on its full stage graph when ``verify``."""
+    verified on its full stage graph when ``verify``; ``progress(phase,
+    fraction)`` before each mesh and before the check."""
     start = time.perf_counter()
     stages = _Stages(cfg, builder, optimizer)
     params = SolveParams(time_limit_s, 0, 0, 1)
     trials: list[ScaleTrial] = []
     best: tuple[tuple[float, int, int], _Outcome] | None = None
-    for mesh in meshes:
+    for i, mesh in enumerate(meshes):
         if best is not None and mesh.bound_s >= best[0][0]:
             break  # no remaining mesh can be faster
         pp, tp, dp, m = mesh.stages, mesh.tensor, mesh.data, mesh.micro_batches
+        if progress is not None:
+            progress(
+                f"mesh {i + 1} of {len(meshes)}: pp {pp} x dp {dp} x tp {tp}",
+                i / len(meshes),
+            )
         for rank, (attn, ffn) in enumerate(recompute):
             choice = ScaleChoice(pp, dp, tp, m, schedule, attn, ffn)
             try:
@@ -459,6 +466,8 @@ def search(
     plan, priced = outcome.plan, outcome.priced
     choice = outcome.trial.choice
     if verify:
+        if progress is not None:
+            progress(f"checking {choice} on its full stage graph", 1.0)
         plan, priced = _verified(stages, choice, plan, priced, hw)
     named = dict(plan.layout_rules)
     sharded = tuple(

@@ -88,3 +88,20 @@ def test_representative_prices_layouts_as_the_full_stage_graph(recompute, expert
         if checked == 12:
             break
     assert checked == 12
+
+
+@pytest.mark.parametrize("exhaustive", [False, True])
+def test_progress_reports_each_mesh_tried_in_order(exhaustive):
+    seen: list[tuple[str, float]] = []
+    plan = plan_transformer(
+        CFG, 8, hardware="h100-nvlink-ib", exhaustive=exhaustive,
+        progress=lambda phase, done: seen.append((phase, done)),
+    )  # fmt: skip
+    meshes = [p for p, _ in seen if p.startswith("mesh ")]
+    # One call per mesh the search reached (each mesh has 1-3 trials).
+    tried = {(t.choice.stages, t.choice.data, t.choice.tensor) for t in plan.trials}
+    assert len(meshes) == len(tried)
+    fractions = [f for _, f in seen]
+    assert fractions == sorted(fractions) and 0.0 <= fractions[0] < 1.0
+    if not exhaustive:
+        assert seen[-1] == (f"checking {plan.choice} on its full stage graph", 1.0)
