@@ -50,6 +50,7 @@ from cost_models.profiles import get_hardware
 from layout_planner import scale_search
 from layout_planner.errors import PlannerError, SolverError
 from layout_planner.planner import auto_layout
+from layout_planner.scale_bounds import StepBound
 from layout_planner.scale_plan import (
     ScaleChoice,
     ScaleError,
@@ -190,6 +191,7 @@ def plan_transformer(
     trials: list[ScaleTrial] = []
     best: tuple[tuple[float, int, int], ScalePlan] | None = None
     flops = model_flops(cfg, encoder_decoder)
+    bounds = StepBound(cfg, builder, optimizer, hw, flops)
     meshes = []
     for pp in stage_sizes:
         for tp in tensor_sizes:
@@ -203,8 +205,9 @@ def plan_transformer(
             spec.check(layers, cfg.batch)
             if (cfg.batch // m) % dp:
                 continue  # a micro-batch must split over the data axis
-            # No step beats the model's flops at peak, stretched by the bubble.
-            bound = flops / (devices * hw.peak_flops) * (m + pp - 1) / m
+            # No step beats the stage's roofline spread over dp x tp devices,
+            # stretched by the bubble (layout_planner.scale_bounds).
+            bound = bounds.bound_s(pp, dp, tp, m)
             meshes.append((bound, pp, tp, dp, m, spec))
     meshes.sort(key=lambda t: (t[0], t[1], t[2]))
     if not exhaustive:
