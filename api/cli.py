@@ -101,6 +101,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     pl.add_argument("--server", help="plan on this planner service (http://host:port)")
     pl.add_argument("--token", help="API token for the server (or $MTF_PLANNER_TOKEN)")
+    pl.add_argument(
+        "--no-measurements",
+        action="store_true",
+        help="with --server: plan with the preset as shipped, not refitted from "
+        "the steps the service measured",
+    )
     pl.add_argument("--json", action="store_true", help="print the plan as JSON")
 
     e = sub.add_parser("export", help="write an example model's graph JSON")
@@ -242,11 +248,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
         loaded = graph_from_json(text)
         body = plan_request(loaded.graph, mesh, loaded.outputs, options)
+        if args.no_measurements:
+            body["use_measurements"] = False
         with PlannerClient(args.server, token=args.token) as client:
             out = client.plan(body)
         plan_dict = out["plan"]
         plan = LayoutPlan.from_dict(plan_dict)
         where = f"{args.server} (plan {out['id']}{', cached' if out['cached'] else ''})"
+        if out.get("profile"):
+            where += f"; profile: {out['profile']['text']}"
     else:
         from layout_planner.planner import auto_layout
 

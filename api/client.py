@@ -193,12 +193,20 @@ class PlannerClient:
     def evaluate(self, request: Mapping[str, Any]) -> dict[str, Any]:
         return self.request_json("POST", "/v1/evaluate", json=dict(request))
 
-    def scale_plan(self, request: Mapping[str, Any]) -> dict[str, Any]:
+    def scale_plan(
+        self, request: Mapping[str, Any], wait_s: float = 600.0
+    ) -> dict[str, Any]:
         """POST /v1/scale-plans (a ``ScalePlanRequest``: a Transformer's
-        shape, ``devices``, ``hardware``, dtypes and fixed choices); returns
+        shape, ``devices``, ``hardware``, dtypes and fixed choices); follows a
+        202 (a job) until it finishes or ``wait_s`` passes.  Returns
         ``ScalePlanOut``, whose ``plan`` has the mesh, micro-batches, schedule,
         dtypes, sharded weight classes, recomputation and the step's parts."""
-        return self.request_json("POST", "/v1/scale-plans", json=dict(request))
+        r = self.request("POST", "/v1/scale-plans", json=dict(request))
+        if r.status_code == 202:
+            job = self.wait_job(r.json()["id"], wait_s)
+            return self.get_scale_plan(job["plan_id"])
+        body: dict[str, Any] = r.json()
+        return body
 
     def get_scale_plan(self, plan_id: str) -> dict[str, Any]:
         return self.request_json("GET", f"/v1/scale-plans/{plan_id}")

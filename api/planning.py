@@ -12,10 +12,11 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from api.learned import BASE, REFITTED, REQUEST, Fit, ProfileUsed
 from api.schemas import PlanRequest
 from api.settings import Settings
 from cost_models.hardware import PRESETS, HardwareProfile
@@ -36,6 +37,11 @@ class RequestError(MtfError, ValueError):
     """A request is well-formed JSON but asks for something invalid (HTTP 422)."""
 
 
+#: ``(preset name, backend) -> (refitted profile, measurements)`` or None:
+#: what the store's measurements teach (``LearnedProfiles.profile``).
+Learned = Callable[[str, str], Fit | None]
+
+
 @dataclass(frozen=True)
 class PlanSpec:
     """One plan request, checked and canonical: the graph, the mesh and the
@@ -49,6 +55,10 @@ class PlanSpec:
     num_devices: int | None
     options: PlanOptions
     request_hash: str
+    profile: ProfileUsed
+
+    #: What a job of this spec makes (``JobOut.kind``).
+    kind = "plan"
 
     @property
     def hardware_name(self) -> str:
@@ -58,6 +68,7 @@ class PlanSpec:
         """The request without the graph (for job rows and the dashboard)."""
         opts = self.options
         return {
+            "kind": self.kind,
             "graph_name": self.graph_name,
             "graph_hash": self.graph_hash,
             "num_operations": self.num_operations,
@@ -71,6 +82,7 @@ class PlanSpec:
             "top_k": opts.top_k,
             "time_limit_s": opts.time_limit_s,
             "max_mesh_dims": opts.max_mesh_dims,
+            "profile": self.profile.to_dict(),
         }
 
     def task(self, solver_threads: int) -> dict[str, Any]:
@@ -138,6 +150,24 @@ def parse_hardware(value: str | Mapping[str, Any]) -> HardwareProfile:
         raise RequestError(f"hardware profile is invalid: {e}") from None
 
 
+def choose_profile(
+    hardware: str | Mapping[str, Any],
+    backend: str,
+    use_measurements: bool,
+    learned: Learned | None,
+) -> tuple[HardwareProfile, ProfileUsed]:
+    """The profile to plan with: a preset named by the request, refitted from
+    its measurements on ``backend`` when the store has some and
+    ``use_measurements``; a profile object as given."""
+    hw = parse_hardware(hardware)
+    if not isinstance(hardware, str):
+        return hw, ProfileUsed(hw.name, backend, REQUEST, 0, use_measurements)
+    fit = learned(hardware, backend) if learned and use_measurements else None
+    if fit is None:
+        return hw, ProfileUsed(hw.name, backend, BASE, 0, use_measurements)
+    return fit[0], ProfileUsed(hw.name, backend, REFITTED, fit[1], use_measurements)
+
+
 def _graph_doc_info(graph: Mapping[str, Any], settings: Settings) -> tuple[int, str]:
     """Cheap checks before hashing: the op count and the graph's name."""
     ops = graph.get("operations")
@@ -152,11 +182,12 @@ def _graph_doc_info(graph: Mapping[str, Any], settings: Settings) -> tuple[int, 
     return n, name if isinstance(name, str) and name else "graph"
 
 
-def plan_options(req: PlanRequest) -> PlanOptions:
+def plan_options(req: PlanRequest, hw: HardwareProfile | None = None) -> PlanOptions:
     """The request's plan parameters as :class:`PlanOptions`: the one place the
     wire schema becomes the planner's value type (the client sends
-    ``PlanOptions.to_request_dict()``, so the two round-trip)."""
-    hw = parse_hardware(req.hardware)
+    ``PlanOptions.to_request_dict()``, so the two round-trip).  ``hw``: the
+    profile to plan with (default: the request's, as given)."""
+    hw = parse_hardware(req.hardware) if hw is None else hw
     limit = req.memory_limit_bytes
     if req.max_memory_fraction is not None:
         if limit is not None:
@@ -177,8 +208,16 @@ def plan_options(req: PlanRequest) -> PlanOptions:
         raise RequestError(str(e)) from None
 
 
-def plan_spec(req: PlanRequest, settings: Settings) -> PlanSpec:
-    """Checks everything but the graph's contents, and hashes the request."""
+def plan_spec(
+    req: PlanRequest, settings: Settings, learned: Learned | None = None
+) -> PlanSpec:
+    """Checks everything but the graph's contents, and hashes the request.
+
+    A preset named by the request is refitted from its measurements
+    (``learned``) unless ``req.use_measurements`` is false; the hash covers
+    the profile used and, for a refitted one, how many measurements it was
+    fitted on, so that a plan made before new measurements is not the
+    answer after them."""
     if (req.mesh_shape is None) == (req.num_devices is None):
         raise RequestError(
             "give exactly one of mesh_shape (e.g. 'x:2;y:4') and num_devices "
@@ -207,7 +246,10 @@ def plan_spec(req: PlanRequest, settings: Settings) -> PlanSpec:
             f"time_limit_s is {req.time_limit_s!r}; this service allows at most "
             f"{settings.max_time_limit_s:g} s"
         )
-    options = plan_options(req)
+    hw, profile = choose_profile(
+        req.hardware, req.backend, req.use_measurements, learned
+    )
+    options = plan_options(req, hw)
     n_ops, name = _graph_doc_info(req.graph, settings)
     try:
         graph_json = canonical_json(req.graph)
@@ -225,6 +267,8 @@ def plan_spec(req: PlanRequest, settings: Settings) -> PlanSpec:
     }
     for chosen in SERVER_CHOSEN:  # the service's own choices, not the request's
         del key[chosen]
+    if profile.source == REFITTED:  # (base profiles keep the hashes they had)
+        key["refitted_from_measurements"] = profile.measurements
     return PlanSpec(
         graph_json=graph_json,
         graph_hash=graph_hash,
@@ -234,6 +278,7 @@ def plan_spec(req: PlanRequest, settings: Settings) -> PlanSpec:
         num_devices=req.num_devices,
         options=options,
         request_hash=sha256(canonical_json(key)),
+        profile=profile,
     )
 
 

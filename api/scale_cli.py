@@ -64,6 +64,12 @@ def add_parser(sub: Any) -> None:
     s.add_argument("--time-limit", type=float, default=5.0, help="CP-SAT s per trial")
     s.add_argument("--server", help="plan on this planner service (http://host:port)")
     s.add_argument("--token", help="API token for the server (or $MTF_PLANNER_TOKEN)")
+    s.add_argument(
+        "--no-measurements",
+        action="store_true",
+        help="with --server: plan with the preset as shipped, not refitted from "
+        "the steps the service measured",
+    )
     s.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 
@@ -116,18 +122,23 @@ def cmd_scale(args: argparse.Namespace) -> int:
 
     body = scale_request(args)
     if args.server:
-        from api.client import PlannerClient, RemotePlannerError
+        from api.client import PlannerClient
+        from layout_planner.errors import PlannerError
 
+        if args.no_measurements:
+            body["use_measurements"] = False
         try:
             with PlannerClient(args.server, token=args.token, timeout_s=300) as c:
                 out = c.scale_plan(body)
-        except RemotePlannerError as e:
+        except PlannerError as e:  # the answer, or the job it waited for
             if "ScaleError: no plan" in str(e):
                 print(f"mtf-planner scale: nothing fits: {e}")
                 return EXIT_NOTHING_FITS
             raise
         plan = out["plan"]
         where = f"{args.server} (scale plan {out['id']}{', cached' if out['cached'] else ''})"
+        if out.get("profile"):
+            where += f"; profile: {out['profile']['text']}"
     else:
         from pydantic import ValidationError
 

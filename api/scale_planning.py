@@ -20,6 +20,7 @@ everything else unchanged.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -28,11 +29,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from api.planning import RequestError
+from api.learned import BASE, REFITTED, ProfileUsed
+from api.planning import Learned, RequestError, choose_profile
 from api.scale_schemas import ScalePlanRequest
 from api.settings import Settings
+from api.store.base import PlanRecord
 from cost_models.costs import evaluate
-from cost_models.hardware import PRESETS, HardwareProfile
+from cost_models.hardware import PRESETS, Calibration, HardwareProfile
 from cost_models.pipeline import PipelineError, PipelineSpec
 from layout_planner.choices import (
     RECOMPUTE_TRIALS,
@@ -76,9 +79,25 @@ class ScaleSpec:
     recompute: tuple[tuple[str, str], ...]
     memory_limit_bytes: int | None
     time_limit_s: float
+    backend: str = "placement"
+    use_measurements: bool = True
+    #: the preset's calibration refitted from measurements (None: the base)
+    calibration: dict[str, Any] | None = None
+    measurements: int = 0
+
+    #: What a job of this spec makes (``JobOut.kind``).
+    kind = "scale"
 
     def canonical(self) -> dict[str, Any]:
-        return {
+        out = self._answer_fields()
+        out["backend"] = self.backend
+        out["use_measurements"] = self.use_measurements
+        return out
+
+    def _answer_fields(self) -> dict[str, Any]:
+        """The fields the plan depends on (the hash's); the refit only when
+        there is one, so base-profile requests keep the hashes they had."""
+        out = {
             "config": dict(sorted(self.config.items())),
             "encoder_decoder": self.encoder_decoder,
             "devices": self.devices,
@@ -92,15 +111,47 @@ class ScaleSpec:
             "memory_limit_bytes": self.memory_limit_bytes,
             "time_limit_s": self.time_limit_s,
         }
+        if self.calibration is not None:
+            out["calibration"] = self.calibration
+            out["measurements"] = self.measurements
+        return out
 
     @property
     def request_hash(self) -> str:
-        key = {"scale_cache_version": SCALE_CACHE_VERSION, **self.canonical()}
+        key = {"scale_cache_version": SCALE_CACHE_VERSION, **self._answer_fields()}
         text = json.dumps(key, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()
 
-    def task(self) -> dict[str, Any]:
-        """What a solve worker needs (``api.worker_main.solve_task``)."""
+    @property
+    def profile(self) -> ProfileUsed:
+        """Which hardware profile the plan is made with."""
+        if self.calibration is None:
+            return ProfileUsed(
+                self.hardware, self.backend, BASE, 0, self.use_measurements
+            )
+        return ProfileUsed(
+            self.hardware, self.backend, REFITTED, self.measurements, True
+        )
+
+    def describe(self) -> dict[str, Any]:
+        """The request in brief, for its job row and the job's page."""
+        cfg = self.config
+        return {
+            "kind": self.kind,
+            "model": model_name(self.encoder_decoder, cfg),
+            "devices": self.devices,
+            "hardware": self.hardware,
+            "stages": None if self.stages is None else list(self.stages),
+            "tensor": None if self.tensor is None else list(self.tensor),
+            "time_limit_s": self.time_limit_s,
+            "memory_limit_bytes": self.memory_limit_bytes,
+            "profile": self.profile.to_dict(),
+        }
+
+    def task(self, solver_threads: int = 1) -> dict[str, Any]:
+        """What a solve worker needs (``api.worker_main.solve_task``); the
+        scale search runs one CP-SAT thread per trial whatever
+        ``solver_threads`` says."""
         return {"kind": "scale", "spec": self.canonical()}
 
     @classmethod
@@ -118,6 +169,10 @@ class ScaleSpec:
             recompute=tuple((str(a), str(f)) for a, f in d["recompute"]),
             memory_limit_bytes=d["memory_limit_bytes"],
             time_limit_s=float(d["time_limit_s"]),
+            backend=str(d.get("backend", "placement")),
+            use_measurements=bool(d.get("use_measurements", True)),
+            calibration=d.get("calibration"),
+            measurements=int(d.get("measurements", 0)),
         )
 
     def transformer_config(self) -> TransformerConfig:
@@ -125,6 +180,10 @@ class ScaleSpec:
 
     def hardware_profile(self) -> HardwareProfile:
         hw = PRESETS[self.hardware]
+        if self.calibration is not None:
+            hw = dataclasses.replace(
+                hw, calibration=Calibration.from_dict(self.calibration)
+            )
         if self.memory_limit_bytes is not None:
             hw = hw.with_memory(self.memory_limit_bytes)
         return hw
@@ -134,8 +193,12 @@ def _named(error: MtfError) -> RequestError:
     return RequestError(str(error))
 
 
-def scale_spec(req: ScalePlanRequest, settings: Settings) -> ScaleSpec:
-    """Checks ``req`` (RequestError naming the bad value) and canonicalizes it."""
+def scale_spec(
+    req: ScalePlanRequest, settings: Settings, learned: Learned | None = None
+) -> ScaleSpec:
+    """Checks ``req`` (RequestError naming the bad value) and canonicalizes it.
+    The preset is refitted from its measurements on ``req.backend``
+    (``learned``) unless ``req.use_measurements`` is false."""
     if req.hardware not in PRESETS:
         raise RequestError(
             f"unknown hardware {req.hardware!r}; expected one of {sorted(PRESETS)}"
@@ -199,6 +262,9 @@ def scale_spec(req: ScalePlanRequest, settings: Settings) -> ScaleSpec:
         "activation_dtype": cfg.activation_dtype,
         "master_dtype": cfg.master_dtype,
     }
+    fitted, used = choose_profile(
+        req.hardware, req.backend, req.use_measurements, learned
+    )
     return ScaleSpec(
         config=canonical,
         encoder_decoder=m.encoder_decoder,
@@ -212,12 +278,19 @@ def scale_spec(req: ScalePlanRequest, settings: Settings) -> ScaleSpec:
         recompute=tuple(recompute),
         memory_limit_bytes=req.memory_limit_bytes,
         time_limit_s=float(req.time_limit_s),
+        backend=req.backend,
+        use_measurements=req.use_measurements,
+        calibration=None
+        if used.source != REFITTED or fitted.calibration is None
+        else fitted.calibration.to_dict(),
+        measurements=used.measurements if used.source == REFITTED else 0,
     )
 
 
-def plan_spec_locally(spec: ScaleSpec) -> ScalePlan:
+def plan_spec_locally(spec: ScaleSpec, progress: Report | None = None) -> ScalePlan:
     """``plan_transformer`` for ``spec``: what the worker runs, and what a
-    test compares the service's answer with."""
+    test compares the service's answer with.  ``progress(phase, fraction)``
+    before each mesh of the search and before the winner's check."""
     return plan_transformer(
         spec.transformer_config(),
         spec.devices,
@@ -230,6 +303,7 @@ def plan_spec_locally(spec: ScaleSpec) -> ScalePlan:
         schedule=spec.schedule,
         recompute=spec.recompute,
         time_limit_s=spec.time_limit_s,
+        progress=progress,
     )
 
 
@@ -509,15 +583,23 @@ def scale_plan_dict(
     }
 
 
-def scale_summary(spec: Mapping[str, Any], plan: Mapping[str, Any]) -> dict[str, Any]:
+def model_name(encoder_decoder: bool, cfg: Mapping[str, Any]) -> str:
+    """'lm 4 layers, d_model 512' (and ', 8 experts')."""
+    return (
+        f"{'encoder-decoder' if encoder_decoder else 'lm'} "
+        f"{cfg['num_layers']} layers, d_model {cfg['d_model']}"
+        + (f", {cfg['experts']} experts" if cfg["experts"] else "")
+    )
+
+
+def scale_summary(
+    spec: Mapping[str, Any],
+    plan: Mapping[str, Any],
+    profile: ProfileUsed | None = None,
+) -> dict[str, Any]:
     """The columns a listing shows (``ScalePlanSummary``)."""
-    cfg = spec["config"]
     return {
-        "model": (
-            f"{'encoder-decoder' if spec['encoder_decoder'] else 'lm'} "
-            f"{cfg['num_layers']} layers, d_model {cfg['d_model']}"
-            + (f", {cfg['experts']} experts" if cfg["experts"] else "")
-        ),
+        "model": model_name(spec["encoder_decoder"], spec["config"]),
         "devices": plan["devices"],
         "hardware": plan["hardware"],
         "mesh_shape": plan["mesh_shape"],
@@ -531,7 +613,27 @@ def scale_summary(spec: Mapping[str, Any], plan: Mapping[str, Any]) -> dict[str,
         "peak_memory_bytes": plan["memory"]["peak_memory_bytes"],
         "memory_capacity_bytes": plan["memory"]["memory_capacity_bytes"],
         "mfu": plan["mfu"],
+        **({} if profile is None else {"profile": profile.to_dict()}),
     }
+
+
+def scale_record(spec: ScaleSpec, result: Mapping[str, Any]) -> PlanRecord:
+    """The scale plan a worker's ``result`` (:func:`solve_scale_task`) makes
+    for ``spec``, ready to store (``Store.put_scale_plan``)."""
+    plan = result["plan"]
+    canonical = spec.canonical()
+    return PlanRecord(
+        id=spec.request_hash[:16],
+        request_hash=spec.request_hash,
+        created_at=time.time(),
+        graph_hash="",
+        summary=scale_summary(canonical, plan, spec.profile),
+        plan_json=json.dumps(
+            {"request": canonical, "plan": plan},
+            separators=(",", ":"),
+            allow_nan=False,
+        ),
+    )
 
 
 def solve_scale_task(task: Mapping[str, Any], report: Report) -> dict[str, Any]:
@@ -542,7 +644,10 @@ def solve_scale_task(task: Mapping[str, Any], report: Report) -> dict[str, Any]:
     t0 = time.perf_counter()
     spec = ScaleSpec.from_canonical(task["spec"])
     report("planning meshes", 0.1)
-    plan = plan_spec_locally(spec)
+    # The search reports each mesh it tries and the winner's check: 0.1 .. 0.8.
+    plan = plan_spec_locally(
+        spec, lambda phase, fraction: report(phase, 0.1 + 0.7 * fraction)
+    )
     report("pricing recomputation options", 0.8)
     costs = recompute_costs(plan, spec)
     report("pricing weight classes", 0.9)

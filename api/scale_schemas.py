@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.schemas import RANGES
+from api.schemas import BACKEND_DOC, LEARNED_DOC, RANGES, Backend, ProfileUsedOut
 
 #: (smallest, largest) of each number of a scale-plan request.  The layer
 #: count bounds the stage graph the planner builds (its size is linear in the
@@ -131,6 +131,8 @@ class ScalePlanRequest(BaseModel):
         strict=True,  # a number: not true
         description="CP-SAT seconds per trial (the service caps the whole run)",
     )
+    use_measurements: bool = Field(True, strict=True, description=LEARNED_DOC)
+    backend: Backend = Field("placement", description=BACKEND_DOC)
 
 
 class ScalePlanSummary(BaseModel):
@@ -151,6 +153,9 @@ class ScalePlanSummary(BaseModel):
     peak_memory_bytes: int
     memory_capacity_bytes: int
     mfu: float | None
+    profile: ProfileUsedOut | None = Field(
+        None, description="the hardware profile used (absent on older plans)"
+    )
 
 
 class ScalePlanBody(BaseModel):

@@ -159,6 +159,18 @@ LayoutRulesIn = Annotated[
     ),
 ]
 
+LEARNED_DOC = (
+    "Plan a preset named in 'hardware' with its profile refitted from the "
+    "measured steps the service stores (POST /v1/measurements) on 'backend', "
+    "when it has any; false: the preset as shipped.  The answer's 'profile' "
+    "says which was used."
+)
+BACKEND_DOC = (
+    "The lowering backend the plan will run on: whose measurements refit the "
+    "profile (see use_measurements)."
+)
+Backend = Literal["placement", "spmd"]
+
 _GRAPH_DOC = (
     "A serialized mtf graph: the versioned JSON document of "
     "docs/graph-format.md (``mtf.graph_to_dict``)."
@@ -207,6 +219,8 @@ class PlanRequest(BaseModel):
         default=2,
         description="With num_devices: at most this many mesh axes.",
     )
+    use_measurements: bool = Field(True, strict=True, description=LEARNED_DOC)
+    backend: Backend = Field("placement", description=BACKEND_DOC)
 
 
 class EvaluateRequest(BaseModel):
@@ -234,6 +248,21 @@ class ErrorBody(BaseModel):
     )
 
 
+class ProfileUsedOut(BaseModel):
+    """Which hardware profile a plan was made with (``api.learned.ProfileUsed``)."""
+
+    name: str
+    backend: str
+    source: Literal["base", "refitted", "request"] = Field(
+        description="base: the preset as shipped; refitted: the preset "
+        "refitted from 'measurements' measured steps on 'backend'; request: a "
+        "profile object the request gave"
+    )
+    measurements: int = Field(ge=0)
+    use_measurements: bool
+    text: str
+
+
 class PlanSummary(BaseModel):
     """One stored plan, as listed."""
 
@@ -251,6 +280,9 @@ class PlanSummary(BaseModel):
     peak_memory_bytes: int
     memory_capacity_bytes: int
     solve_time_s: float
+    profile: ProfileUsedOut | None = Field(
+        None, description="the hardware profile used (absent on older plans)"
+    )
 
 
 class PlanOut(PlanSummary):
@@ -271,6 +303,13 @@ class JobOut(BaseModel):
     """A solve run off the request path; ``plan_id`` once ``status`` is done."""
 
     id: str
+    kind: Literal["plan", "scale"] = Field(
+        description="plan: a layout plan (GET /v1/plans/{plan_id}); scale: a "
+        "scale plan (GET /v1/scale-plans/{plan_id})"
+    )
+    result_url: str | None = Field(
+        description="where the finished job's plan is (null until done)"
+    )
     status: JobStatus
     phase: str
     progress: float = Field(ge=0, le=1)

@@ -28,6 +28,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
+from api.learned import LearnedProfiles
 from api.metrics import Metrics
 from api.planning import (
     PlanSpec,
@@ -37,6 +38,8 @@ from api.planning import (
     parse_mesh,
     plan_spec,
 )
+from api.scale_planning import ScaleSpec, scale_record, scale_spec
+from api.scale_schemas import ScalePlanRequest
 from api.schemas import EvaluateRequest, PlanRequest
 from api.settings import Settings
 from api.store import JobRecord, PlanRecord, Store, StoreUnavailable
@@ -55,11 +58,26 @@ from mtf_core.serialization.schema import json_safe
 
 log = logging.getLogger(__name__)
 
-__all__ = ["JobFinished", "PlannerService", "QueueFull", "iso"]
+__all__ = ["JobFinished", "JobSpec", "PlannerService", "QueueFull", "RunTooLong", "iso"]
+
+#: What a job plans: a layout plan of a graph, or a Transformer's scale plan.
+JobSpec = PlanSpec | ScaleSpec
 
 
 class JobFinished(Exception):
     """A job cannot be cancelled: it finished already."""
+
+
+class RunTooLong(Exception):
+    """The job ran past the service's cap on one run and was stopped."""
+
+
+#: Why a scale job was stopped (``max_time_limit_s``).
+TOO_LONG_MESSAGE = (
+    "the scale plan did not finish within {s:g} s (the service's "
+    "max_time_limit_s); fix stages, tensor, micro_batches or recompute to "
+    "try fewer meshes, or lower time_limit_s"
+)
 
 
 def iso(ts: float) -> str:
@@ -83,6 +101,7 @@ def plan_summary(
         "peak_memory_bytes": int(cost["peak_memory_bytes"]),
         "memory_capacity_bytes": int(cost["memory_capacity_bytes"]),
         "solve_time_s": float(solve_s),
+        "profile": spec_info["profile"],
     }
 
 
@@ -101,10 +120,26 @@ def plan_body(record: PlanRecord, cached: bool) -> bytes:
     return (text[:-1] + ',"plan":' + record.plan_json + "}").encode()
 
 
+def job_kind(job: JobRecord) -> str:
+    """``"scale"`` for a scale plan's job, else ``"plan"``."""
+    return "scale" if job.request.get("kind") == "scale" else "plan"
+
+
+def result_path(kind: str, plan_id: str) -> str:
+    """Where a job's finished plan is, under /v1 (and, without it, on the
+    dashboard)."""
+    return f"/{'scale-plans' if kind == 'scale' else 'plans'}/{plan_id}"
+
+
 def job_dict(job: JobRecord) -> dict[str, Any]:
     """``JobOut``."""
+    kind = job_kind(job)
     return {
         "id": job.id,
+        "kind": kind,
+        "result_url": None
+        if job.plan_id is None
+        else "/v1" + result_path(kind, job.plan_id),
         "status": job.status,
         "phase": job.phase,
         "progress": job.progress,
@@ -122,8 +157,10 @@ class ResponseCache:
     and the digests of the exact request bytes that asked for it as aliases
     (LRU, at most ``max_aliases``; a few dozen bytes each).
 
-    Stored plans never change, and the same bytes always mean the same
-    request, so a repeated request skips parsing, hashing and the database:
+    Stored plans never change, and the same bytes mean the same request until
+    new measurements change the profile a preset is planned with (then
+    :attr:`epoch` changes, and with it every key of request bytes), so a
+    repeated request skips parsing, hashing and the database:
     the hot path of a CI fleet asking for the same plan again and again.  The
     same request in other bytes (keys in another order, other spacing, a mesh
     written ``{"x": 2}`` instead of ``"x:2"``, a default spelled out) is
@@ -131,6 +168,10 @@ class ResponseCache:
     """
 
     def __init__(self, max_bytes: int, max_aliases: int = 100_000) -> None:
+        #: Salts :meth:`key`: the same bytes may ask for another plan once new
+        #: measurements change the profile they are planned with
+        #: (``LearnedProfiles.epoch``).
+        self.epoch = b""
         self.max_bytes = max_bytes
         self.max_aliases = max_aliases
         self._bytes = 0
@@ -139,10 +180,9 @@ class ResponseCache:
         self._plans: dict[str, str] = {}  # plan id -> request hash, for GET
         self._lock = threading.Lock()
 
-    @staticmethod
-    def key(raw: bytes) -> bytes:
-        """The key of these exact request bytes."""
-        return hashlib.sha256(raw).digest()
+    def key(self, raw: bytes) -> bytes:
+        """The key of these exact request bytes under the current measurements."""
+        return hashlib.sha256(self.epoch + raw).digest()
 
     def get(self, key: bytes) -> bytes | None:
         """The body for request bytes seen before (by :meth:`key`)."""
@@ -222,10 +262,14 @@ class PlannerService:
         self.replica_id = f"{settings.instance_name}/{uuid.uuid4().hex}"
         self.pool = WorkerPool(settings.workers, settings.queue_size)
         self.responses = ResponseCache(settings.response_cache_bytes)
+        self.learned = LearnedProfiles(store)
         self._lock = threading.Lock()
         self._inflight: dict[str, str] = {}  # request hash -> job id
         self._futures: dict[str, concurrent.futures.Future[PlanRecord]] = {}
         self._running: set[str] = set()
+        # Runs with a cap (scale plans): their timers, and those stopped by one.
+        self._timers: dict[str, threading.Timer] = {}
+        self._too_long: dict[str, float] = {}
         # Other replicas' jobs that requests here wait for: id -> its future.
         self._watched: dict[str, concurrent.futures.Future[PlanRecord]] = {}
         self._watch_lock = threading.Lock()
@@ -241,6 +285,7 @@ class PlannerService:
         """Reaps dead replicas' jobs once, starts the workers and the
         maintenance thread.  Returns how many jobs were reaped."""
         reaped = self.reap()
+        self.refresh_measurements()
         self.pool.start()
         self._maintenance.start()
         log.info("replica %s started", self.replica_id)
@@ -248,6 +293,10 @@ class PlannerService:
 
     def stop(self) -> None:
         self._stop.set()
+        with self._lock:
+            timers, self._timers = list(self._timers.values()), {}
+        for timer in timers:
+            timer.cancel()
         self.pool.shutdown()
         with self._watch_lock:
             watched, self._watched = dict(self._watched), {}
@@ -281,6 +330,7 @@ class PlannerService:
                     next_beat = time.monotonic() + self.settings.heartbeat_s
                     self._beat()
                     self.reap()
+                    self.refresh_measurements()
                     self.last_maintenance = time.time()
             except StoreUnavailable as e:  # busy or down: next round
                 log.warning("job maintenance skipped a round: %s", e)
@@ -306,7 +356,7 @@ class PlannerService:
                 self._watched.pop(job_id, None)
             record = None
             if job is not None and job.status == JobStatus.DONE and job.plan_id:
-                record = self.store.get_plan(job.plan_id)
+                record = self.result_record(job_kind(job), job.plan_id)
             if record is not None:
                 fut.set_result(record)
             elif job is not None and job.status == JobStatus.CANCELLED:
@@ -323,9 +373,36 @@ class PlannerService:
                 fut = self._watched[job_id] = concurrent.futures.Future()
             return fut
 
+    # -- measurements ---------------------------------------------------------------------
+    def refresh_measurements(self) -> None:
+        """Reads the store's measurement stamps (``LearnedProfiles``); when
+        they changed, request bytes answered before are parsed again."""
+        if self.learned.refresh():
+            self.responses.epoch = self.learned.epoch
+
+    def spec_is_cheap(self, hardware: object, backend: str) -> bool:
+        """Whether making the spec of a request with this ``hardware`` and
+        ``backend`` reads nothing from the store (a refit known already)."""
+        return not isinstance(hardware, str) or self.learned.warm(hardware, backend)
+
     # -- plans ----------------------------------------------------------------------------
     def spec(self, req: PlanRequest) -> PlanSpec:
-        return plan_spec(req, self.settings)
+        return plan_spec(req, self.settings, self.learned.profile)
+
+    def scale_spec(self, req: ScalePlanRequest) -> ScaleSpec:
+        return scale_spec(req, self.settings, self.learned.profile)
+
+    def stored(self, spec: JobSpec) -> PlanRecord | None:
+        """The stored plan (or scale plan) of this request, if any."""
+        if isinstance(spec, ScaleSpec):
+            return self.store.get_scale_plan_by_hash(spec.request_hash)
+        return self.store.get_plan_by_hash(spec.request_hash)
+
+    def result_record(self, kind: str, plan_id: str) -> PlanRecord | None:
+        """A job's finished plan: a scale plan when ``kind`` is ``"scale"``."""
+        if kind == "scale":
+            return self.store.get_scale_plan(plan_id)
+        return self.store.get_plan(plan_id)
 
     def answer_from_memory(self, spec: PlanSpec, key: bytes) -> bytes | None:
         """The cached ``PlanOut`` of this canonical request, if this replica
@@ -364,12 +441,14 @@ class PlannerService:
         load_graph(json.loads(spec.graph_json), self.settings)
 
     def submit(
-        self, spec: PlanSpec
+        self, spec: JobSpec
     ) -> tuple[JobRecord, concurrent.futures.Future[PlanRecord] | None]:
         """A job for ``spec`` (the one already solving it, here or on another
-        replica, or a new one) and the future of its plan, taken before the
-        job can finish (None only when joining a job that finished meanwhile).
-        Raises QueueFull when the queue is full."""
+        replica, or a new one) and the future of its plan (a scale plan for a
+        ``ScaleSpec``), taken before the job can finish (None only when
+        joining a job that finished meanwhile).  Raises QueueFull when the
+        queue is full.  A scale plan's run is stopped past
+        ``max_time_limit_s`` (the future raises RunTooLong)."""
         with self._lock:
             job_id = self._inflight.get(spec.request_hash)
             if job_id is not None:
@@ -381,7 +460,8 @@ class PlannerService:
                     f"{self.pool.queue_depth} jobs are waiting (queue_size="
                     f"{self.settings.queue_size}); try again later"
                 )
-            self.store.put_graph(spec.graph_hash, spec.graph_name, spec.graph_json)
+            if isinstance(spec, PlanSpec):
+                self.store.put_graph(spec.graph_hash, spec.graph_name, spec.graph_json)
             job = self._new_job(spec)
             stored = self.store.create_job(job)
             if stored.id != job.id and self._stale(stored):
@@ -390,7 +470,7 @@ class PlannerService:
             if stored.id != job.id:  # another replica is solving it
                 return stored, self._watch(stored.id)
             # It may have been stored since this request missed the cache.
-            record = self.store.get_plan_by_hash(spec.request_hash)
+            record = self.stored(spec)
             if record is not None:
                 self.store.update_job(
                     job.id,
@@ -405,11 +485,14 @@ class PlannerService:
                 done.set_result(record)
                 return self.store.get_job(job.id) or job, done
             done = concurrent.futures.Future()
+            cap = (
+                self.settings.max_time_limit_s if isinstance(spec, ScaleSpec) else None
+            )
             try:
                 fut = self.pool.submit(
                     job.id,
                     spec.task(self.settings.solver_threads),
-                    on_start=lambda: self._started(job.id),
+                    on_start=lambda: self._started(job.id, cap),
                     on_progress=lambda phase, frac: self._progress(job.id, phase, frac),
                 )
             except QueueFull as e:
@@ -422,7 +505,7 @@ class PlannerService:
         fut.add_done_callback(lambda f: self._finished(job, spec, f, done))
         return job, done
 
-    def _new_job(self, spec: PlanSpec, **fields: Any) -> JobRecord:
+    def _new_job(self, spec: JobSpec, **fields: Any) -> JobRecord:
         """A queued job of this replica for ``spec``; ``fields`` override."""
         now = self.store.now()
         values: dict[str, Any] = {
@@ -461,10 +544,24 @@ class PlannerService:
         with self._lock:
             return self._futures.get(job_id)
 
-    def _started(self, job_id: str) -> None:
+    def _started(self, job_id: str, cap_s: float | None = None) -> None:
         with self._lock:
             self._running.add(job_id)
+            if cap_s is not None:
+                timer = threading.Timer(cap_s, self._overran, (job_id, cap_s))
+                timer.daemon = True
+                self._timers[job_id] = timer
+                timer.start()
         self._progress(job_id, "starting", 0.05, status=JobStatus.RUNNING)
+
+    def _overran(self, job_id: str, cap_s: float) -> None:
+        """A capped run went past its cap: stop it (``_finished`` says why)."""
+        with self._lock:
+            if job_id not in self._futures:
+                return  # finished meanwhile
+            self._too_long[job_id] = cap_s
+        log.info("job %s ran past its cap of %g s; stopping it", job_id, cap_s)
+        self.pool.cancel(job_id)
 
     def _progress(
         self, job_id: str, phase: str, fraction: float, status: str | None = None
@@ -482,7 +579,7 @@ class PlannerService:
     def _finished(
         self,
         job: JobRecord,
-        spec: PlanSpec,
+        spec: JobSpec,
         fut: concurrent.futures.Future[Any],
         done: concurrent.futures.Future[PlanRecord],
     ) -> None:
@@ -490,6 +587,13 @@ class PlannerService:
             try:
                 result = fut.result()
             except TaskCancelled as e:
+                with self._lock:
+                    cap_s = self._too_long.get(job.id)
+                if cap_s is not None:
+                    why = TOO_LONG_MESSAGE.format(s=cap_s)
+                    self._close_job(job.id, spec, JobStatus.FAILED, why)
+                    done.set_exception(RunTooLong(why))
+                    return
                 self._close_job(job.id, spec, JobStatus.CANCELLED, str(e))
                 done.set_exception(e)
                 return
@@ -498,17 +602,7 @@ class PlannerService:
                 done.set_exception(e)
                 return
             self.metrics.solve.observe(result["solve_time_s"])
-            plan = result["plan"]
-            record = self.store.put_plan(
-                PlanRecord(
-                    id=spec.request_hash[:16],
-                    request_hash=spec.request_hash,
-                    created_at=time.time(),
-                    graph_hash=spec.graph_hash,
-                    summary=plan_summary(spec.describe(), plan, result["solve_time_s"]),
-                    plan_json=json.dumps(plan, separators=(",", ":"), allow_nan=False),
-                )
-            )
+            record = self._store_result(spec, result)
             self._close_job(job.id, spec, JobStatus.DONE, None, plan_id=record.id)
             done.set_result(record)
         except Exception:  # storing failed: report it, never lose the waiter
@@ -521,10 +615,27 @@ class PlannerService:
                 finally:
                     done.set_exception(TaskFailed(why))
 
+    def _store_result(self, spec: JobSpec, result: dict[str, Any]) -> PlanRecord:
+        """Stores a worker's result as the plan (or scale plan) of ``spec``;
+        the one stored first when another replica stored it already."""
+        if isinstance(spec, ScaleSpec):
+            return self.store.put_scale_plan(scale_record(spec, result))
+        plan = result["plan"]
+        return self.store.put_plan(
+            PlanRecord(
+                id=spec.request_hash[:16],
+                request_hash=spec.request_hash,
+                created_at=time.time(),
+                graph_hash=spec.graph_hash,
+                summary=plan_summary(spec.describe(), plan, result["solve_time_s"]),
+                plan_json=json.dumps(plan, separators=(",", ":"), allow_nan=False),
+            )
+        )
+
     def _close_job(
         self,
         job_id: str,
-        spec: PlanSpec,
+        spec: JobSpec,
         status: str,
         error: str | None,
         plan_id: str | None = None,
@@ -532,6 +643,10 @@ class PlannerService:
         with self._lock:
             self._running.discard(job_id)
             self._futures.pop(job_id, None)
+            self._too_long.pop(job_id, None)
+            timer = self._timers.pop(job_id, None)
+            if timer is not None:
+                timer.cancel()
             if self._inflight.get(spec.request_hash) == job_id:
                 del self._inflight[spec.request_hash]
         # A no-op if the job finished in the store already (cancelled from

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from api_cases import ServerThread, service_settings
+from api_cases import ServerThread, service_settings, wait_job
 from fastapi.testclient import TestClient
 
 from api.cli import main as cli_main
@@ -273,7 +273,18 @@ def test_form_plans_and_forwards_to_the_page(client, served):
     }
     r = client.post("/scale-plans", data=form, follow_redirects=False)
     assert r.status_code == 303, r.text
-    assert r.headers["location"].startswith("/scale-plans/")
+    # To the job's page (its progress), which forwards to the plan when done.
+    job_url = r.headers["location"]
+    assert job_url.startswith("/jobs/")
+    job = wait_job(client, job_url.removeprefix("/jobs/"), ("done", "failed"))
+    assert job["status"] == "done" and job["kind"] == "scale", job
+    page = client.get(job_url, follow_redirects=False)
+    assert page.status_code == 303
+    assert page.headers["location"] == f"/scale-plans/{job['plan_id']}"
+    assert job["result_url"] == f"/v1/scale-plans/{job['plan_id']}"
+    # The same form again: the stored plan, at once.
+    r = client.post("/scale-plans", data=form, follow_redirects=False)
+    assert r.headers["location"] == f"/scale-plans/{job['plan_id']}"
     bad = client.post("/scale-plans", data={**form, "micro_batches": "3"})
     assert bad.status_code == 422
     assert "3 micro-batches do not divide the batch of 16" in bad.text

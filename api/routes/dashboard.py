@@ -33,7 +33,9 @@ from api.service import (
     QueueFull,
     iso,
     job_dict,
+    job_kind,
     plan_header,
+    result_path,
 )
 from api.store import JobRecord, PlanRecord
 from api.store.base import JobStatus
@@ -389,7 +391,9 @@ def job_page(job_id: str, request: Request, service: ServiceDep) -> Response:
     if job is None:
         return _not_found(request, "job", job_id)
     if job.status == JobStatus.DONE and job.plan_id:
-        return RedirectResponse(f"/plans/{job.plan_id}", status_code=303)
+        return RedirectResponse(
+            result_path(job_kind(job), job.plan_id), status_code=303
+        )
     return _job_page(request, service, job)
 
 

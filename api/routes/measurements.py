@@ -4,15 +4,14 @@ A training run reports a plan's measured step time (``mtf-train --report``,
 or any client): the service stores it next to what the plan predicted, and
 refits the plan's hardware profile from every measurement made on it
 (``cost_models.calibration.refit``: least squares on the per-op-class rates,
-starting from the profile's own rates).  ``GET
-/v1/measurements/profile?hardware=NAME`` gives the refitted profile; a plan
-requested with it predicts what was measured more closely.
+starting from the base profile's own rates).  ``GET
+/v1/measurements/profile?hardware=NAME`` gives the refitted profile, and a
+plan or scale-plan request that names that hardware is planned with it by
+default (:mod:`api.learned`; ``use_measurements: false`` opts out).
 """
 
 from __future__ import annotations
 
-import json
-import threading
 import time
 import uuid
 from typing import Annotated, Any, Literal
@@ -22,17 +21,22 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.deps import JsonBody, ServiceDep, json_request_body, parse_body
+from api.learned import (
+    FEATURES,
+    MAX_REFIT_ROWS,
+    GraphMissing,
+    graph_doc,
+    refit_profile,
+)
 from api.routes import error_responses
 from api.store.base import MeasurementRecord, PlanRecord, Store
-from cost_models.calibration import Measurement, predict_s, refit
+from cost_models.calibration import predict_s
 from cost_models.costs import evaluate
 from cost_models.hardware import HardwareProfile
 from mtf_core.errors import MtfError
 
 router = APIRouter(prefix="/v1", tags=["measurements"])
 
-#: Measurements a refit reads (the newest), bounding its work.
-MAX_REFIT_ROWS = 200
 _ID = r"^[A-Za-z0-9_\-]{1,64}$"
 
 
@@ -77,6 +81,10 @@ class MeasurementPosted(MeasurementOut):
         description="The plan's step time under the profile refitted with this "
         "and earlier measurements of the same hardware."
     )
+    refit_measurements: int = Field(
+        description="How many measurements that refit used (the newest "
+        f"{MAX_REFIT_ROWS} of this hardware and backend whose plan is stored)."
+    )
 
 
 class MeasurementList(BaseModel):
@@ -97,73 +105,20 @@ def record_dict(m: MeasurementRecord) -> dict[str, Any]:
     }
 
 
-class _Features:
-    """Step features of stored plans, remembered (a plan never changes)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._by_plan: dict[str, dict[str, float]] = {}
-
-    def of(self, store: Store, plan: PlanRecord) -> dict[str, float]:
-        with self._lock:
-            got = self._by_plan.get(plan.id)
-        if got is None:
-            doc = _graph_doc(store, plan)
-            p = plan.plan
-            got = Measurement(
-                doc, p["mesh_shape"], p["layout_rules"], "placement", 1.0
-            ).features()
-            with self._lock:
-                if len(self._by_plan) > 4096:
-                    self._by_plan.clear()
-                self._by_plan[plan.id] = got
-        return got
-
-
-_FEATURES = _Features()
-
-
-def _graph_doc(store: Store, plan: PlanRecord) -> dict[str, Any]:
-    text = store.get_graph(plan.graph_hash)
-    if text is None:
-        raise HTTPException(404, f"the graph of plan {plan.id} is not stored")
-    doc: dict[str, Any] = json.loads(text)
-    return doc
-
-
 def _plan_hardware(plan: PlanRecord) -> HardwareProfile:
     return HardwareProfile.from_dict(plan.plan["hardware"])
 
 
-def refit_profile(store: Store, hardware: str, backend: str) -> HardwareProfile | None:
-    """The profile named ``hardware`` (as the newest measured plan stored it)
-    refitted from its measurements on ``backend``; None without any."""
-    records = [
-        m
-        for m in store.list_measurements(hardware=hardware, limit=MAX_REFIT_ROWS)
-        if m.backend == backend
-    ]
-    if not records:
-        return None
-    rows = []
-    base: HardwareProfile | None = None
-    for m in records:
-        plan = store.get_plan(m.plan_id)
-        if plan is None:
-            continue
-        base = base or _plan_hardware(plan).for_backend(backend)
-        rows.append((_FEATURES.of(store, plan), m.measured_s))
-    if base is None:
-        return None
-    return refit(base, rows, backend=backend)
-
-
 def _predict(store: Store, plan: PlanRecord, hw: HardwareProfile) -> float:
-    if hw.rates is not None:
-        return predict_s(_FEATURES.of(store, plan), hw.rates)
+    try:
+        if hw.rates is not None:
+            return predict_s(FEATURES.of(store, plan), hw.rates)
+        doc = graph_doc(store, plan)
+    except GraphMissing as e:
+        raise HTTPException(404, str(e)) from None
     from mtf_core.serialization import graph_from_dict
 
-    loaded = graph_from_dict(_graph_doc(store, plan))
+    loaded = graph_from_dict(doc)
     p = plan.plan
     cost = evaluate(
         loaded.graph, p["mesh_shape"], p["layout_rules"], hw, loaded.outputs
@@ -196,7 +151,11 @@ def _post(store: Store, body: MeasurementIn) -> dict[str, Any]:
     store.put_measurement(record)
     fitted = refit_profile(store, hw.name, body.backend)
     assert fitted is not None, "a measurement was just stored"
-    return {**record_dict(record), "refit_predicted_s": _predict(store, plan, fitted)}
+    return {
+        **record_dict(record),
+        "refit_predicted_s": _predict(store, plan, fitted[0]),
+        "refit_measurements": fitted[1],
+    }
 
 
 @router.post(
@@ -214,9 +173,12 @@ async def post_measurement(raw: JsonBody, service: ServiceDep) -> dict[str, Any]
     hardware and backend."""
     body = await parse_body(MeasurementIn, raw)
     try:
-        return await run_in_threadpool(_post, service.store, body)
+        out = await run_in_threadpool(_post, service.store, body)
     except MtfError as e:
         raise HTTPException(422, f"cannot price plan {body.plan_id}: {e}") from None
+    # Plans asked for from now on, on this replica, are made with it.
+    await run_in_threadpool(service.refresh_measurements)
+    return out
 
 
 @router.get(
@@ -257,4 +219,4 @@ def measured_profile(
         raise HTTPException(
             404, f"no measurements of hardware {hardware!r} on backend {backend!r}"
         )
-    return fitted.to_dict()
+    return fitted[0].to_dict()

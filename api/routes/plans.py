@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from fastapi import APIRouter, Query, Response
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse
 
 from api.deps import JsonBody, ServiceDep, json_request_body, parse_body
-from api.errors import error_response, opaque_error
+from api.errors import error_response
 from api.routes import error_responses
+from api.routes.jobs import answer_job
 from api.schemas import JobOut, PlanList, PlanOut, PlanRequest
-from api.service import QueueFull, job_dict, plan_body, plan_header
-from api.store.base import JobStatus
-from api.workers import TaskCancelled, TaskInvalid
+from api.service import QueueFull, plan_body, plan_header
 
 router = APIRouter(prefix="/v1", tags=["plans"])
 
@@ -49,7 +45,8 @@ async def create_plan(raw: JsonBody, service: ServiceDep) -> Response:
     body = await parse_body(PlanRequest, raw)
     # The canonical request (sorted keys, parsed mesh, defaults filled), then
     # memory, then the store: other bytes of a known request stay cheap.
-    if len(raw) > 64 * 1024:
+    # Off the loop when large, or when new measurements need a refit first.
+    if len(raw) > 64 * 1024 or not service.spec_is_cheap(body.hardware, body.backend):
         spec = await run_in_threadpool(service.spec, body)
     else:
         spec = service.spec(body)
@@ -64,40 +61,17 @@ async def create_plan(raw: JsonBody, service: ServiceDep) -> Response:
         job, fut = await run_in_threadpool(service.submit, spec)
     except QueueFull as e:
         return error_response(429, str(e), headers={"Retry-After": "5"})
-    if fut is not None and spec.num_operations <= service.settings.sync_max_operations:
-        waiter = asyncio.wrap_future(fut)
-        waiter.add_done_callback(lambda f: f.cancelled() or f.exception())
-        done, _pending = await asyncio.wait(
-            {waiter}, timeout=service.settings.sync_wait_s
-        )
-        if done:
-            try:
-                record = waiter.result()
-            except TaskInvalid as e:
-                return error_response(422, str(e), error="planner_error")
-            except TaskCancelled as e:
-                return error_response(409, str(e), error="cancelled")
-            except Exception as e:  # the solver or the worker failed: our side
-                return opaque_error(
-                    503,
-                    "the solve failed for a reason that is not the request's",
-                    e,
-                    f"POST /v1/plans, job {job.id}",
-                    error="solve_failed",
-                    headers={"Retry-After": "5"},
-                )
-            service.remember(key, record)
-            return Response(plan_body(record, cached=False), media_type=JSON)
-    latest = await run_in_threadpool(service.store.get_job, job.id)
-    assert latest is not None
-    if latest.status == JobStatus.DONE and latest.plan_id is not None:
-        # Joined an identical request's job that finished meanwhile.
-        done_record = await run_in_threadpool(service.store.get_plan, latest.plan_id)
-        if done_record is not None:
-            return Response(plan_body(done_record, cached=True), media_type=JSON)
-    return JSONResponse(
-        job_dict(latest), status_code=202, headers={"Location": f"/v1/jobs/{job.id}"}
+    wait_s = (
+        service.settings.sync_wait_s
+        if spec.num_operations <= service.settings.sync_max_operations
+        else 0.0
     )
+    out = await answer_job(service, job, fut, wait_s, "POST /v1/plans")
+    if isinstance(out, Response):
+        return out
+    record, cached = out
+    service.remember(key, record)
+    return Response(plan_body(record, cached=cached), media_type=JSON)
 
 
 @router.get(

@@ -4,20 +4,20 @@ dashboard's pages for them (``/scale-plans``).
 
 A request is checked in the server (:func:`api.scale_planning.scale_spec`:
 a 422 naming the value), answered from the store when the same canonical
-request was planned before (``cached: true``), else planned in a solve worker
-process (the service's bounded :class:`~api.workers.WorkerPool`: 429 when its
-queue is full) and stored.  The whole run is capped at the service's
-``max_time_limit_s``: past it the worker is stopped and the answer is a 422
-saying so (narrow ``stages``, ``tensor`` or ``recompute``).
+request was planned before (``cached: true``), else planned by a job
+(``kind: "scale"``) on the service's solve workers, the job machinery the
+layout plans use (:meth:`api.service.PlannerService.submit`): progress per
+mesh tried, cancel, one job per request across replicas, 429 when the queue
+is full.  The answer waits ``sync_wait_s`` for the job, then is a 202 with
+it.  A run is capped at the service's ``max_time_limit_s``: past it the
+worker is stopped and the job fails saying so (a 422 ``too_slow`` to a
+request still waiting: narrow ``stages``, ``tensor`` or ``recompute``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-import time
-import uuid
 from typing import Any
 
 from fastapi import APIRouter, Query, Request, Response
@@ -26,15 +26,16 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from pydantic import ValidationError
 
 from api.deps import FormBody, JsonBody, ServiceDep, json_request_body, parse_body
-from api.errors import error_response, opaque_error
+from api.errors import error_response
 from api.planning import RequestError
 from api.routes import error_responses
 from api.routes.dashboard import _html_responses, _not_found, _page
-from api.scale_planning import ScaleSpec, scale_spec, scale_summary
+from api.routes.jobs import answer_job
 from api.scale_schemas import ScalePlanList, ScalePlanOut, ScalePlanRequest
+from api.schemas import JobOut
 from api.service import PlannerService, iso
 from api.store import PlanRecord
-from api.workers import QueueFull, TaskCancelled, TaskInvalid
+from api.workers import QueueFull
 from cost_models.hardware import PRESETS
 from mtf_core.errors import MtfError
 
@@ -43,22 +44,6 @@ router = APIRouter(prefix="/v1", tags=["scale plans"])
 pages = APIRouter(tags=["dashboard"])
 
 JSON = "application/json"
-
-
-class ScaleFailure(Exception):
-    """Why a scale plan was not made: an HTTP status and a message."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        error: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.error = error
-        self.headers = headers
 
 
 def scale_body(record: PlanRecord, cached: bool) -> bytes:
@@ -75,62 +60,13 @@ def scale_body(record: PlanRecord, cached: bool) -> bytes:
     return (text[:-1] + "," + record.plan_json[1:]).encode()
 
 
-async def plan_scale(
-    service: PlannerService, spec: ScaleSpec
-) -> tuple[PlanRecord, bool]:
-    """The stored plan for ``spec`` (cached), or one planned now in a worker
-    (ScaleFailure says why not)."""
-    record = await run_in_threadpool(
-        service.store.get_scale_plan_by_hash, spec.request_hash
-    )
-    if record is not None:
-        return record, True
-    task_id = "scale-" + uuid.uuid4().hex[:12]
-    try:
-        fut = service.pool.submit(task_id, spec.task())
-    except QueueFull as e:
-        raise ScaleFailure(429, str(e), headers={"Retry-After": "5"}) from None
-    waiter = asyncio.wrap_future(fut)
-    waiter.add_done_callback(lambda f: f.cancelled() or f.exception())
-    cap = service.settings.max_time_limit_s
-    done, _ = await asyncio.wait({waiter}, timeout=cap)
-    if not done:
-        service.pool.cancel(task_id)  # kills the worker; the slot starts another
-        raise ScaleFailure(
-            422,
-            f"the scale plan did not finish within {cap:g} s (the service's "
-            "max_time_limit_s); fix stages, tensor, micro_batches or recompute to "
-            "try fewer meshes, or lower time_limit_s",
-            "too_slow",
-        )
-    try:
-        result = waiter.result()
-    except TaskInvalid as e:
-        raise ScaleFailure(422, str(e), "planner_error") from None
-    except TaskCancelled as e:
-        raise ScaleFailure(503, str(e), headers={"Retry-After": "5"}) from None
-    plan = result["plan"]
-    canonical = spec.canonical()
-    record = PlanRecord(
-        id=spec.request_hash[:16],
-        request_hash=spec.request_hash,
-        created_at=time.time(),
-        graph_hash="",
-        summary=scale_summary(canonical, plan),
-        plan_json=json.dumps(
-            {"request": canonical, "plan": plan},
-            separators=(",", ":"),
-            allow_nan=False,
-        ),
-    )
-    stored = await run_in_threadpool(service.store.put_scale_plan, record)
-    return stored, False
-
-
 @router.post(
     "/scale-plans",
     response_model=ScalePlanOut,
-    responses=error_responses(400, 401, 413, 415, 422, 429, 503),
+    responses={
+        202: {"model": JobOut, "description": "Still planning: poll the job."},
+        **error_responses(400, 401, 409, 413, 415, 422, 429, 503),
+    },
     # A token only when the service has tokens (MTF_PLANNER_API_TOKENS): the
     # empty requirement says a request without one may be answered.
     openapi_extra={
@@ -142,22 +78,32 @@ async def plan_scale(
 async def create_scale_plan(raw: JsonBody, service: ServiceDep) -> Response:
     """The fastest fitting ``pp x dp x tp`` plan for a Transformer shape on
     ``devices`` devices (``plan_transformer``), with what each choice saves
-    or costs.  The body is a ``ScalePlanRequest``."""
+    or costs.  The body is a ``ScalePlanRequest``.
+
+    From the store when this request was planned before (``cached: true``);
+    else a job (``kind: "scale"``, progress per mesh tried) that this answer
+    waits for up to ``sync_wait_s``, then answers 202 with the job to poll
+    (its ``result_url`` once done).  An identical request meanwhile joins
+    that job."""
     body = await parse_body(ScalePlanRequest, raw)
-    spec = scale_spec(body, service.settings)  # RequestError: 422 naming it
+    # RequestError: a 422 naming the value.  A new refit reads the store.
+    if service.spec_is_cheap(body.hardware, body.backend):
+        spec = service.scale_spec(body)
+    else:
+        spec = await run_in_threadpool(service.scale_spec, body)
+    record = await run_in_threadpool(service.stored, spec)
+    if record is not None:
+        return Response(scale_body(record, cached=True), media_type=JSON)
     try:
-        record, cached = await plan_scale(service, spec)
-    except ScaleFailure as e:
-        return error_response(e.status, str(e), error=e.error, headers=e.headers)
-    except Exception as e:  # the planner or the worker failed: our side
-        return opaque_error(
-            503,
-            "the scale plan failed for a reason that is not the request's",
-            e,
-            "POST /v1/scale-plans",
-            error="solve_failed",
-            headers={"Retry-After": "5"},
-        )
+        job, fut = await run_in_threadpool(service.submit, spec)
+    except QueueFull as e:
+        return error_response(429, str(e), headers={"Retry-After": "5"})
+    out = await answer_job(
+        service, job, fut, service.settings.sync_wait_s, "POST /v1/scale-plans"
+    )
+    if isinstance(out, Response):
+        return out
+    record, cached = out
     return Response(scale_body(record, cached), media_type=JSON)
 
 
@@ -332,24 +278,23 @@ async def scale_from_form(
             _index, request, service, fields, "a valid API token is needed to plan", 401
         )
     try:
-        spec = scale_spec(form_request(form.fields), service.settings)
-        record, _ = await plan_scale(service, spec)
+        spec = await run_in_threadpool(
+            lambda: service.scale_spec(form_request(form.fields))
+        )
+        record = await run_in_threadpool(service.stored, spec)
+        if record is not None:
+            return RedirectResponse(f"/scale-plans/{record.id}", status_code=303)
+        job, _ = await run_in_threadpool(service.submit, spec)
     except ValidationError as e:
         err = e.errors()[0]
         message = f"{'.'.join(map(str, err['loc']))}: {err['msg']}"
         return await run_in_threadpool(_index, request, service, fields, message, 422)
     except (MtfError, ValueError) as e:
         return await run_in_threadpool(_index, request, service, fields, str(e), 422)
-    except ScaleFailure as e:
-        return await run_in_threadpool(
-            _index, request, service, fields, str(e), e.status
-        )
-    except Exception:  # the planner or the worker failed: our side
-        error_id = uuid.uuid4().hex[:12]
-        log.exception("scale plan from the form failed [error id %s]", error_id)
-        message = f"the scale plan failed on the server (error id {error_id})"
-        return await run_in_threadpool(_index, request, service, fields, message, 503)
-    return RedirectResponse(f"/scale-plans/{record.id}", status_code=303)
+    except QueueFull as e:
+        return await run_in_threadpool(_index, request, service, fields, str(e), 429)
+    # The job's page shows its progress and forwards to the plan when done.
+    return RedirectResponse(f"/jobs/{job.id}", status_code=303)
 
 
 def chart_data(plan: dict[str, Any]) -> dict[str, Any]:

@@ -203,9 +203,20 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def list_measurements(
-        self, plan_id: str | None = None, hardware: str | None = None, limit: int = 100
+        self,
+        plan_id: str | None = None,
+        hardware: str | None = None,
+        limit: int = 100,
+        backend: str | None = None,
     ) -> list[MeasurementRecord]:
-        """Newest first, of one plan and/or one hardware profile."""
+        """Newest first, of one plan and/or one hardware profile and/or one
+        backend."""
+
+    @abc.abstractmethod
+    def measurement_stamps(self) -> dict[tuple[str, str], tuple[int, float]]:
+        """``(hardware, backend) -> (count, newest created_at)`` of the stored
+        measurements: what changes whenever one is added (one cheap query,
+        so a replica can tell that a refitted profile is out of date)."""
 
     def now(self) -> float:
         """Seconds since the epoch on the store's clock (the database server's,

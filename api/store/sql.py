@@ -394,15 +394,21 @@ class SqlStore(Store):
         )
 
     def list_measurements(
-        self, plan_id: str | None = None, hardware: str | None = None, limit: int = 100
+        self,
+        plan_id: str | None = None,
+        hardware: str | None = None,
+        limit: int = 100,
+        backend: str | None = None,
     ) -> list[MeasurementRecord]:
         where, params = [], []
-        if plan_id is not None:
-            where.append("plan_id = ?")
-            params.append(plan_id)
-        if hardware is not None:
-            where.append("hardware = ?")
-            params.append(hardware)
+        for column, value in (
+            ("plan_id", plan_id),
+            ("hardware", hardware),
+            ("backend", backend),
+        ):
+            if value is not None:
+                where.append(f"{column} = ?")
+                params.append(value)
         clause = f"WHERE {' AND '.join(where)} " if where else ""
         rows = self._run(
             self._MEASUREMENT + clause + "ORDER BY created_at DESC, id LIMIT ?",
@@ -422,6 +428,15 @@ class SqlStore(Store):
             )
             for r in rows
         ]
+
+    def measurement_stamps(self) -> dict[tuple[str, str], tuple[int, float]]:
+        rows = self._run(
+            "SELECT hardware, backend, COUNT(*), MAX(created_at) FROM measurements "
+            "GROUP BY hardware, backend",
+            (),
+            "all",
+        )
+        return {(str(r[0]), str(r[1])): (int(r[2]), float(r[3])) for r in rows}
 
     # -- jobs -----------------------------------------------------------------------------
     def create_job(self, job: JobRecord) -> JobRecord:

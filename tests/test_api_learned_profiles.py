@@ -1,0 +1,218 @@
+"""Plans use what the service measured, by default: over HTTP, a plan, a
+measured step far from its prediction, and the same request again (no
+profile passed) is planned with the profile refitted from that measurement;
+``use_measurements: false`` keeps the preset.  The real app, SQLite store
+and solve workers; the measured step is reported, not run (the TensorFlow
+loop is ``tests/test_measurements_loop.py``)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from api_cases import mlp_doc, service_settings
+from fastapi.testclient import TestClient
+
+from api.main import create_app
+from api.scale_planning import ScaleSpec
+from cost_models.hardware import HardwareProfile
+from layout_planner.choices import plan_transformer
+from mtf_core.models import TransformerConfig
+
+pytestmark = pytest.mark.solver
+
+BODY: dict[str, Any] = {
+    "graph": mlp_doc(hidden=128, batch=64),
+    "mesh_shape": "x:4",
+    "hardware": "cpu-host",
+    "top_k": 3,
+}
+#: The same request in one fixed set of bytes (the response cache keys them).
+RAW = json.dumps(BODY).encode()
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
+    settings = service_settings(tmp_path_factory.mktemp("learned"))
+    with TestClient(create_app(settings)) as c:
+        yield c
+
+
+def _post(client: TestClient, raw: bytes) -> dict[str, Any]:
+    r = client.post(
+        "/v1/plans", content=raw, headers={"Content-Type": "application/json"}
+    )
+    assert r.status_code == 200, r.text
+    out: dict[str, Any] = r.json()
+    return out
+
+
+def _measure(client: TestClient, plan_id: str, step_s: float) -> dict[str, Any]:
+    r = client.post(
+        "/v1/measurements",
+        json={"plan_id": plan_id, "step_s": step_s, "source": "test"},
+    )
+    assert r.status_code == 201, r.text
+    out: dict[str, Any] = r.json()
+    return out
+
+
+def test_a_measured_step_moves_the_next_plan_of_the_same_request(
+    client: TestClient,
+) -> None:
+    first = _post(client, RAW)
+    assert first["profile"] == {
+        "name": "cpu-host",
+        "backend": "placement",
+        "source": "base",
+        "measurements": 0,
+        "use_measurements": True,
+        "text": "cpu-host base profile (no measurements on placement)",
+    }
+    predicted = first["time_s"]
+    measured = 4.0 * predicted  # the run was far slower than predicted
+    report = _measure(client, first["id"], measured)
+    assert report["predicted_s"] == pytest.approx(predicted, rel=1e-9)
+    assert report["refit_measurements"] == 1
+
+    # The very same bytes, no profile passed: planned again, refitted.
+    second = _post(client, RAW)
+    assert second["cached"] is False and second["id"] != first["id"]
+    assert second["profile"]["source"] == "refitted"
+    assert second["profile"]["measurements"] == 1
+    assert second["profile"]["text"] == (
+        "cpu-host refitted from 1 measurement on placement"
+    )
+    again = second["time_s"]
+    assert abs(again - measured) < abs(predicted - measured)
+    assert abs(again / measured - 1) < 0.25
+    # The profile used is the one GET /v1/measurements/profile gives.
+    fitted = client.get(
+        "/v1/measurements/profile", params={"hardware": "cpu-host"}
+    ).json()
+    assert second["plan"]["hardware"] == fitted
+    assert HardwareProfile.from_dict(fitted).rates is not None
+    # Asked again: the refitted plan, from the store or memory.
+    third = _post(client, RAW)
+    assert third["cached"] is True and third["id"] == second["id"]
+
+    # Opting out: the preset as shipped, the first plan (from the store).
+    out = _post(client, json.dumps({**BODY, "use_measurements": False}).encode())
+    assert out["cached"] is True and out["id"] == first["id"]
+    assert out["time_s"] == predicted
+    assert (
+        out["plan"]["hardware"]
+        == client.get("/v1/hardware").json()["presets"]["cpu-host"]
+    )
+
+    # Another measurement: the refit, the hash and the plan change again.
+    _measure(client, second["id"], measured)
+    fourth = _post(client, RAW)
+    assert fourth["cached"] is False
+    assert fourth["id"] not in (first["id"], second["id"])
+    assert fourth["profile"]["measurements"] == 2
+    assert abs(fourth["time_s"] / measured - 1) < 0.25
+
+    # Measurements on the other backend leave placement plans alone.
+    spmd = _post(client, json.dumps({**BODY, "backend": "spmd"}).encode())
+    assert spmd["profile"]["source"] == "base" and spmd["id"] == first["id"]
+
+    # The plan's page and its job say which profile was used.
+    page = client.get(f"/plans/{fourth['id']}").text
+    assert 'id="plan-profile"' in page
+    assert "cpu-host refitted from 2 measurements on placement" in page
+    base_page = client.get(f"/plans/{first['id']}").text
+    assert "cpu-host base profile" in base_page
+    jobs = client.get("/v1/jobs").json()["jobs"]
+    job = next(j for j in jobs if j["plan_id"] == fourth["id"])
+    assert job["request"]["profile"]["measurements"] == 2
+
+
+def test_a_profile_object_is_used_as_given(client: TestClient) -> None:
+    preset = client.get("/v1/hardware").json()["presets"]["cpu-host"]
+    mine = {**preset, "peak_flops": preset["peak_flops"] / 2}
+    out = _post(client, json.dumps({**BODY, "hardware": mine}).encode())
+    assert out["profile"]["source"] == "request"
+    assert out["profile"]["text"] == "cpu-host as the request gave it"
+    assert out["plan"]["hardware"] == mine
+    # The preset's own numbers given as an object are the preset's request:
+    # the same hash, so the stored plan made with them (the base profile).
+    same = _post(client, json.dumps({**BODY, "hardware": preset}).encode())
+    assert same["cached"] is True and same["profile"]["source"] == "base"
+
+
+def test_use_measurements_must_be_a_boolean(client: TestClient) -> None:
+    for bad in ("no", 0, None):
+        r = client.post("/v1/plans", json={**BODY, "use_measurements": bad})
+        assert r.status_code == 422, r.text
+        assert "use_measurements" in r.text
+    r = client.post("/v1/plans", json={**BODY, "backend": "gpu"})
+    assert r.status_code == 422 and "backend" in r.text
+
+
+SCALE_MODEL: dict[str, Any] = {
+    "num_layers": 2,
+    "d_model": 256,
+    "heads": 4,
+    "d_kv": 64,
+    "d_ff": 1024,
+    "vocab": 1024,
+    "length": 32,
+    "batch": 16,
+}
+SCALE: dict[str, Any] = {
+    "model": SCALE_MODEL,
+    "devices": 8,
+    "hardware": "h100-nvlink-ib",
+    "stages": [1, 2],
+    "tensor": [1, 2],
+    "time_limit_s": 2,
+}
+
+
+def test_scale_plans_use_the_refitted_profile_too(tmp_path: Path) -> None:
+    settings = service_settings(tmp_path)
+    with TestClient(create_app(settings)) as c:
+        base = c.post("/v1/scale-plans", json=SCALE)
+        assert base.status_code == 200, base.text
+        assert base.json()["profile"]["source"] == "base"
+        # A plan on the same hardware, measured 20x slower than predicted.
+        plan = _post(c, json.dumps({**BODY, "hardware": "h100-nvlink-ib"}).encode())
+        _measure(c, plan["id"], 20 * plan["time_s"])
+
+        r = c.post("/v1/scale-plans", json=SCALE)
+        assert r.status_code == 200, r.text
+        learned = r.json()
+        assert learned["cached"] is False and learned["id"] != base.json()["id"]
+        assert learned["profile"]["source"] == "refitted"
+        assert learned["profile"]["measurements"] == 1
+        assert learned["step_time_s"] != base.json()["step_time_s"]
+        # What plan_transformer plans with that profile, here.
+        fitted = c.get(
+            "/v1/measurements/profile", params={"hardware": "h100-nvlink-ib"}
+        ).json()
+        local = plan_transformer(
+            TransformerConfig(**SCALE_MODEL, activation_dtype="bfloat16"),
+            8,
+            HardwareProfile.from_dict(fitted),
+            stages=[1, 2],
+            tensor=[1, 2],
+            time_limit_s=2,
+        )
+        assert learned["mesh_shape"] == local.choice.full_mesh
+        assert learned["step_time_s"] == pytest.approx(local.step_time_s, rel=1e-9)
+        # The stored request carries the refit; a worker rebuilds it exactly.
+        spec = ScaleSpec.from_canonical(learned["request"])
+        assert spec.hardware_profile() == HardwareProfile.from_dict(fitted)
+        assert spec.request_hash == learned["request_hash"]
+
+        out = c.post("/v1/scale-plans", json={**SCALE, "use_measurements": False})
+        assert out.json()["cached"] is True
+        assert out.json()["id"] == base.json()["id"]
+        assert out.json()["profile"]["source"] == "base"
+
+        page = c.get(f"/scale-plans/{learned['id']}").text
+        assert "h100-nvlink-ib refitted from 1 measurement on placement" in page
