@@ -383,6 +383,10 @@ def test_tokens_are_checked_before_the_body(tmp_path):
         )
         assert r.status_code == 422 and r.json()["error"] == "too_slow"
         assert "did not finish within 0.3 s" in r.json()["detail"]
+        # Its job failed saying so (its worker was stopped at 0.3 s).
+        job = c.get("/v1/jobs").json()["jobs"][0]
+        assert job["kind"] == "scale" and job["status"] == "failed"
+        assert job["error"] == r.json()["detail"]
         # Reads stay open.
         assert c.get("/v1/scale-plans").status_code == 200
         assert c.get("/scale-plans").status_code == 200
