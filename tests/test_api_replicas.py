@@ -335,6 +335,50 @@ def test_one_request_sent_to_every_replica_at_once_is_solved_once(
     assert sum(phase == "done" for _, phase in rows) == 1, rows
 
 
+def test_one_scale_request_sent_to_every_replica_at_once_is_planned_once(
+    replicas, database_url
+):
+    """Scale plans are jobs too: one request on every replica at once is one
+    job and one run, and every replica answers with that plan."""
+    body = {
+        "model": {
+            "num_layers": 2, "d_model": 128, "heads": 4, "d_kv": 32,
+            "d_ff": 512, "vocab": 512, "length": 32, "batch": 16,
+        },
+        "devices": 8,
+        "stages": [1, 2],
+        "tensor": [1, 2],
+        "time_limit_s": 3,
+    }  # fmt: skip
+    before = solves(replicas)
+    barrier = threading.Barrier(3 * N_REPLICAS)
+    answers: list[dict[str, Any]] = []
+
+    def submit(replica: Replica) -> None:
+        barrier.wait()
+        r = httpx.post(f"{replica.url}/v1/scale-plans", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        answers.append(r.json())
+
+    threads = [
+        threading.Thread(target=submit, args=(r,)) for r in replicas for _ in range(3)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(answers) == 3 * N_REPLICAS
+    assert len({a["id"] for a in answers}) == 1
+    assert solves(replicas) - before == 1  # one run, counted by the solvers
+    request_hash = answers[0]["request_hash"]
+    rows = sql(
+        database_url,
+        f"SELECT status, phase FROM jobs WHERE request_hash = '{request_hash}'",
+    )
+    assert [phase for _, phase in rows].count("done") == 1, rows
+    assert len(sql(database_url, "SELECT id FROM scale_plans")) >= 1
+
+
 def test_a_job_is_cancelled_from_another_replica_than_its_own(replicas):
     owner, other = replicas[0], replicas[1]
     with httpx.Client(base_url=owner.url, timeout=60) as c:

@@ -119,7 +119,9 @@ def _watch(
     raise TimeoutError(f"job {job_id}: {seen[-1]}")
 
 
-def test_a_scale_job_reports_each_mesh_and_ends_with_the_scale_plan(http):
+def test_a_scale_job_reports_each_mesh_and_ends_with_the_scale_plan(
+    http: httpx.Client,
+) -> None:
     job = _submit(http, MEDIUM)
     assert job["request"]["model"] == "lm 8 layers, d_model 512"
     assert job["request"]["devices"] == 64
@@ -154,7 +156,9 @@ def test_a_scale_job_reports_each_mesh_and_ends_with_the_scale_plan(http):
     assert page.headers["location"] == f"/scale-plans/{plan['id']}"
 
 
-def test_cancelling_a_running_scale_job_stops_it_and_stores_nothing(http):
+def test_cancelling_a_running_scale_job_stops_it_and_stores_nothing(
+    http: httpx.Client,
+) -> None:
     before = http.get("/v1/scale-plans").json()["total"]
     job = _submit(http, LONG)
     seen = _watch(http, job["id"], lambda j: MESH_PHASE.match(j["phase"]))
@@ -182,7 +186,9 @@ def test_cancelling_a_running_scale_job_stops_it_and_stores_nothing(http):
     assert wait_job(http, short["id"], ("done", "failed"))["status"] == "done"
 
 
-def test_identical_requests_at_once_share_one_job_and_one_plan(http, server):
+def test_identical_requests_at_once_share_one_job_and_one_plan(
+    http: httpx.Client, server: ServerThread
+) -> None:
     body = {**SHORT, "time_limit_s": 4}
     barrier = threading.Barrier(4)
     answers: list[httpx.Response] = []
@@ -229,6 +235,6 @@ def test_a_second_service_on_the_store_joins_the_first_ones_job(
         first = wait_job(http, job["id"], ("done", "failed"))
         assert first["status"] == "done" and first["plan_id"] == out["id"]
         assert second.get(f"/v1/jobs/{job['id']}").json()["status"] == "done"
-        store = second.app.state.service.store
+        store = second.app.state.service.store  # type: ignore[attr-defined]
         hashes = [j.request_hash for j in store.list_jobs(500)]
         assert hashes.count(out["request_hash"]) == 1  # one run, the first's
