@@ -18,6 +18,8 @@ from cost_models.pipeline import PipelineCost
 from layout_planner.errors import PlannerError
 from layout_planner.plan import LayoutPlan
 from mtf_core.models import TransformerConfig
+from mtf_core.optimize import Optimizer
+from mtf_core.pipeline import PipelinedModel, build_planned_lm
 
 
 class ScaleError(PlannerError, ValueError):
@@ -105,6 +107,40 @@ class ScalePlan:
         return self.model_flops / (
             self.devices * self.hardware.peak_flops * self.step_time_s
         )
+
+    @property
+    def encoder_decoder(self) -> bool:
+        """Whether the plan is for an encoder-decoder.  Not a field (the
+        searches do not record it): its model flops are the
+        encoder-decoder's count for this config, which is always larger than
+        the LM's."""
+        from layout_planner.choices import model_flops
+
+        return self.model_flops == model_flops(self.config, encoder_decoder=True)
+
+    @property
+    def boundary_bytes(self) -> int:
+        """Per device, the activation slice one micro-batch sends across a
+        stage boundary (what ``pipeline.send_s`` is the shift time of)."""
+        from mtf_core.comm import LayoutContext
+
+        c = self.choice
+        ctx = LayoutContext.make(c.stage_mesh, self.stage_plan.layout_rules)
+        stage = self.config.replace(batch=self.config.batch // c.micro_batches)
+        return ctx.slice_bytes(boundary_shape(stage), self.config.activation_dtype)
+
+    def pipelined_model(
+        self, optimizer: Optimizer | str, learning_rate: float | None = None
+    ) -> PipelinedModel:
+        """The plan's training step as a pipelined graph (no TensorFlow):
+        :func:`mtf_core.pipeline.build_planned_lm`.  ``optimizer`` is the one
+        the plan was priced with (``plan_transformer``'s ``optimizer``; the
+        plan does not record it).  Lower it with
+        ``mtf_core.lowering.pipeline_step.PipelinedStep(model,
+        plan.choice.full_mesh, plan.layout_rules)``, or the whole hand-off
+        with ``PipelinedStep.from_plan(plan, optimizer)``.  Raises
+        ``PipelineConfigError`` for an encoder-decoder plan."""
+        return build_planned_lm(self, optimizer, learning_rate)
 
     def explain(self) -> str:
         """The choices, and what each saves or costs."""

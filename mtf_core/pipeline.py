@@ -54,10 +54,11 @@ from mtf_core.models.transformer import (
 from mtf_core.ops import elementwise as ew
 from mtf_core.ops.creation import constant, placeholder
 from mtf_core.ops.elementwise import CastOp
-from mtf_core.ops.stored import StoredRead
+from mtf_core.ops.stored import StoredRead, slot_sharding
 from mtf_core.ops.variables import Assign, Variable
 from mtf_core.optimize import STEP_NAME, Optimizer, make_optimizer
 from mtf_core.pipeline_schedule import (
+    PipelineConfigError,
     PipelineStages,
     Work,
     global_order,
@@ -397,7 +398,9 @@ class _StageBuilder:
 
     def weight_gradients(self, variables: Sequence[Variable]) -> list[Tensor | None]:
         """Each variable's accumulated gradient; a stored weight's goes from
-        its read back to the variable now (one reduce-scatter per step)."""
+        its read back to the variable now (one reduce-scatter per step), but
+        one updated under slot names keeps its read's (``apply_grads``
+        reduce-scatters it into the slot names, as for ``build_lm``)."""
         m = self.spec.micro_batches
         last = {
             v: read
@@ -408,7 +411,8 @@ class _StageBuilder:
         for v in variables:
             g = self.accumulated.get(v)
             read = last.get(v)
-            if g is not None and read is not None:
+            slots_only = slot_sharding(v.graph, v.name) is not None
+            if g is not None and read is not None and not slots_only:
                 (g,) = gradients([read], [v.outputs[0]], [g])
             out.append(g)
         return out
@@ -420,3 +424,68 @@ def _read_variable(read: StoredRead) -> Variable | None:
     if isinstance(op, CastOp):
         op = op.inputs[0].operation
     return op if isinstance(op, Variable) else None
+
+
+# --------------------------------------------------------------------------
+# a scale plan's pipeline
+# --------------------------------------------------------------------------
+
+
+class PlannedPipeline(Protocol):
+    """What :func:`build_planned_lm` reads of a plan's choice (the scale
+    planner's ``ScaleChoice`` has these fields)."""
+
+    @property
+    def stages(self) -> int: ...
+    @property
+    def micro_batches(self) -> int: ...
+    @property
+    def schedule(self) -> str: ...
+    @property
+    def recompute_attention(self) -> str: ...
+    @property
+    def recompute_ffn(self) -> str: ...
+    @property
+    def full_mesh(self) -> str: ...
+
+
+class PipelinePlan(Protocol):
+    """A plan for a pipelined Transformer (the scale planner's ``ScalePlan``):
+    the model's config (weights stored shardable), the mesh, pipeline and
+    recomputation chosen, the stage's layout rules over the mesh without the
+    pipeline axis, and the device count.  ``encoder_decoder`` plans have no
+    pipelined lowering."""
+
+    @property
+    def config(self) -> TransformerConfig: ...
+    @property
+    def choice(self) -> PlannedPipeline: ...
+    @property
+    def layout_rules(self) -> str: ...
+    @property
+    def devices(self) -> int: ...
+    @property
+    def encoder_decoder(self) -> bool: ...
+
+
+def build_planned_lm(
+    plan: PipelinePlan,
+    optimizer: Optimizer | str,
+    learning_rate: float | None = None,
+) -> PipelinedModel:
+    """:func:`build_pipelined_lm` for ``plan``: its config with the chosen
+    recomputation, cut into the chosen stages, micro-batches and schedule (a
+    plan of one stage is a one-stage pipeline: its ``m`` micro-batches'
+    gradients accumulated, as the planner priced it).  ``optimizer``: the
+    one the plan was priced with (a plan does not record it)."""
+    if plan.encoder_decoder:
+        raise PipelineConfigError(
+            f"the plan ({plan.choice.full_mesh}) is for an encoder-decoder; "
+            "only a Transformer LM (encoder_decoder=False) has a pipelined lowering"
+        )
+    c = plan.choice
+    cfg = plan.config.replace(
+        recompute_attention=c.recompute_attention, recompute_ffn=c.recompute_ffn
+    )
+    spec = PipelineStages(c.stages, c.micro_batches, c.schedule)
+    return build_pipelined_lm(cfg, spec, optimizer, learning_rate)

@@ -33,7 +33,8 @@ from mtf_core.lowering.compiled import CompiledFunction
 from mtf_core.lowering.counters import CollectiveRecord, Counters
 from mtf_core.lowering.devices import logical_cpu_devices
 from mtf_core.lowering.placement import LaidOutTensor, PlacementMeshImpl
-from mtf_core.pipeline import PipelinedModel
+from mtf_core.optimize import Optimizer
+from mtf_core.pipeline import PipelinedModel, PipelinePlan, build_planned_lm
 from mtf_core.pipeline_schedule import Work, stage_orders
 from mtf_core.shapes import Shape, convert_to_shape
 
@@ -217,6 +218,41 @@ class PipelinedStep:
             for s, m in enumerate(model.meshes)
         }
         self.fn = _PipelinedFunction(self)
+
+    @classmethod
+    def from_plan(
+        cls,
+        plan: PipelinePlan,
+        optimizer: Optimizer | str,
+        learning_rate: float | None = None,
+        devices: Sequence[str] | None = None,
+    ) -> PipelinedStep:
+        """The step of a scale plan (``layout_planner``'s ``ScalePlan``, or any
+        :class:`~mtf_core.pipeline.PipelinePlan`): its model
+        (:func:`~mtf_core.pipeline.build_planned_lm`, with the ``optimizer``
+        the plan was priced with) on its mesh ``pp:p;dp:d;tp:t`` under its
+        stage rules.  A plan of one stage lowers as a one-stage pipeline
+        (``pp:1``: micro-batches, no sends).  ``devices``: exactly the
+        plan's device count (default: that many logical CPUs).
+
+        >>> # plan = plan_transformer(cfg, 8, stages=[2], optimizer="sgd")
+        >>> # step = PipelinedStep.from_plan(plan, "sgd", 0.5)
+        >>> # loss = step({"inputs": ids, "targets": next_ids})
+        """
+        mesh = plan.choice.full_mesh
+        size = convert_to_shape(mesh).size
+        if size != plan.devices:
+            raise ConfigError(
+                f"the plan's mesh [{mesh}] has {size} devices but the plan is "
+                f"for {plan.devices}; expected equal"
+            )
+        if devices is not None and len(devices) != plan.devices:
+            raise ConfigError(
+                f"{len(devices)} devices given for a plan on {plan.devices} "
+                f"devices (mesh [{mesh}]); expected {plan.devices}"
+            )
+        model = build_planned_lm(plan, optimizer, learning_rate)
+        return cls(model, mesh, plan.layout_rules, devices)
 
     @property
     def counters(self) -> Counters | None:
