@@ -285,6 +285,12 @@ def test_form_plans_and_forwards_to_the_page(client, served):
     # The same form again: the stored plan, at once.
     r = client.post("/scale-plans", data=form, follow_redirects=False)
     assert r.headers["location"] == f"/scale-plans/{job['plan_id']}"
+    # The index lists the scale jobs, with their phase and progress.
+    index = client.get("/scale-plans").text
+    assert 'id="scale-jobs"' in index and f'href="/jobs/{job["id"]}"' in index
+    assert 'name="use_measurements"' in index
+    bad = client.post("/scale-plans", data={**form, "use_measurements": "maybe"})
+    assert bad.status_code == 422 and "use_measurements &#39;maybe&#39;" in bad.text
     bad = client.post("/scale-plans", data={**form, "micro_batches": "3"})
     assert bad.status_code == 422
     assert "3 micro-batches do not divide the batch of 16" in bad.text
@@ -502,4 +508,22 @@ def test_scale_page_draws_its_charts_in_chromium(tmp_path, served):
                     chart,
                 )
                 assert inked > 2000, (chart, inked)
+            # The form: to the job's page (progress), then to the plan's.
+            seen: list[str] = []
+            page.on("response", lambda r: seen.append(r.url))
+            page.goto(f"{server.url}/scale-plans")
+            for name, value in {
+                **MODEL,
+                "devices": 8,
+                "stages": 1,
+                "tensor": 1,
+            }.items():
+                page.fill(f"#scale-form input[name={name}]", str(value))
+            page.fill("#scale-form input[name=memory_limit_gib]", "1")
+            page.click("#scale-form button[type=submit]")
+            page.wait_for_url(f"{server.url}/scale-plans/*", timeout=60_000)
+            page.wait_for_selector("body[data-charts-ready='1']", timeout=15_000)
+            assert any("/jobs/" in url for url in seen), seen
+            assert page.inner_text("#plan-profile").startswith("Hardware profile: base")
+            assert errors == []
             browser.close()

@@ -33,7 +33,7 @@ from api.routes.dashboard import _html_responses, _not_found, _page
 from api.routes.jobs import answer_job
 from api.scale_schemas import ScalePlanList, ScalePlanOut, ScalePlanRequest
 from api.schemas import JobOut
-from api.service import PlannerService, iso
+from api.service import PlannerService, iso, job_dict, job_kind
 from api.store import PlanRecord
 from api.workers import QueueFull
 from cost_models.hardware import PRESETS
@@ -173,6 +173,7 @@ _SCALE_FORM_BODY = {
                             "activation_dtype",
                             "master_dtype",
                             "schedule",
+                            "use_measurements",
                             "token",
                         )
                     },
@@ -206,6 +207,10 @@ def form_request(fields: dict[str, str]) -> ScalePlanRequest:
         "master_dtype": fields.get("master_dtype") or "float32",
         "schedule": fields.get("schedule") or "1f1b",
     }
+    use = (fields.get("use_measurements") or "true").strip().lower()
+    if use not in ("true", "false"):
+        raise RequestError(f"use_measurements {use!r}; expected 'true' or 'false'")
+    body["use_measurements"] = use == "true"
     for name in ("stages", "tensor"):
         text = fields.get(name, "").strip()
         if text:
@@ -234,6 +239,7 @@ def _index(
     status: int = 200,
 ) -> Response:
     records, total = service.store.list_scale_plans(200)
+    jobs = [job_dict(j) for j in service.store.list_jobs(100) if job_kind(j) == "scale"]
     return _page(
         request,
         "scale_index.html",
@@ -243,6 +249,7 @@ def _index(
                 for r in records
             ],
             "total": total,
+            "jobs": jobs[:10],
             "fields": FORM_FIELDS,
             "form": form or {},
             "presets": sorted(PRESETS),
