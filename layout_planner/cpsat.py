@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -240,6 +241,16 @@ class LayoutModel:
         over = over[np.argsort(-need[over], kind="stable")]
         return [int(r) for r in over[:_ROWS_PER_ROUND]]
 
+    def broken_rows(self, values: Sequence[int]) -> list[int]:
+        """:meth:`violated_rows` over the peak (memory objective) or the
+        capacity (time)."""
+        limit = (
+            values[self.peak.index]
+            if self.peak is not None
+            else self.program.capacity_bytes
+        )
+        return self.violated_rows(values, limit)
+
     def _set_objective(self) -> None:
         self.model.minimize(self.primary())
 
@@ -404,10 +415,28 @@ class _Run:
     wall_s: float
 
 
-class _Solver:
+class LazyRows(Protocol):
+    """A model whose memory rows are added when an answer breaks them (what
+    :class:`SolveLoop` needs): :class:`LayoutModel`, and the joint model of
+    :mod:`layout_planner.recompute_cpsat`."""
+
+    model: cp_model.CpModel
+
+    def broken_rows(self, values: Sequence[int]) -> list[int]:
+        """Rows not in the model yet that ``values`` breaks, worst first."""
+        ...
+
+    def add_rows(
+        self, rows: Sequence[int], clone: cp_model.CpModel | None = None
+    ) -> None:
+        """Adds ``rows`` to the model (and to ``clone``, a clone of it)."""
+        ...
+
+
+class SolveLoop:
     """Runs the phases of :func:`solve_program` against one deadline."""
 
-    def __init__(self, lm: LayoutModel, params: SolveParams) -> None:
+    def __init__(self, lm: LazyRows, params: SolveParams) -> None:
         self.lm = lm
         self.params = params
         self.deadline = time.monotonic() + params.time_limit_s
@@ -430,12 +459,7 @@ class _Solver:
             if not run.status.has_solution:
                 return run
             lm = self.lm
-            limit = (
-                run.values[lm.peak.index]
-                if lm.peak is not None
-                else lm.program.capacity_bytes
-            )
-            rows = lm.violated_rows(run.values, limit)
+            rows = lm.broken_rows(run.values)
             if not rows:
                 return run
             self.rows_added += len(rows)
@@ -504,7 +528,7 @@ def solve_program(
     """
     t0 = time.monotonic()
     lm = LayoutModel(program, params.max_objective_weight)
-    run = _Solver(lm, params)
+    run = SolveLoop(lm, params)
     secondary = lm.secondary_terms()
     if lm.peak is None and secondary is not None:
         lm.model.minimize(secondary.on(lm.model))
@@ -546,7 +570,7 @@ def solve_program(
 
 
 def _solve_one(
-    lm: LayoutModel, run: _Solver, rank: int, secondary: Terms | None
+    lm: LayoutModel, run: SolveLoop, rank: int, secondary: Terms | None
 ) -> Solution | SolveStatus:
     workers = max(run.params.num_workers, 1)
     time_terms = lm.time_terms()
@@ -590,7 +614,7 @@ def _solve_one(
 
 def _lexicographic(
     lm: LayoutModel,
-    run: _Solver,
+    run: SolveLoop,
     rank: int,
     model: cp_model.CpModel,
     time_terms: Terms,

@@ -165,3 +165,44 @@ def workers_for(program: IntegerProgram, cores: int) -> int:
     if variables <= SMALL_PROGRAM_VARIABLES:
         return 1
     return max(1, min(cores, 8))
+
+
+@dataclass(frozen=True, eq=False)
+class OptionProgram:
+    """One option of a :class:`ChoiceProgram`: its own integer program (time
+    objective, its own capacity) and, per x variable, the ``(dim name, mesh
+    axis index)`` it stands for, which is how options share their x."""
+
+    program: IntegerProgram
+    x_keys: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True, eq=False)
+class ChoiceProgram:
+    """Several programs on one mesh of which exactly one is chosen, together
+    with its layout (:mod:`layout_planner.recompute_cpsat`).  On equal time
+    the earlier option wins."""
+
+    options: tuple[OptionProgram, ...]
+
+
+@dataclass(frozen=True)
+class ChoiceResult:
+    """What :func:`layout_planner.recompute_cpsat.solve_choice` returns.
+
+    ``option``: the chosen option's index (None without a solution);
+    ``solution``: its layout, ``x`` indexed as that option's program;
+    ``excluded``: the options ruled out before the search (a live set that
+    cannot fit however its tensors are split, or a dim set with no valid
+    assignment)."""
+
+    status: SolveStatus
+    option: int | None
+    solution: Solution | None
+    wall_time_s: float
+    num_solves: int
+    num_variables: int
+    num_constraints: int
+    phases: tuple[tuple[str, str, float], ...]
+    memory_rows_added: int
+    excluded: tuple[int, ...]
