@@ -8,6 +8,7 @@ loop is ``tests/test_measurements_loop.py``)."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -151,6 +152,31 @@ def test_use_measurements_must_be_a_boolean(client: TestClient) -> None:
         assert "use_measurements" in r.text
     r = client.post("/v1/plans", json={**BODY, "backend": "gpu"})
     assert r.status_code == 422 and "backend" in r.text
+
+
+def test_another_replicas_measurement_is_used_within_a_heartbeat(
+    tmp_path: Path,
+) -> None:
+    """Two services on one SQLite file: a measurement reported to the first
+    is used by the second once its heartbeat reads the store's stamps."""
+    first = service_settings(tmp_path, instance_name="a")
+    other = service_settings(tmp_path, instance_name="b", heartbeat_s=0.2)
+    body = json.dumps({**BODY, "mesh_shape": "x:2"}).encode()
+    with TestClient(create_app(first)) as a, TestClient(create_app(other)) as b:
+        base = _post(a, body)
+        assert _post(b, body)["id"] == base["id"]  # b answers from the store
+        _measure(a, base["id"], 3 * base["time_s"])
+        refitted = _post(a, body)  # a knows at once
+        assert refitted["profile"]["source"] == "refitted"
+        t0 = time.monotonic()
+        while True:
+            out = _post(b, body)
+            if out["id"] == refitted["id"]:
+                break
+            assert out["id"] == base["id"]
+            assert time.monotonic() - t0 < 5, "b never used the measurement"
+            time.sleep(0.05)
+        assert out["cached"] is True and out["profile"]["measurements"] == 1
 
 
 SCALE_MODEL: dict[str, Any] = {
