@@ -45,41 +45,54 @@ class ChoiceModel:
     Options ``k = 0..K-1`` (each an :class:`IntegerProgram`, see
     :class:`~layout_planner.cpsat.LayoutModel`: dim sets ``S``, local
     assignments ``a``, time ``t_k[S,a]``, live sets ``L``, capacity
-    ``cap_k``).  Variables::
+    ``cap_k``).  A dim set alike in several options (the same names, local
+    assignments and invalid ones; the recomputation options share nearly
+    all) is one group ``G`` with owners ``O(G)``; only its time, buffer and
+    bytes differ between them.  Variables::
 
         r_k in {0,1}          option k is chosen;  sum_k r_k = 1
         x[d,m] in {0,1}       name d split over mesh axis m (one per (name,
                               axis) some option allows, shared by all)
-        z_k[S,a] in {0,1}     option k's dim set S takes assignment a
+        z[G,a] in {0,1}       group G takes assignment a
         B_k >= 0              option k's largest collective buffer
         T' >= 0               the chosen option's time above T_lo
 
-    Constraints (``[r_k]``: enforced only when option k is chosen; an
-    option not chosen leaves its z free and its rows and time unread)::
+    Constraints (``[r_k]``: enforced only when option k is chosen; ``[O]``:
+    when one of the options O is, a literal equal to ``sum_{k in O} r_k``;
+    a group no chosen option owns is free, and an option not chosen has its
+    time and rows unread)::
 
         sum_m x[d,m] <= 1
-        sum_a z_k[S,a] = 1,  z_k[S,a] = 0 if option k's lowering rejects a
-        x[d,m] = sum_{a: a(d)=m} z_k[S,a]           for d in S      [r_k]
-        x[d,m] + x[e,m] <= 1        d, e share a tensor in k        [r_k]
-        x[d,b] <= sum_{e<d} x[e,a]  k's interchangeable axes a < b  [r_k]
+        sum_a z[G,a] = 1,  z[G,a] = 0 if the owners' lowering rejects a
+        x[d,m] = sum_{a: a(d)=m} z[G,a]             for d in G   [O(G)]
+        x[d,m] + x[e,m] <= 1        d, e share a tensor in k     [r_k]
+        x[d,b] <= sum_{e<d} x[e,a]  k's interchangeable axes a < b [r_k]
         x[d,m] <= sum_{k allows (d,m)} r_k    (a name only some options have)
-        B_k >= sum_a buf_k[S,a] z_k[S,a]
-        T' >= T0_k - T_lo + sum_{S,a} (t_k[S,a] - t0_k[S]) z_k[S,a]  [r_k]
-        c_L + sum_{S,a} m_k[L,S,a] z_k[S,a] + B_k <= cap_k          [r_k]
+        B_k >= sum_a buf_k[G,a] z[G,a]                    for G of k
+        T' >= T0_k - T_lo + sum_{G of k, a} (t_k[G,a] - t0_k[G]) z[G,a]  [r_k]
+        T' >= C - T_lo + sum_{G owned by all, a} min_k t_k[G,a] z[G,a]
+        c_L + sum_{G of k, a} m_k[L,G,a] z[G,a] + B_k <= cap_k         [r_k]
 
-    A pair or precedence constraint every option has is added once,
-    unenforced.  ``t0_k[S]``: the least time of S's valid assignments;
-    ``T0_k``: option k's offset plus those; ``T_lo``: the least ``T0_k``.
-    Rows are added lazily, as in the single program: the chosen option's
-    live sets are checked against each answer and the broken ones added.  An
-    option is ruled out before the search (``r_k = 0``, none of its
-    variables made) when a dim set has no valid assignment or a live set,
-    split as far as any layout splits it, exceeds ``cap_k``.
+    A constraint every option has is added once, unenforced.  ``t0_k[G]``:
+    the least time of G's valid assignments in option k; ``T0_k``: option
+    k's offset plus those; ``T_lo``: the least ``T0_k``; ``C``: the least,
+    over options, of the offset plus ``t0_k`` of the groups not owned by
+    all.  The second time row holds for every option, so it bounds ``T'``
+    in the linear relaxation, where the enforced rows (big-M) hardly do
+    while ``r`` is fractional.  Rows are added lazily, as in the single
+    program: the chosen option's live sets are checked against each answer
+    and the broken ones added.  An option is ruled out before the search
+    (``r_k = 0``, none of its variables made) when a dim set has no valid
+    assignment or a live set, split as far as any layout splits it, exceeds
+    ``cap_k``.
 
-    (Enforcement literals rather than a disaggregated model, with per-option
-    copies of x and ``sum_a z_k[S,a] = r_k``: that one's linear relaxation is
-    the hull of the options', but CP-SAT took twice as long on it on GPT-3's
-    stage, ``bench/recompute_program.py``.)
+    (Tried while building this, on the GPT-3-shaped stage of
+    ``bench/recompute_program.py``: per-option z and x copies with ``sum_a
+    z_k[S,a] = r_k`` (linear, the hull of the options' relaxations) took
+    about twice as long as per-option z with enforced links, and that about
+    three times as long as these shared groups with the time row above;
+    adding the other options' rows broken under the chosen layout made
+    more rounds, not fewer.)
 
     Objective: ``T'``, then the option's index (less recomputation first),
     then the single program's tie-break over x (names in name order, "not
