@@ -57,8 +57,14 @@ from mtf_core.layout import LayoutRulesLike
 from mtf_core.liveness import step_operations
 from mtf_core.shapes import ShapeLike
 
-#: Weight of the prior against one measured row (relative units).
+#: Weight of the prior against one measured row (relative units), refitting
+#: from a few measured runs: the profile's rates should mostly hold.
 PRIOR_WEIGHT = 1e-3
+#: The same for a calibration sweep, whose rows are made to pin every rate:
+#: only a feature the rows leave undetermined keeps the prior.  (At 1e-3, a
+#: rate the sweep measures 40 times its roofline prior, as a strided sum's,
+#: cost as much pull as one and a half rows 60% off, and stayed well short.)
+SWEEP_PRIOR_WEIGHT = 1e-5
 
 
 def step_features(
@@ -250,7 +256,11 @@ def fit_profile(
     report: dict[str, Any] = {}
     for b, rs in sorted(rows.items()):
         prior = {**roof, **(old.get("coefficients", {}).get(b, {}))}
-        rates = fit_rates(rs, {f: prior.get(f, 0.0) or roof[f] for f in FEATURES})
+        rates = fit_rates(
+            rs,
+            {f: prior.get(f, 0.0) or roof[f] for f in FEATURES},
+            SWEEP_PRIOR_WEIGHT,
+        )
         coefs[b] = rates
         errs = [predict_s(f, rates) / s - 1.0 for f, s in rs]
         report[b] = {

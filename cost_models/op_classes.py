@@ -24,6 +24,12 @@ feature                   unit, counted for
 ``assign_bytes``          variable assignments
 ``large_bytes``           of all the bytes above, those of slices of at least
                           1 MiB (they go to main memory, not the cache)
+``outer_reduce_bytes``    of the reduce bytes, those of a reduction over
+                          outer dims that keeps the slice's innermost one (a
+                          bias or layer-norm gradient), times the share of its
+                          strided reads that miss: ``min(1, row / 4 KiB) *
+                          min(1, rows / 2048)``, the row being the kept inner
+                          block and the rows those summed
 ``<kind>_bytes``          a collective's ring bandwidth term in bytes: allreduce
                           ``2(n-1)/n*b``, allconcat ``(n-1)*b``, alltoall
                           ``(n-1)/n*b``, shift and broadcast ``b``
@@ -48,6 +54,7 @@ from collections.abc import Mapping
 
 from cost_models.hardware import CostModelError, HardwareProfile
 from cost_models.layout_cache import LayoutSizes
+from mtf_core import dtypes
 from mtf_core.comm import CollectiveSpec, LayoutContext
 from mtf_core.graph import Operation
 from mtf_core.ops.onehot_einsum import OneHotEinsumPlan
@@ -63,9 +70,16 @@ COMPUTE_CLASSES = (
     "assign",
 )
 COLLECTIVE_KINDS = ("allreduce", "allconcat", "alltoall", "shift", "broadcast")
-COMPUTE_FEATURES = ("ops", "matmul_flops", "large_bytes") + tuple(
-    f"{c}_bytes" for c in COMPUTE_CLASSES
+COMPUTE_FEATURES = ("ops", "matmul_flops", "large_bytes", "outer_reduce_bytes") + (
+    tuple(f"{c}_bytes" for c in COMPUTE_CLASSES)
 )
+#: ``outer_reduce_bytes``: the page a strided read crosses (prefetchers stop
+#: at its boundary), and the rows of a strided walk past which its lines are
+#: no longer cached for the next one.  Chosen on single-thread timings of
+#: TensorFlow's sums over rows and over columns of 51 shapes (128-16384 rows,
+#: 32-4096 columns, 256 KiB-64 MiB) on the CI host, the rate is fitted.
+PAGE_BYTES = 4096
+STRIDED_ROWS = 2048
 #: A slice at least this large no longer stays in a core's cache between ops:
 #: its bytes also count as ``large_bytes`` (main-memory traffic).
 LARGE_SLICE_BYTES = 1 << 20
@@ -174,7 +188,41 @@ def op_features(
         feats.append(("large_bytes", large))
     if cls == "matmul":
         feats.append(("matmul_flops", float(flops_per_device)))
+    elif cls == "reduce" and op.op_type == "Reduce":
+        outer = _outer_reduce_bytes(op, ctx, sizes)
+        if outer:
+            feats.append(("outer_reduce_bytes", outer))
     return tuple(feats)
+
+
+def _outer_reduce_bytes(op: Operation, ctx: LayoutContext, sizes: LayoutSizes) -> float:
+    """The input slice bytes of a reduction that keeps the slice's innermost
+    dim and sums over outer ones, times ``min(1, row / PAGE_BYTES) * min(1,
+    rows / STRIDED_ROWS)``; 0 for one that reduces the innermost dim (it
+    reads its rows contiguously).
+
+    Summing over outer dims, the kernel walks down ``rows`` rows of the kept
+    inner block (``row`` bytes apart) for each vector of outputs.  Hardware
+    prefetchers stop at a page boundary, so the share ``row / PAGE_BYTES``
+    (up to 1) of those reads land on a page no prefetch reached; and a walk
+    over few rows finds them still cached for the next vector, one over
+    ``STRIDED_ROWS`` or more does not.  Dims whose slice has one element do
+    not count (TensorFlow drops them)."""
+    x = op.inputs[0]
+    kept = set(op.outputs[0].shape.dimension_names)
+    dims = [
+        (d.name, n) for d, n in zip(x.shape.dims, ctx.slice_shape(x.shape)) if n > 1
+    ]
+    if not dims or dims[-1][0] not in kept:
+        return 0.0
+    row = float(dtypes.size_bytes(x.dtype))
+    while dims and dims[-1][0] in kept:
+        row *= dims.pop()[1]
+    rows = math.prod(n for name, n in dims if name not in kept)
+    if rows <= 1:
+        return 0.0
+    share = min(1.0, row / PAGE_BYTES) * min(1.0, rows / STRIDED_ROWS)
+    return sizes.slice_bytes(x) * share
 
 
 def _large_bytes(op: Operation, cls: str, sizes: LayoutSizes) -> float:
@@ -228,6 +276,7 @@ def roofline_rates(hw: HardwareProfile) -> dict[str, float]:
         "ops": 1e-6,
         "matmul_flops": 1.0 / hw.peak_flops,
         "large_bytes": 0.5 / hw.hbm_bandwidth_bytes_per_s,
+        "outer_reduce_bytes": 0.5 / hw.hbm_bandwidth_bytes_per_s,
     }
     for c in COMPUTE_CLASSES:
         rates[f"{c}_bytes"] = 1.0 / hw.hbm_bandwidth_bytes_per_s

@@ -167,6 +167,26 @@ def _allreduce(rows: int, k: int) -> Build:
     return build
 
 
+def _outer_reduce(rows: int, cols: int, k: int) -> Build:
+    # Sums over the rows of a [rows, cols] slice that keep its innermost dim,
+    # as bias and layer-norm gradients sum over the tokens (d is split, so
+    # no allreduce); k variables, so that no two sums are the same op.
+    def build(n: int) -> tuple[Graph, list[Tensor], list[Operation]]:
+        g = Graph()
+        m = mtf.Mesh(g, "m")
+        rows_dim = mtf.Dimension("batch", rows)
+        sums = [
+            mtf.reduce_sum(
+                mtf.get_variable(m, f"x{i}", f"batch:{rows},d:{cols * n}"),
+                reduced_dim=rows_dim,
+            )
+            for i in range(k)
+        ]
+        return g, _scalar(mtf.add_n(sums)), []
+
+    return build
+
+
 def _relayout(kind: str, rows: int, k: int) -> Build:
     # A reshape to a dim the rules leave whole (allconcat) or split on the
     # same axis as another dim (alltoall).
@@ -291,6 +311,12 @@ def sweep_points(n: int) -> list[SweepPoint]:
     pts += [
         SweepPoint("transcendental-1m", _all, "batch:all", _chain(_tanh, 512, 512, 6)),
         SweepPoint("reduce-256k", _all, "batch:all", _chain(_center, 128, 512, 6)),
+    ]
+    # Sums over an outer dim (the innermost kept): 2, 4 and 16 MiB slices.
+    pts += [
+        SweepPoint("reduce-outer-2m", _all, "d:all", _outer_reduce(512, 1024, 6)),
+        SweepPoint("reduce-outer-4m", _all, "d:all", _outer_reduce(4096, 256, 4)),
+        SweepPoint("reduce-outer-16m", _all, "d:all", _outer_reduce(4096, 1024, 4)),
     ]
     # Small whole training steps (not the benchmark's models): the op mix of a
     # real step, with its layout changes, under data- and model-parallel rules.
