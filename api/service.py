@@ -7,7 +7,13 @@ Otherwise a job is created (a row in the store), its solve goes to the
 stored and the job marked done.  An identical request arriving while the
 first is being solved joins that job instead of solving twice, on this
 replica or on another one (a unique index on unfinished jobs' request hash;
-the joiner watches the other replica's job through the store).
+the joiner watches the other replica's job through the store).  A scale-plan
+request (a :class:`~api.scale_planning.ScaleSpec`) takes the same path
+without a graph: its job (``kind: "scale"``) reports ``plan_transformer``'s
+progress, can be cancelled, stores a scale plan, and is stopped past
+``max_time_limit_s``.  A preset named by either request is planned refitted
+from the store's measurements unless the request opts out
+(:mod:`api.learned`).
 
 Every replica runs a maintenance thread: it refreshes the heartbeat of the
 jobs it owns, stops its solves that another replica cancelled, and reaps

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from api_cases import mlp_doc, service_settings
 from fastapi.testclient import TestClient
+from test_api_scale_plans import MODEL
 
 from api.main import create_app
 from api.scale_planning import ScaleSpec
@@ -179,18 +180,8 @@ def test_another_replicas_measurement_is_used_within_a_heartbeat(
         assert out["cached"] is True and out["profile"]["measurements"] == 1
 
 
-SCALE_MODEL: dict[str, Any] = {
-    "num_layers": 2,
-    "d_model": 256,
-    "heads": 4,
-    "d_kv": 64,
-    "d_ff": 1024,
-    "vocab": 1024,
-    "length": 32,
-    "batch": 16,
-}
 SCALE: dict[str, Any] = {
-    "model": SCALE_MODEL,
+    "model": MODEL,
     "devices": 8,
     "hardware": "h100-nvlink-ib",
     "stages": [1, 2],
@@ -221,7 +212,7 @@ def test_scale_plans_use_the_refitted_profile_too(tmp_path: Path) -> None:
             "/v1/measurements/profile", params={"hardware": "h100-nvlink-ib"}
         ).json()
         local = plan_transformer(
-            TransformerConfig(**SCALE_MODEL, activation_dtype="bfloat16"),
+            TransformerConfig(**MODEL, activation_dtype="bfloat16"),
             8,
             HardwareProfile.from_dict(fitted),
             stages=[1, 2],

@@ -286,6 +286,31 @@ def test_overload_is_refused_with_retry_after_and_recovers_within_seconds(
     assert after.errors == [], after.errors[:10]
 
 
+def post_everywhere(
+    replicas: list[Replica], path: str, body: dict[str, Any], times: int = 3
+) -> list[httpx.Response]:
+    """``body`` POSTed to ``path``, ``times`` times on every replica, all at
+    once (a barrier); the answers."""
+    barrier = threading.Barrier(times * len(replicas))
+    answers: list[httpx.Response] = []
+
+    def submit(replica: Replica) -> None:
+        barrier.wait()
+        answers.append(httpx.post(f"{replica.url}{path}", json=body, timeout=120))
+
+    threads = [
+        threading.Thread(target=submit, args=(r,))
+        for r in replicas
+        for _ in range(times)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(answers) == times * len(replicas)
+    return answers
+
+
 def test_one_request_sent_to_every_replica_at_once_is_solved_once(
     replicas, database_url
 ):
@@ -296,23 +321,9 @@ def test_one_request_sent_to_every_replica_at_once_is_solved_once(
         "top_k": 3,
     }
     before = solves(replicas)
-    barrier = threading.Barrier(3 * N_REPLICAS)
-    jobs: list[dict[str, Any]] = []
-
-    def submit(replica: Replica) -> None:
-        barrier.wait()
-        r = httpx.post(f"{replica.url}/v1/jobs", json=body, timeout=60)
-        assert r.status_code == 202, r.text
-        jobs.append(r.json())
-
-    threads = [
-        threading.Thread(target=submit, args=(r,)) for r in replicas for _ in range(3)
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert len(jobs) == 3 * N_REPLICAS
+    answers = post_everywhere(replicas, "/v1/jobs", body)
+    assert [r.status_code for r in answers] == [202] * len(answers), answers
+    jobs = [r.json() for r in answers]
     solving = {j["id"] for j in jobs if j["phase"] != "done (cached)"}
     assert len(solving) == 1, jobs  # every replica joined one job
     with httpx.Client(base_url=replicas[-1].url, timeout=30) as c:
@@ -351,23 +362,9 @@ def test_one_scale_request_sent_to_every_replica_at_once_is_planned_once(
         "time_limit_s": 3,
     }  # fmt: skip
     before = solves(replicas)
-    barrier = threading.Barrier(3 * N_REPLICAS)
-    answers: list[dict[str, Any]] = []
-
-    def submit(replica: Replica) -> None:
-        barrier.wait()
-        r = httpx.post(f"{replica.url}/v1/scale-plans", json=body, timeout=120)
-        assert r.status_code == 200, r.text
-        answers.append(r.json())
-
-    threads = [
-        threading.Thread(target=submit, args=(r,)) for r in replicas for _ in range(3)
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert len(answers) == 3 * N_REPLICAS
+    posted = post_everywhere(replicas, "/v1/scale-plans", body)
+    assert [r.status_code for r in posted] == [200] * len(posted), posted
+    answers = [r.json() for r in posted]
     assert len({a["id"] for a in answers}) == 1
     assert solves(replicas) - before == 1  # one run, counted by the solvers
     request_hash = answers[0]["request_hash"]

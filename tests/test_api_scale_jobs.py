@@ -18,6 +18,7 @@ import httpx
 import pytest
 from api_cases import ServerThread, service_settings, wait_job
 from fastapi.testclient import TestClient
+from test_api_scale_plans import MODEL
 
 from api.main import create_app
 
@@ -25,16 +26,7 @@ pytestmark = pytest.mark.solver
 
 #: About a second of planning: 2 x 2 meshes of a small LM.
 SHORT: dict[str, Any] = {
-    "model": {
-        "num_layers": 2,
-        "d_model": 256,
-        "heads": 4,
-        "d_kv": 64,
-        "d_ff": 1024,
-        "vocab": 1024,
-        "length": 32,
-        "batch": 16,
-    },
+    "model": MODEL,
     "devices": 8,
     "hardware": "h100-nvlink-ib",
     "stages": [1, 2],
