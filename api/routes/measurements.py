@@ -12,6 +12,7 @@ default (:mod:`api.learned`; ``use_measurements: false`` opts out).
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from typing import Annotated, Any, Literal
@@ -29,7 +30,7 @@ from api.learned import (
     refit_profile,
 )
 from api.routes import error_responses
-from api.store.base import MeasurementRecord, PlanRecord, Store
+from api.store.base import MeasurementRecord, PlanRecord, Store, StoreUnavailable
 from cost_models.calibration import predict_s
 from cost_models.costs import evaluate
 from cost_models.hardware import HardwareProfile
@@ -176,8 +177,10 @@ async def post_measurement(raw: JsonBody, service: ServiceDep) -> dict[str, Any]
         out = await run_in_threadpool(_post, service.store, body)
     except MtfError as e:
         raise HTTPException(422, f"cannot price plan {body.plan_id}: {e}") from None
-    # Plans asked for from now on, on this replica, are made with it.
-    await run_in_threadpool(service.refresh_measurements)
+    # Plans asked for from now on, on this replica, are made with it (if the
+    # store is busy now, the next heartbeat reads it).
+    with contextlib.suppress(StoreUnavailable):
+        await run_in_threadpool(service.refresh_measurements)
     return out
 
 
