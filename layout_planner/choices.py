@@ -17,16 +17,19 @@ devices of ``hardware``:
   they break the capacity the stage is planned once more leaving room for
   them.
 
-How the choices are made: recomputation, pipeline and mesh are enumerated
-(each trial a separate, exact CP-SAT solve of the stage's layout, priced by
-:mod:`cost_models.pipeline`), the stored-weight sharding is a boolean per
-variable class and axis inside each solve.  The best trial that fits wins
-(fastest step; ties: fewer stages, then less recomputation).  On each mesh
-the recomputation trials go from least to most recomputation and stop at the
-first that fits (more recomputation only adds work, unless memory pressure
-had forced a slower layout: a pruning, not a proof).  Each trial's layout is
-optimal for its stage's step; the pipeline time is not the CP-SAT objective
-itself (it weighs per-micro-batch and once-per-step work differently).
+How the choices are made: the mesh is enumerated in order of a lower bound
+(:mod:`layout_planner.scale_bounds`), stopping when no remaining mesh can
+beat the best step found; on each mesh the recomputation and the stage's
+layout (the stored-weight and optimizer-slot sharding included) are one
+CP-SAT program (:mod:`layout_planner.recompute_program`: a selector picks
+the option, each option's time and memory rows count only when it is
+picked), unless the option that recomputes least, laid out with no memory
+limit, already fits: recomputation only adds work, so nothing beats it
+there (:mod:`layout_planner.scale_search`).  The best mesh that fits wins
+(fastest step; ties: fewer stages, then less recomputation).  Each trial's
+layout is optimal for its stage's step; the pipeline time is not the CP-SAT
+objective itself (it weighs per-micro-batch and once-per-step work
+differently).
 """
 
 from __future__ import annotations
@@ -34,33 +37,23 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from cost_models.hardware import HardwareProfile
-from cost_models.memory import memory_model
 from cost_models.pipeline import (
-    PipelineCost,
     PipelineError,
     PipelineSpec,
-    held_bytes_per_micro_batch,
-    pipeline_cost,
-    split_step,
 )
 from cost_models.profiles import get_hardware
 from layout_planner import scale_search
-from layout_planner.errors import PlannerError, SolverError
-from layout_planner.planner import auto_layout
 from layout_planner.scale_bounds import StepBound
 from layout_planner.scale_plan import (
     ScaleChoice,
     ScaleError,
     ScalePlan,
     ScaleTrial,
-    boundary_shape,
-    slots_instead_of_stored,
 )
 from mtf_core import dtypes
-from mtf_core.comm import LayoutContext
+from mtf_core.layout import convert_to_layout_rules
 from mtf_core.models import TransformerConfig, build_encoder_decoder, build_lm
 from mtf_core.models.base import ModelGraph
 
@@ -188,8 +181,6 @@ def plan_transformer(
     builder: Callable[..., ModelGraph] = (
         build_encoder_decoder if encoder_decoder else build_lm
     )
-    trials: list[ScaleTrial] = []
-    best: tuple[tuple[float, int, int], ScalePlan] | None = None
     flops = model_flops(cfg, encoder_decoder)
     bounds = StepBound(cfg, builder, optimizer, hw, flops)
     meshes = []
@@ -210,218 +201,23 @@ def plan_transformer(
             bound = bounds.bound_s(pp, dp, tp, m)
             meshes.append((bound, pp, tp, dp, m, spec))
     meshes.sort(key=lambda t: (t[0], t[1], t[2]))
-    if not exhaustive:
-        found = scale_search.search(
-            cfg,
-            [scale_search.Mesh(*t) for t in meshes],
-            hw,
-            builder,
-            optimizer,
-            schedule,
-            recompute,
-            time_limit_s,
-            flops,
-            devices,
-            verify,
-            progress,
-        )
-        return dataclasses.replace(found, planning_s=time.perf_counter() - start)
-    for i, (bound, pp, tp, dp, m, spec) in enumerate(meshes):
-        if best is not None and bound >= best[0][0]:
-            break  # no remaining mesh can be faster
-        if progress is not None:
-            progress(
-                f"mesh {i + 1} of {len(meshes)}: pp {pp} x dp {dp} x tp {tp}",
-                i / len(meshes),
-            )
-        for rank, (attn, ffn) in enumerate(recompute):
-            choice = ScaleChoice(pp, dp, tp, m, schedule, attn, ffn)
-            try:
-                trial, plan = _trial(
-                    cfg,
-                    choice,
-                    spec,
-                    hw,
-                    builder,
-                    optimizer,
-                    time_limit_s,
-                    flops,
-                    devices,
-                )
-            except (PlannerError, SolverError) as e:  # a program CP-SAT rejects
-                trials.append(ScaleTrial(choice, None, None, False, "", str(e)))
-                continue
-            trials.append(trial)
-            if plan is None or not trial.fits:
-                continue
-            key = (plan.step_time_s, pp, rank)
-            if best is None or key < best[0]:
-                best = (key, plan)
-            break  # less recomputation first: the first that fits is kept
-    if best is None:
-        smallest = min(
-            (t for t in trials if t.peak_memory_bytes is not None),
-            key=lambda t: t.peak_memory_bytes or 0,
-            default=None,
-        )
-        hint = (
-            f"; the smallest peak was {smallest.peak_memory_bytes:,} B per device "
-            f"({smallest.choice})"
-            if smallest is not None
-            else ""
-        )
-        raise ScaleError(
-            f"no plan for {layers} layers on {devices} devices of {hw.name!r} fits "
-            f"in {hw.memory_bytes:,} B per device ({len(trials)} trials){hint}"
-        )
-    return dataclasses.replace(
-        best[1], trials=tuple(trials), planning_s=time.perf_counter() - start
+    found = scale_search.search(
+        cfg,
+        [scale_search.Mesh(*t) for t in meshes],
+        hw,
+        builder,
+        optimizer,
+        schedule,
+        recompute,
+        time_limit_s,
+        flops,
+        devices,
+        verify,
+        progress,
+        exhaustive=exhaustive,
+        encoder_decoder=encoder_decoder,
     )
-
-
-def _trial(
-    cfg: TransformerConfig,
-    choice: ScaleChoice,
-    spec: PipelineSpec,
-    hw: HardwareProfile,
-    builder: Callable[..., ModelGraph],
-    optimizer: str,
-    time_limit_s: float,
-    flops: float,
-    devices: int,
-    rules: str | None = None,
-) -> tuple[ScaleTrial, ScalePlan | None]:
-    """Plans one trial's stage graph (or prices the given ``rules``) and
-    prices its pipeline."""
-    stage_cfg = cfg.replace(
-        num_layers=cfg.num_layers // spec.stages,
-        batch=cfg.batch // spec.micro_batches,  # one micro-batch
-        recompute_attention=choice.recompute_attention,
-        recompute_ffn=choice.recompute_ffn,
-    )
-    model = builder(stage_cfg, optimizer=optimizer)
-    first_update = next(
-        i for i, op in enumerate(model.graph.operations) if op.name == "global_step"
-    )
-    k = spec.in_flight
-    limit = hw.memory_bytes
-    # What each other in-flight micro-batch holds (cost_models.pipeline): the
-    # forward ends at the loss, the last stage's head starts at its final norm.
-    ops = model.graph.operations
-    first_backward = 1 + next(
-        i for i, op in enumerate(ops) if op is model.loss.operation
-    )
-    head_start = next(
-        (i for i, op in enumerate(ops) if op.name == "final_norm_scale"),
-        first_backward,
-    )
-    memory = memory_model(model.graph, [model.loss])
-
-    def price(layout_rules: Any, cost: Any) -> PipelineCost:
-        ctx = LayoutContext.make(choice.stage_mesh, layout_rules)
-        split = split_step(model.graph, cost, ctx, hw, first_update)
-        boundary = ctx.slice_bytes(boundary_shape(stage_cfg), cfg.activation_dtype)
-        held = held_bytes_per_micro_batch(
-            model.graph, memory, ctx, first_backward, head_start
-        )
-        return pipeline_cost(
-            spec,
-            split,
-            cost.peak_memory_bytes,
-            held,
-            hw.memory_bytes,
-            boundary,
-            ("pp",),
-            choice.full_mesh,
-            hw,
-        )
-
-    for _attempt in range(2):
-        plan = auto_layout(
-            model.graph,
-            choice.stage_mesh,
-            [model.loss],
-            hw,
-            memory_limit=limit,
-            top_k=1,
-            time_limit_s=time_limit_s,
-        )
-        if rules is not None:  # a given layout, priced by the same model
-            from cost_models.costs import evaluate
-            from mtf_core.layout import convert_to_layout_rules
-
-            given = convert_to_layout_rules(rules)
-            cost = evaluate(model.graph, choice.stage_mesh, given, hw, [model.loss])
-            plan = dataclasses.replace(plan, layout_rules=given, evaluation=cost)
-        if plan.evaluation is None:
-            note = "not verified"
-            return ScaleTrial(
-                choice, None, None, False, str(plan.layout_rules), note
-            ), None
-        cost = plan.evaluation
-        priced = price(plan.layout_rules, cost)
-        # The CP-SAT program sees one micro-batch; the k - 1 others in flight
-        # are priced afterwards.  If they break the capacity, plan once more
-        # leaving room for them (as much as this layout's held).
-        room = hw.memory_bytes - (k - 1) * priced.held_bytes
-        if priced.fits or rules is not None or k == 1 or room <= 0 or room >= limit:
-            break
-        limit = room
-    if rules is None and spec.micro_batches > 1:
-        # The program prices one micro-batch, so it cannot see that a stored
-        # weight's gather runs once per micro-batch while slots-only
-        # sharding's runs once per step: price that variant too.
-        variant = slots_instead_of_stored(plan.layout_rules)
-        if variant is not None:
-            from cost_models.costs import evaluate
-
-            vcost = evaluate(model.graph, choice.stage_mesh, variant, hw, [model.loss])
-            vpriced = price(variant, vcost)
-            if vpriced.fits and (
-                not priced.fits or vpriced.step_time_s < priced.step_time_s
-            ):
-                plan = dataclasses.replace(plan, layout_rules=variant, evaluation=vcost)
-                priced = vpriced
-    named = dict(plan.layout_rules)
-    sharded = tuple(
-        sorted(
-            d.removeprefix("d_model_stored_")
-            for d in named
-            if d.startswith("d_model_stored_")
-        )
-    )
-    slots_only = tuple(
-        sorted(
-            c
-            for c in (
-                d.removeprefix("d_model_slots_")
-                for d in named
-                if d.startswith("d_model_slots_")
-            )
-            if c not in sharded
-        )
-    )
-    scale = ScalePlan(
-        config=cfg,
-        hardware=hw,
-        devices=devices,
-        choice=choice,
-        stage_plan=plan,
-        pipeline=priced,
-        model_flops=flops,
-        trials=(),
-        planning_s=0.0,
-        sharded_classes=sharded,
-        slot_sharded_classes=slots_only,
-    )
-    trial = ScaleTrial(
-        choice,
-        priced.step_time_s,
-        priced.peak_memory_bytes,
-        priced.fits,
-        str(plan.layout_rules),
-    )
-    return trial, scale
+    return dataclasses.replace(found, planning_s=time.perf_counter() - start)
 
 
 def price_layout(
@@ -440,18 +236,13 @@ def price_layout(
     spec = PipelineSpec(choice.stages, choice.micro_batches, choice.schedule)
     spec.check(cfg.num_layers, cfg.batch)
     builder = build_encoder_decoder if encoder_decoder else build_lm
-    devices = choice.stages * choice.data * choice.tensor
-    _, plan = _trial(
+    return scale_search.price_given(
         cfg,
         choice,
-        spec,
+        convert_to_layout_rules(rules),
         hw,
         builder,
         optimizer,
-        5.0,
         model_flops(cfg, encoder_decoder),
-        devices,
-        rules,
+        encoder_decoder,
     )
-    assert plan is not None
-    return plan

@@ -3,9 +3,10 @@
 :class:`ScaleChoice` (one trial's mesh, pipeline and recomputation),
 :class:`ScaleTrial` (what a trial cost), :class:`ScalePlan` (the chosen trial
 with its stage layout and pipelined cost, and :meth:`ScalePlan.explain`) and
-:class:`ScaleError`.  Both the exhaustive search (:mod:`layout_planner.choices`)
-and the stacked one (:mod:`layout_planner.scale_search`) build them; keeping
-them here lets the two import one way.
+:class:`ScaleError`, and the helpers the search
+(:mod:`layout_planner.scale_search`) and its entry points
+(:mod:`layout_planner.choices`) share; keeping them here lets the two import
+one way.
 """
 
 from __future__ import annotations
@@ -84,6 +85,10 @@ class ScalePlan:
     planning_s: float
     sharded_classes: tuple[str, ...] = field(default=())
     slot_sharded_classes: tuple[str, ...] = field(default=())
+    #: The optimizer the plan was priced with, and whether the model is an
+    #: encoder-decoder (``plan_transformer``'s arguments).
+    optimizer: str = "adam"
+    encoder_decoder: bool = False
 
     @property
     def layout_rules(self) -> str:
@@ -109,16 +114,6 @@ class ScalePlan:
         )
 
     @property
-    def encoder_decoder(self) -> bool:
-        """Whether the plan is for an encoder-decoder.  Not a field (the
-        searches do not record it): its model flops are the
-        encoder-decoder's count for this config, which is always larger than
-        the LM's."""
-        from layout_planner.choices import model_flops
-
-        return self.model_flops == model_flops(self.config, encoder_decoder=True)
-
-    @property
     def boundary_bytes(self) -> int:
         """Per device, the activation slice one micro-batch sends across a
         stage boundary (what ``pipeline.send_s`` is the shift time of)."""
@@ -130,15 +125,16 @@ class ScalePlan:
         return ctx.slice_bytes(boundary_shape(stage), self.config.activation_dtype)
 
     def pipelined_model(
-        self, optimizer: Optimizer | str, learning_rate: float | None = None
+        self,
+        optimizer: Optimizer | str | None = None,
+        learning_rate: float | None = None,
     ) -> PipelinedModel:
         """The plan's training step as a pipelined graph (no TensorFlow):
-        :func:`mtf_core.pipeline.build_planned_lm`.  ``optimizer`` is the one
-        the plan was priced with (``plan_transformer``'s ``optimizer``; the
-        plan does not record it).  Lower it with
+        :func:`mtf_core.pipeline.build_planned_lm`.  ``optimizer``: by default
+        the one the plan was priced with (``self.optimizer``).  Lower it with
         ``mtf_core.lowering.pipeline_step.PipelinedStep(model,
         plan.choice.full_mesh, plan.layout_rules)``, or the whole hand-off
-        with ``PipelinedStep.from_plan(plan, optimizer)``.  Raises
+        with ``PipelinedStep.from_plan(plan)``.  Raises
         ``PipelineConfigError`` for an encoder-decoder plan."""
         return build_planned_lm(self, optimizer, learning_rate)
 
@@ -194,6 +190,28 @@ class ScalePlan:
         if self.trials:
             lines.append(f"  {len(self.trials)} trials in {self.planning_s:.1f} s")
         return "\n".join(lines)
+
+
+def weight_sharding(layout_rules: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The weight classes ``layout_rules`` stores sharded
+    (``d_model_stored_<c>`` split), and those whose optimizer slots alone are
+    (``d_model_slots_<c>`` split, the class not stored sharded), each sorted."""
+    named = dict(layout_rules)
+    stored = sorted(
+        d.removeprefix("d_model_stored_")
+        for d in named
+        if d.startswith("d_model_stored_")
+    )
+    slots = sorted(
+        c
+        for c in (
+            d.removeprefix("d_model_slots_")
+            for d in named
+            if d.startswith("d_model_slots_")
+        )
+        if c not in stored
+    )
+    return tuple(stored), tuple(slots)
 
 
 def slots_instead_of_stored(layout_rules: Any) -> Any:

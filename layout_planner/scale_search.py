@@ -24,12 +24,12 @@ Only the winning trial's full stage graph is built: ``evaluate`` prices its
 layout, and :class:`ScaleVerificationError` is raised if that price is not
 the representative's (step time within float rounding, bytes exactly).
 
-Each trial makes the choices :func:`~layout_planner.choices._trial` makes
-(one CP-SAT solve; a second one leaving room for the other micro-batches in
-flight when they break the capacity; slots-only sharding instead of stored
-weights when that is faster), and the search goes through meshes and
-recomputation in the same order with the same stopping rules, so it returns
-the plan the exhaustive search returns (``tests/test_scale_search.py``).
+On each mesh the least-recomputing option is laid out with no memory limit
+and kept if it fits (recomputation only adds work); otherwise recomputation
+and layout are one CP-SAT program (:mod:`layout_planner.recompute_program`).
+``exhaustive=True`` runs the same search with every stage on its own full
+graph, which ``tests/test_scale_search.py`` checks returns the same plan and
+trials.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import copy
 import dataclasses
 import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from cost_models.costs import Cost, evaluate
@@ -55,11 +55,13 @@ from cost_models.pipeline import (
 )
 from cost_models.units import CostUnit, UnitCost, UnitPricer
 from layout_planner.analysis import GraphAnalysis
+from layout_planner.baselines import plan_cost
 from layout_planner.errors import PlannerError, SolverError
 from layout_planner.plan import LayoutPlan
 from layout_planner.plan_mesh import plan_problem
 from layout_planner.problem import LayoutProblem
 from layout_planner.program import Objective, SolveParams
+from layout_planner.recompute_program import solve_with_recomputation
 from layout_planner.scale_plan import (
     ScaleChoice,
     ScaleError,
@@ -67,6 +69,7 @@ from layout_planner.scale_plan import (
     ScaleTrial,
     boundary_shape,
     slots_instead_of_stored,
+    weight_sharding,
 )
 from layout_planner.stacked import (
     DIRECT_LAYERS,
@@ -134,8 +137,8 @@ class _Graph:
         self.first_update = next(
             i for i, op in enumerate(ops) if op.name == "global_step"
         )
-        # As choices._trial: the forward ends at the loss, the last stage's
-        # head starts at its final norm.
+        # The forward ends at the loss, the last stage's head starts at its
+        # final norm (cost_models.pipeline.held_bytes_per_micro_batch).
         self.first_backward = 1 + next(
             i for i, op in enumerate(ops) if op is model.loss.operation
         )
@@ -225,10 +228,14 @@ class _Stages:
         cfg: TransformerConfig,
         builder: Callable[..., ModelGraph],
         optimizer: str,
+        direct: bool = False,
     ) -> None:
         self.cfg = cfg
         self.builder = builder
         self.optimizer = optimizer
+        #: Every stage on its own full graph (no representatives).
+        self.direct = direct
+        self._stages: dict[tuple[ScaleChoice, int], _Stage] = {}
         self._graphs: dict[tuple[int, str, str, int], _Graph] = {}
         self._stacked: dict[tuple[int, str, str, int], StackedAnalysis | None] = {}
         self._stacks: dict[tuple[int, str, str, int], LayerStack | None] = {}
@@ -263,9 +270,20 @@ class _Stages:
         )
 
     def stage(self, choice: ScaleChoice, hw: HardwareProfile) -> _Stage:
+        key = (choice, id(hw))  # one search prices on one profile
+        got = self._stages.get(key)
+        if got is None:
+            got = self._stages[key] = self._stage(choice, hw)
+        return got
+
+    def _stage(self, choice: ScaleChoice, hw: HardwareProfile) -> _Stage:
         n = self.cfg.num_layers // choice.stages
         mesh = convert_to_shape(choice.stage_mesh)
-        stacked = self._stacked_analysis(choice, n) if n > DIRECT_LAYERS else None
+        stacked = (
+            self._stacked_analysis(choice, n)
+            if n > DIRECT_LAYERS and not self.direct
+            else None
+        )
         g = self.graph(choice, n if stacked is None else 2)
         pricer = self._pricers.get((choice.stage_mesh, hw.name))
         if pricer is None or pricer.hw != hw:
@@ -348,25 +366,72 @@ class _Outcome:
     priced: PipelineCost | None
 
 
+#: Bytes per device for the solve that ignores the capacity (CP-SAT's sums
+#: must stay within 64 bits).
+_UNLIMITED = 2**50
+
+#: How much each recomputation option recomputes, per block class.
+_LEVEL = {"none": 0, "scores": 1, "block": 2}
+
+
+def _solve_options(
+    stages: _Stages,
+    options: Sequence[ScaleChoice],
+    hw: HardwareProfile,
+    params: SolveParams,
+    limits: Mapping[ScaleChoice, int],
+) -> tuple[ScaleChoice, LayoutPlan]:
+    """The fastest (option, layout) of ``options`` (one mesh), each option
+    under its ``limits`` bytes per device: one CP-SAT solve, the option a
+    decision of the program
+    (:func:`~layout_planner.recompute_program.solve_with_recomputation`)."""
+    if len(options) == 1:
+        c = options[0]
+        return c, _solve(stages.stage(c, hw), limits[c], params)
+    problems = {}
+    for c in options:
+        problem = stages.stage(c, hw).problem
+        assert problem is not None
+        problems[c] = problem
+    got = solve_with_recomputation(
+        problems, params, capacity_bytes={c: limits[c] for c in options}
+    )
+    return got.key, got.plan
+
+
 def _trial(
     stages: _Stages,
-    choice: ScaleChoice,
+    options: Sequence[ScaleChoice],
     spec: PipelineSpec,
     hw: HardwareProfile,
     params: SolveParams,
+    retry: bool = True,
+    limit: int | None = None,
 ) -> _Outcome:
-    """One trial, with the choices of ``choices._trial``."""
-    stage = stages.stage(choice, hw)
-    stage_cfg = stages.stage_config(choice, 1)
+    """The fastest fitting (option, layout) of ``options`` on their mesh.
+
+    The program sees one micro-batch; the ``k - 1`` others in flight are
+    priced afterwards (``cost_models.pipeline``), and when they break the
+    capacity (``retry``) it is solved once more, each option leaving room
+    for what its own graph holds per micro-batch under the first answer's
+    layout.  A pipelined trial also prices its stored weights as slots-only
+    sharded (gathered once per step instead of once per micro-batch, which
+    the program cannot see) and keeps the faster that fits."""
     k = spec.in_flight
-    limit = hw.memory_bytes
+    first = hw.memory_bytes if limit is None else limit
+    limits = {c: first for c in options}
     for _attempt in range(2):
-        plan = _solve(stage, limit, params)
+        choice, plan = _solve_options(stages, options, hw, params, limits)
+        stage = stages.stage(choice, hw)
+        stage_cfg = stages.stage_config(choice, 1)
         priced, _ = _price(stage, plan.layout_rules, choice, spec, stage_cfg, hw)
-        room = hw.memory_bytes - (k - 1) * priced.held_bytes
-        if priced.fits or k == 1 or room <= 0 or room >= limit:
+        if not retry or priced.fits or k == 1:
             break
-        limit = room
+        rooms = _rooms(stages, options, plan.layout_rules, k, hw)
+        if not rooms or all(rooms[c] >= limits[c] for c in rooms):
+            break
+        options = [c for c in options if c in rooms]
+        limits = rooms
     if spec.micro_batches > 1:
         variant = slots_instead_of_stored(plan.layout_rules)
         if variant is not None:
@@ -384,6 +449,67 @@ def _trial(
         str(plan.layout_rules),
     )
     return _Outcome(trial, plan, priced)
+
+
+def _rooms(
+    stages: _Stages,
+    options: Sequence[ScaleChoice],
+    rules: LayoutRules,
+    in_flight: int,
+    hw: HardwareProfile,
+) -> dict[ScaleChoice, int]:
+    """Per option, the capacity left for one micro-batch's stage when the
+    ``in_flight - 1`` others hold what that option holds under ``rules``
+    (options with no room left are dropped)."""
+    rooms = {}
+    for c in options:
+        try:
+            held = stages.stage(c, hw).parts(rules)[0].held_bytes
+        except LayoutError:
+            continue
+        room = hw.memory_bytes - (in_flight - 1) * held
+        if room > 0:
+            rooms[c] = room
+    return rooms
+
+
+def _least(options: Sequence[ScaleChoice]) -> ScaleChoice | None:
+    """The option that recomputes no more than any other in every block
+    class (its graph's ops are in every other's), if there is one."""
+
+    def level(c: ScaleChoice) -> tuple[int, int]:
+        return _LEVEL[c.recompute_attention], _LEVEL[c.recompute_ffn]
+
+    least = min(options, key=level)
+    a, f = level(least)
+    if all(a <= level(c)[0] and f <= level(c)[1] for c in options):
+        return least
+    return None
+
+
+def _mesh_trial(
+    stages: _Stages,
+    options: Sequence[ScaleChoice],
+    spec: PipelineSpec,
+    hw: HardwareProfile,
+    params: SolveParams,
+) -> tuple[_Outcome, list[ScaleTrial]]:
+    """The mesh's best (recomputation, layout), and the trials that found it.
+
+    Recomputation only adds work, so when the least-recomputing option's
+    fastest layout, with no memory limit, fits, nothing beats it on this
+    mesh; otherwise every option goes into one program, which picks the
+    option with the layout (``_solve_options``)."""
+    least = _least(options)
+    tried: list[ScaleTrial] = []
+    if least is not None:
+        free = _trial(stages, [least], spec, hw, params, retry=False, limit=_UNLIMITED)
+        tried.append(free.trial)
+        if free.trial.fits:
+            return free, tried
+    joint = _trial(stages, options, spec, hw, params)
+    tried.append(joint.trial)
+    return joint, tried
 
 
 @dataclass(frozen=True)
@@ -411,13 +537,16 @@ def search(
     devices: int,
     verify: bool = True,
     progress: Callable[[str, float], None] | None = None,
+    exhaustive: bool = False,
+    encoder_decoder: bool = False,
 ) -> ScalePlan:
     """The search of :func:`~layout_planner.choices.plan_transformer` over
-    ``meshes`` (sorted by bound), on representative stage graphs; the winner
-    verified on its full stage graph when ``verify``; ``progress(phase,
-    fraction)`` before each mesh and before the check."""
+    ``meshes`` (sorted by bound), on representative stage graphs (on each
+    trial's full stage graph when ``exhaustive``); the winner verified on its
+    full stage graph when ``verify``; ``progress(phase, fraction)`` before
+    each mesh and before the check."""
     start = time.perf_counter()
-    stages = _Stages(cfg, builder, optimizer)
+    stages = _Stages(cfg, builder, optimizer, direct=exhaustive)
     params = SolveParams(time_limit_s, 0, 0, 1)
     trials: list[ScaleTrial] = []
     best: tuple[tuple[float, int, int], _Outcome] | None = None
@@ -430,20 +559,19 @@ def search(
                 f"mesh {i + 1} of {len(meshes)}: pp {pp} x dp {dp} x tp {tp}",
                 i / len(meshes),
             )
-        for rank, (attn, ffn) in enumerate(recompute):
-            choice = ScaleChoice(pp, dp, tp, m, schedule, attn, ffn)
-            try:
-                outcome = _trial(stages, choice, mesh.spec, hw, params)
-            except (PlannerError, SolverError) as e:
-                trials.append(ScaleTrial(choice, None, None, False, "", str(e)))
-                continue
-            trials.append(outcome.trial)
-            if outcome.priced is None or not outcome.trial.fits:
-                continue
-            key = (outcome.priced.step_time_s, pp, rank)
-            if best is None or key < best[0]:
-                best = (key, outcome)
-            break  # less recomputation first: the first that fits is kept
+        options = [ScaleChoice(pp, dp, tp, m, schedule, a, f) for a, f in recompute]
+        try:
+            outcome, tried = _mesh_trial(stages, options, mesh.spec, hw, params)
+        except (PlannerError, SolverError) as e:
+            trials.append(ScaleTrial(options[0], None, None, False, "", str(e)))
+            continue
+        trials.extend(tried)
+        if outcome.priced is None or not outcome.trial.fits:
+            continue
+        rank = options.index(outcome.trial.choice)
+        key = (outcome.priced.step_time_s, pp, rank)
+        if best is None or key < best[0]:
+            best = (key, outcome)
     if best is None:
         smallest = min(
             (t for t in trials if t.peak_memory_bytes is not None),
@@ -469,25 +597,7 @@ def search(
         if progress is not None:
             progress(f"checking {choice} on its full stage graph", 1.0)
         plan, priced = _verified(stages, choice, plan, priced, hw)
-    named = dict(plan.layout_rules)
-    sharded = tuple(
-        sorted(
-            d.removeprefix("d_model_stored_")
-            for d in named
-            if d.startswith("d_model_stored_")
-        )
-    )
-    slots_only = tuple(
-        sorted(
-            c
-            for c in (
-                d.removeprefix("d_model_slots_")
-                for d in named
-                if d.startswith("d_model_slots_")
-            )
-            if c not in sharded
-        )
-    )
+    sharded, slots_only = weight_sharding(plan.layout_rules)
     return ScalePlan(
         config=cfg,
         hardware=hw,
@@ -500,6 +610,60 @@ def search(
         planning_s=time.perf_counter() - start,
         sharded_classes=sharded,
         slot_sharded_classes=slots_only,
+        optimizer=optimizer,
+        encoder_decoder=encoder_decoder,
+    )
+
+
+def price_given(
+    cfg: TransformerConfig,
+    choice: ScaleChoice,
+    rules: LayoutRules,
+    hw: HardwareProfile,
+    builder: Callable[..., ModelGraph],
+    optimizer: str,
+    flops: float,
+    encoder_decoder: bool,
+) -> ScalePlan:
+    """``choice`` with the stage layout ``rules`` (e.g. a published
+    configuration), on its full stage graph, priced as the search prices a
+    trial (:func:`_price`; the stage plan's cost is the tables' price of
+    ``rules`` and its evaluation ``evaluate``'s)."""
+    stages = _Stages(cfg, builder, optimizer, direct=True)
+    stage = stages.stage(choice, hw)
+    problem = stage.problem
+    assert problem is not None
+    spec = PipelineSpec(choice.stages, choice.micro_batches, choice.schedule)
+    priced, cost = _price(
+        stage, rules, choice, spec, stages.stage_config(choice, 1), hw
+    )
+    table = problem.table_cost(problem.assignment_from_rules(rules))
+    solved = _solve(stage, hw.memory_bytes, SolveParams(5.0, 0, 0, 1))
+    plan = dataclasses.replace(
+        solved,
+        layout_rules=rules,
+        cost=plan_cost(table, hw.memory_bytes),
+        evaluation=cost,
+        candidates=(),
+    )
+    sharded, slots_only = weight_sharding(rules)
+    trial = ScaleTrial(
+        choice, priced.step_time_s, priced.peak_memory_bytes, priced.fits, str(rules)
+    )
+    return ScalePlan(
+        config=cfg,
+        hardware=hw,
+        devices=choice.stages * choice.data * choice.tensor,
+        choice=choice,
+        stage_plan=plan,
+        pipeline=priced,
+        model_flops=flops,
+        trials=(trial,),
+        planning_s=0.0,
+        sharded_classes=sharded,
+        slot_sharded_classes=slots_only,
+        optimizer=optimizer,
+        encoder_decoder=encoder_decoder,
     )
 
 

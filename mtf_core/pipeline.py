@@ -466,18 +466,20 @@ class PipelinePlan(Protocol):
     def devices(self) -> int: ...
     @property
     def encoder_decoder(self) -> bool: ...
+    @property
+    def optimizer(self) -> str: ...
 
 
 def build_planned_lm(
     plan: PipelinePlan,
-    optimizer: Optimizer | str,
+    optimizer: Optimizer | str | None = None,
     learning_rate: float | None = None,
 ) -> PipelinedModel:
     """:func:`build_pipelined_lm` for ``plan``: its config with the chosen
     recomputation, cut into the chosen stages, micro-batches and schedule (a
     plan of one stage is a one-stage pipeline: its ``m`` micro-batches'
-    gradients accumulated, as the planner priced it).  ``optimizer``: the
-    one the plan was priced with (a plan does not record it)."""
+    gradients accumulated, as the planner priced it).  ``optimizer``: by
+    default the one the plan was priced with (``plan.optimizer``)."""
     if plan.encoder_decoder:
         raise PipelineConfigError(
             f"the plan ({plan.choice.full_mesh}) is for an encoder-decoder; "
@@ -488,4 +490,5 @@ def build_planned_lm(
         recompute_attention=c.recompute_attention, recompute_ffn=c.recompute_ffn
     )
     spec = PipelineStages(c.stages, c.micro_batches, c.schedule)
-    return build_pipelined_lm(cfg, spec, optimizer, learning_rate)
+    chosen = plan.optimizer if optimizer is None else optimizer
+    return build_pipelined_lm(cfg, spec, chosen, learning_rate)

@@ -223,20 +223,20 @@ class PipelinedStep:
     def from_plan(
         cls,
         plan: PipelinePlan,
-        optimizer: Optimizer | str,
+        optimizer: Optimizer | str | None = None,
         learning_rate: float | None = None,
         devices: Sequence[str] | None = None,
     ) -> PipelinedStep:
         """The step of a scale plan (``layout_planner``'s ``ScalePlan``, or any
         :class:`~mtf_core.pipeline.PipelinePlan`): its model
-        (:func:`~mtf_core.pipeline.build_planned_lm`, with the ``optimizer``
-        the plan was priced with) on its mesh ``pp:p;dp:d;tp:t`` under its
+        (:func:`~mtf_core.pipeline.build_planned_lm`, by default with the
+        optimizer the plan was priced with) on its mesh ``pp:p;dp:d;tp:t`` under its
         stage rules.  A plan of one stage lowers as a one-stage pipeline
         (``pp:1``: micro-batches, no sends).  ``devices``: exactly the
         plan's device count (default: that many logical CPUs).
 
         >>> # plan = plan_transformer(cfg, 8, stages=[2], optimizer="sgd")
-        >>> # step = PipelinedStep.from_plan(plan, "sgd", 0.5)
+        >>> # step = PipelinedStep.from_plan(plan, learning_rate=0.5)
         >>> # loss = step({"inputs": ids, "targets": next_ids})
         """
         mesh = plan.choice.full_mesh
