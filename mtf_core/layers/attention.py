@@ -11,7 +11,6 @@ local attention costs the halo exchange's neighbour shifts.
 from __future__ import annotations
 
 import functools
-
 from collections.abc import Sequence
 from typing import Any
 
