@@ -39,13 +39,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from cost_models.hardware import HardwareProfile
-from mtf_core.graph import Operation
+from cost_models.op_costs import hbm_bytes_per_device
+from mtf_core.comm import LayoutContext
 from mtf_core.liveness import step_operations
 from mtf_core.models import TransformerConfig
 from mtf_core.models.base import ModelGraph
-from mtf_core.ops.elementwise import Identity
-from mtf_core.ops.random import RandomOp
-from mtf_core.ops.variables import Variable
 
 __all__ = ["StepBound", "flops_bound_s"]
 
@@ -63,21 +61,17 @@ class _OpWork:
     nbytes: float
 
 
-def _hbm_bytes(op: Operation) -> float:
-    # As cost_models.op_costs.hbm_bytes_per_device, on one device.
-    if isinstance(op, (Variable, Identity)):
-        return 0.0
-    if isinstance(op, RandomOp):
-        return float(sum(t.size_bytes for t in op.outputs))
-    return float(sum(t.size_bytes for t in op.inputs + op.outputs))
-
-
 def _work(model: ModelGraph) -> list[_OpWork]:
     ops = model.graph.operations
     first_update = next(i for i, op in enumerate(ops) if op.name == "global_step")
     index = {op: i for i, op in enumerate(ops)}
+    whole = LayoutContext.make("all:1", "")  # one device: every tensor whole
     return [
-        _OpWork(index[op] >= first_update, op.flops(), _hbm_bytes(op))
+        _OpWork(
+            index[op] >= first_update,
+            op.flops(),
+            float(hbm_bytes_per_device(op, whole)),
+        )
         for op in step_operations(model.graph, [model.loss])
     ]
 
