@@ -5,7 +5,7 @@ planner's top-k under the profile, the data-parallel / model-parallel / 2-D
 presets where they apply, then random valid layouts), predicts each one's
 step with ``cost_models.evaluate`` on the given hardware profile (one rate set
 per backend), measures each one's step on 8 logical CPU devices (a fresh
-process per layout and backend: two warm-up steps, then the fastest of
+process per layout, both backends in it: a warm-up step, then the fastest of
 ``--steps``), and reports per workload, mesh and backend:
 
 * rho: Spearman rank correlation of predicted and measured times;
@@ -37,6 +37,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+Row = dict[str, Any]
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
@@ -106,7 +108,9 @@ def feeds(model: Any) -> list[Any]:
     return out
 
 
-def child(workload: str, mesh: str, rules: str, backends: str, steps: int) -> dict:
+def child(
+    workload: str, mesh: str, rules: str, backends: str, steps: int
+) -> dict[str, Row]:
     """Measures one layout's step on each backend (comma-separated) in this
     process: per backend the fastest of ``steps`` steps after a warm-up, in
     wall seconds and in CPU seconds / usable cores (see ``--clock``)."""
@@ -144,7 +148,7 @@ def child(workload: str, mesh: str, rules: str, backends: str, steps: int) -> di
 
 def measure(
     workload: str, mesh: str, rules: str, backends: list[str], steps: int
-) -> dict:
+) -> dict[str, Row]:
     """One layout's fastest steps, in a fresh process."""
     cmd = [
         sys.executable,
@@ -160,14 +164,16 @@ def measure(
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
     if out.returncode != 0:
         raise RuntimeError(f"child failed ({' '.join(cmd)}):\n{out.stderr[-3000:]}")
-    result: dict = json.loads(out.stdout.strip().splitlines()[-1])
+    result: dict[str, Row] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
 
 
-def candidate_layouts(model: Any, mesh: str, hw: Any, count: int, seed: int) -> list:
+def candidate_layouts(
+    model: Any, mesh: str, hw: Any, count: int, seed: int
+) -> list[tuple[str, str]]:
     """``[(source, rules)]``: planner top-k, presets, then random valid ones."""
     import mtf_core as mtf
-    from cost_models import evaluate
+    from cost_models.costs import evaluate
     from mtf_core.errors import MtfError
     from mtf_core.shapes import convert_to_shape
 
@@ -197,6 +203,20 @@ def candidate_layouts(model: Any, mesh: str, hw: Any, count: int, seed: int) -> 
         tries += 1
         picks = rng.sample(names + [None] * len(axes), len(axes))
         rules = ";".join(f"{d}:{a}" for d, a in zip(picks, axes) if d is not None)
+        if rules not in out and valid(rules):
+            out[rules] = "random"
+    # One dim per axis may give too few (a 1-D mesh has one per dim): then
+    # put two or three dims on an axis.
+    tries = 0
+    while len(out) < count and tries < 5000:
+        tries += 1
+        pool = rng.sample(names, len(names))
+        parts = []
+        for a in axes:
+            k = rng.choice((0, 1, 2, 3))
+            parts += [f"{d}:{a}" for d in sorted(pool[:k])]
+            pool = pool[k:]
+        rules = ";".join(parts)
         if rules not in out and valid(rules):
             out[rules] = "random"
     return [(src, r) for r, src in out.items()]
@@ -259,7 +279,7 @@ def main() -> None:
         rows = [r for path in args.render for r in json.loads(Path(path).read_text())]
         hw = None
         if args.hardware:  # price the measured layouts again on this profile
-            from cost_models import get_hardware
+            from cost_models.profiles import get_hardware
 
             hw = get_hardware(args.hardware)
             rows = reprice(rows, hw)
@@ -269,7 +289,8 @@ def main() -> None:
         p.error("--hardware is required (a profile from mtf-planner calibrate)")
     from common import machine_summary
 
-    from cost_models import evaluate, get_hardware
+    from cost_models.costs import evaluate
+    from cost_models.profiles import get_hardware
 
     machine = machine_summary()
     hw = get_hardware(args.hardware)
@@ -293,7 +314,7 @@ def main() -> None:
                 tasks.append((w, mesh, src, rules, preds))
     print(f"{len(tasks)} layouts, {machine}", flush=True)
 
-    def run(task: tuple) -> list[dict]:
+    def run(task: tuple[str, str, str, str, dict[str, float]]) -> list[Row]:
         w, mesh, src, rules, preds = task
         got = measure(w, mesh, rules, args.backends, args.steps)
         rows = [
@@ -317,20 +338,20 @@ def main() -> None:
             )
         return rows
 
-    rows: list[dict] = []
+    measured: list[Row] = []
     with ThreadPoolExecutor(args.jobs) as pool:
         for rs in pool.map(run, tasks):
-            rows.extend(rs)
+            measured.extend(rs)
             if args.json:  # as it goes: a long run interrupted keeps its rows
-                Path(args.json).write_text(json.dumps(rows, indent=1))
-    render(rows, args, machine, hw)
+                Path(args.json).write_text(json.dumps(measured, indent=1))
+    render(measured, args, machine, hw)
 
 
-def reprice(rows: list[dict], hw: Any) -> list[dict]:
+def reprice(rows: list[Row], hw: Any) -> list[Row]:
     """``rows`` with ``predicted_s`` from ``hw`` (per backend)."""
-    from cost_models import evaluate
+    from cost_models.costs import evaluate
 
-    models = {}
+    models: dict[str, Any] = {}
     out = []
     for r in rows:
         m = models.setdefault(r["workload"], build(r["workload"]))
@@ -341,12 +362,12 @@ def reprice(rows: list[dict], hw: Any) -> list[dict]:
     return out
 
 
-def learned(rows: list[dict], hw: Any) -> list[dict]:
+def learned(rows: list[Row], hw: Any) -> list[Row]:
     """``rows`` predicted by ``hw`` refitted, per backend, from the measured
     steps of the *other* workloads (``cost_models.calibration.refit``: what
     the service does with reported runs), never from the workload's own."""
-    from cost_models import evaluate
     from cost_models.calibration import refit, step_features
+    from cost_models.costs import evaluate
 
     models = {w: build(w) for w in dict.fromkeys(r["workload"] for r in rows)}
     feats = [
@@ -393,11 +414,11 @@ data-parallel, ...) where they apply, then random valid layouts.
 """
 
 
-def _table(rows: list[dict]) -> str:
+def _table(rows: list[Row]) -> str:
     from common import markdown_table
 
     table = []
-    groups: dict[tuple[str, str, str], list[dict]] = {}
+    groups: dict[tuple[str, str, str], list[Row]] = {}
     for r in rows:
         groups.setdefault((r["workload"], r["mesh"], r["backend"]), []).append(r)
     for (w, mesh, b), sel in groups.items():
@@ -433,7 +454,7 @@ def _table(rows: list[dict]) -> str:
     return markdown_table(headers, table)
 
 
-def render(rows: list[dict], args: argparse.Namespace, machine: str, hw: Any) -> None:
+def render(rows: list[Row], args: argparse.Namespace, machine: str, hw: Any) -> None:
     """Prints the tables of ``rows`` and writes them into docs/benchmarks.md:
     as calibrated, and (with several workloads) after learning from the
     other workloads' measured runs."""

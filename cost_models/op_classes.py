@@ -76,8 +76,9 @@ COMPUTE_FEATURES = ("ops", "matmul_flops", "large_bytes", "outer_reduce_bytes") 
 #: ``outer_reduce_bytes``: the page a strided read crosses (prefetchers stop
 #: at its boundary), and the rows of a strided walk past which its lines are
 #: no longer cached for the next one.  Chosen on single-thread timings of
-#: TensorFlow's sums over rows and over columns of 51 shapes (128-16384 rows,
-#: 32-4096 columns, 256 KiB-64 MiB) on the CI host, the rate is fitted.
+#: TensorFlow's sums over and along the rows of 51 shapes (128-16384 rows,
+#: 32-4096 columns, 256 KiB-64 MiB) on the CI host (bench/strided_sum.py);
+#: the rate is fitted with the others.
 PAGE_BYTES = 4096
 STRIDED_ROWS = 2048
 #: A slice at least this large no longer stays in a core's cache between ops:
