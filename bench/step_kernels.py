@@ -85,9 +85,8 @@ def main() -> None:
     args = p.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
-    from mtf_core.lowering.op_profile import _CALLERS, _KERNEL
+    from mtf_core.lowering.op_profile import _CALLERS, _KERNEL, trace_events
 
     if args.serial:
         tf.config.threading.set_inter_op_parallelism_threads(1)
@@ -108,20 +107,14 @@ def main() -> None:
         for _ in range(2):
             fn(*feeds)
         tf.profiler.experimental.stop()
-        for path in Path(d).rglob("*.xplane.pb"):
-            space: Any = xplane_pb2.XSpace()
-            space.ParseFromString(path.read_bytes())
-            for plane in space.planes:
-                names = {k: v.name for k, v in plane.event_metadata.items()}
-                for line in plane.lines:
-                    for ev in line.events:
-                        name = names.get(ev.metadata_id, "")
-                        m = _KERNEL.match(name)
-                        if m is None or m["type"] in _CALLERS:
-                            continue
-                        key = (m["type"], shapes.get(name.split(":")[0], "?"))
-                        per_kernel[key][0] += ev.duration_ps * 1e-12 / 2
-                        per_kernel[key][1] += 0.5
+        events = trace_events(Path(d))
+    for name, seconds in events:
+        m = _KERNEL.match(name)
+        if m is None or m["type"] in _CALLERS:
+            continue
+        key = (m["type"], shapes.get(name.split(":")[0], "?"))
+        per_kernel[key][0] += seconds / 2
+        per_kernel[key][1] += 0.5
     total = sum(s for s, _ in per_kernel.values())
     print(
         f"step CPU time {cpu * 1e3:.1f} ms ({'one thread' if args.serial else '2 cores'})"

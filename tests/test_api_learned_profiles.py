@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from api_cases import mlp_doc, service_settings
 from fastapi.testclient import TestClient
+from test_api_scale_jobs import SHORT
 from test_api_scale_plans import MODEL
 
 from api.main import create_app
@@ -180,14 +181,7 @@ def test_another_replicas_measurement_is_used_within_a_heartbeat(
         assert out["cached"] is True and out["profile"]["measurements"] == 1
 
 
-SCALE: dict[str, Any] = {
-    "model": MODEL,
-    "devices": 8,
-    "hardware": "h100-nvlink-ib",
-    "stages": [1, 2],
-    "tensor": [1, 2],
-    "time_limit_s": 2,
-}
+SCALE = SHORT  # about a second of planning (tests/test_api_scale_jobs.py)
 
 
 def test_scale_plans_use_the_refitted_profile_too(tmp_path: Path) -> None:

@@ -90,7 +90,7 @@ def kernel_seconds(events: Iterable[tuple[str, float]]) -> dict[str, float]:
     return dict(out)
 
 
-def _trace_events(logdir: Path) -> list[tuple[str, float]]:
+def trace_events(logdir: Path) -> list[tuple[str, float]]:
     """``(event name, seconds)`` of every event on the host plane's threads."""
     try:
         from tensorflow.tsl.profiler.protobuf import xplane_pb2
@@ -142,7 +142,7 @@ def profiling() -> Iterator[OpProfile]:
             yield result
         finally:
             tf.profiler.experimental.stop()
-        result.per_class = kernel_seconds(_trace_events(Path(d)))
+        result.per_class = kernel_seconds(trace_events(Path(d)))
 
 
 def profile_step(
