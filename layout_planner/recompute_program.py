@@ -241,17 +241,25 @@ def _nothing_fits(
     where = "inprocess" if jointly else solver_process.solver_location()
     solved = Solved(result, where, params, asg, SolveStatus.INFEASIBLE, wall, None)
     plan = _plan(problems[key], solved, False, False, t0)
-    listing = ", ".join(f"{k!r} {fmt_bytes(p)}" for k, p, _ in peaks)
+    return _none_fits(key, plan, [(k, p) for k, p, _ in peaks], jointly, excluded)
+
+
+def _none_fits(
+    key: K,
+    plan: LayoutPlan,
+    peaks: Sequence[tuple[K, int]],
+    jointly: bool,
+    excluded: tuple[K, ...] = (),
+) -> RecomputePlan[K]:
+    """The answer when no option fits: ``key``'s smallest-peak ``plan``, its
+    reason listing every option's smallest peak."""
+    listing = ", ".join(f"{k!r} {fmt_bytes(p)}" for k, p in peaks)
     reason = (
         f"no option fits (smallest peak per device: {listing}); option {key!r}: "
         f"{plan.reason}"
     )
     return RecomputePlan(
-        key,
-        replace(plan, reason=reason),
-        jointly,
-        excluded,
-        tuple((k, p) for k, p, _ in peaks),
+        key, replace(plan, reason=reason), jointly, excluded, tuple(peaks)
     )
 
 
@@ -292,18 +300,7 @@ def _separate(
         key, _, i = min(peaks, key=lambda p: (p[1], p[2]))
         solved = replace(solves[i][1], wall_s=wall)
         plan = _plan(problems[key], solved, False, False, t0)
-        listing = ", ".join(f"{k!r} {fmt_bytes(p)}" for k, p, _ in peaks)
-        reason = (
-            f"no option fits (smallest peak per device: {listing}); option "
-            f"{key!r}: {plan.reason}"
-        )
-        return RecomputePlan(
-            key,
-            replace(plan, reason=reason),
-            False,
-            (),
-            tuple((k, p) for k, p, _ in peaks),
-        )
+        return _none_fits(key, plan, [(k, p) for k, p, _ in peaks], False)
     key, unknown = next((k, s) for k, s in solves if not s.result.solutions)
     unknown = replace(unknown, wall_s=wall)
     return RecomputePlan(key, _plan(problems[key], unknown, False, extras, t0), False)
