@@ -27,7 +27,7 @@ def test_ring_fit_recovers_bandwidth_and_latency_from_exact_timings() -> None:
 def test_calibrated_profile_loads_and_predicts_its_own_allreduces(
     devices: list[str], tmp_path
 ) -> None:
-    from mtf_core.lowering.calibrate import main
+    from mtf_core.lowering.calibrate import fit_ring_allreduce, main
 
     path = tmp_path / "profile.json"
     rc = main(
@@ -56,10 +56,29 @@ def test_calibrated_profile_loads_and_predicts_its_own_allreduces(
     assert link.bandwidth_bytes_per_s > 0 and link.latency_s > 0
     measured = raw["measured"]
     assert measured["devices"] == devices[:4]
-    # With two points the line goes through both: the model reproduces them.
-    for nbytes, seconds in zip(measured["allreduce_bytes"], measured["allreduce_s"]):
-        spec = CollectiveSpec("allreduce", ("all",), nbytes)
-        assert collective_time_s(spec, "all:4", hw) == pytest.approx(seconds, rel=1e-6)
+    # The profile's link is the ring fit of its own measurements...
+    sizes, seconds = measured["allreduce_bytes"], measured["allreduce_s"]
+    bandwidth, latency = fit_ring_allreduce(4, sizes, seconds)
+    assert link.bandwidth_bytes_per_s == pytest.approx(bandwidth, rel=1e-9)
+    assert link.latency_s == pytest.approx(latency, rel=1e-9)
+    # ... so where the larger message took longer (as it does unless a loaded
+    # host inverts two timings), the line goes through both points.
+    if seconds[1] > seconds[0]:
+        for nbytes, t in zip(sizes, seconds):
+            spec = CollectiveSpec("allreduce", ("all",), nbytes)
+            assert collective_time_s(spec, "all:4", hw) == pytest.approx(t, rel=1e-6)
+
+
+def test_ring_fit_of_inverted_noisy_timings_keeps_both_terms_positive() -> None:
+    from mtf_core.lowering.calibrate import fit_ring_allreduce
+
+    # A loaded host timed the 4 MiB allreduce faster than the 4 KiB one.
+    bandwidth, latency = fit_ring_allreduce(4, [4096, 4 << 20], [3.9e-3, 3.8e-3])
+    assert bandwidth > 0 and latency > 0
+    # The slope falls back to its floor, so the time is all latency: what the
+    # line through both points gives at zero bytes.
+    assert bandwidth == pytest.approx(1e15)
+    assert 6 * latency == pytest.approx(3.9e-3 + 0.1e-3 * 4096 / ((4 << 20) - 4096))
 
 
 def test_calibrate_refuses_a_single_device(devices: list[str]) -> None:
