@@ -28,7 +28,7 @@ and the fed input values on the host.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -180,6 +180,26 @@ class MemoryModel:
         per_class = [ctx.slice_bytes(shape, dtype) for shape, dtype in classes]
         sizes: np.ndarray = np.asarray(per_class, dtype=self._dtype)[of_tensor]
         return sizes
+
+    def counts_by_class(self, mask: Sequence[bool]) -> dict[tuple[Shape, str], int]:
+        """How many of the buffers ``mask`` selects have each (shape, dtype):
+        with :meth:`selected_bytes_per_device`, the per-device bytes of a
+        fixed selection under many layouts, each class sized once."""
+        classes, of_tensor = self._classes
+        picked = of_tensor[np.asarray(mask, dtype=bool)]
+        counts = np.bincount(picked, minlength=len(classes))
+        return {classes[c]: int(counts[c]) for c in np.nonzero(counts)[0]}
+
+    @staticmethod
+    def selected_bytes_per_device(
+        counts: Mapping[tuple[Shape, str], int], ctx: LayoutContext
+    ) -> int:
+        """Slice bytes under ``ctx`` of buffers counted by
+        :meth:`counts_by_class` (the same integers as summing
+        :meth:`tensor_bytes_per_device` over them)."""
+        return sum(
+            n * ctx.slice_bytes(shape, dtype) for (shape, dtype), n in counts.items()
+        )
 
     def tensor_bytes_per_device(self, ctx: LayoutContext) -> list[int]:
         """Slice bytes of every tensor under ``ctx`` (raises LayoutError for

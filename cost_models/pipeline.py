@@ -196,18 +196,32 @@ def held_bytes_per_micro_batch(
             f"head start {head_start} must be between 0 and the first backward "
             f"op index {first_backward}"
         )
-    per_micro_batch = data_dependent(graph)
-    sizes = memory.tensor_bytes_per_device(ctx)
-    return sum(
-        b
-        for t, kind, b, first, last in zip(
-            memory.buffers, memory.kinds, sizes, memory.start, memory.end
-        )
-        if kind == ACTIVATION
-        and first < head
-        and last >= first_backward
-        and t in per_micro_batch
-    )
+    return HeldBytes(graph, memory, first_backward, head)(ctx)
+
+
+class HeldBytes:
+    """:func:`held_bytes_per_micro_batch` of one graph under any layout: the
+    held buffers are picked once, and each layout sizes only their distinct
+    (shape, dtype) classes."""
+
+    def __init__(
+        self, graph: Graph, memory: MemoryModel, first_backward: int, head_start: int
+    ) -> None:
+        per_micro_batch = data_dependent(graph)
+        mask = [
+            kind == ACTIVATION
+            and first < head_start
+            and last >= first_backward
+            and t in per_micro_batch
+            for t, kind, first, last in zip(
+                memory.buffers, memory.kinds, memory.start, memory.end
+            )
+        ]
+        self.counts = memory.counts_by_class(mask)
+
+    def __call__(self, ctx: LayoutContext) -> int:
+        """Per device, the bytes one micro-batch holds under ``ctx``."""
+        return MemoryModel.selected_bytes_per_device(self.counts, ctx)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,14 @@ For every valid layout, summing :func:`unit_cost` over :func:`cost_units`
 gives exactly :func:`cost_models.costs.evaluate`'s compute time and
 communication per axis (the collectives too, as a multiset).
 
+Made with ``once_from`` (an op index: the first op of the optimizer's
+update), each unit also knows which of its time runs once per step rather
+than once per micro-batch, as :func:`cost_models.pipeline.split_step` cuts
+an evaluated step: the compute of ops from ``once_from`` on, and the
+collectives those ops issue or force and those issued at a reduce-scatter
+(:attr:`UnitCost.once_s`).  Once-ness is part of a unit's signature, so an
+optimizer op never shares a class with a forward op of the same shape.
+
 Units whose ``signature`` is equal cost the same under every layout (same op
 types and attributes, same shapes and dtypes, same wiring), so the planner can
 price one and reuse it.
@@ -24,7 +32,7 @@ price one and reuse it.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Collection, Hashable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -39,6 +47,12 @@ from mtf_core.comm import CollectiveSpec, LayoutContext
 from mtf_core.graph import Graph, Operation, Tensor
 from mtf_core.liveness import step_operations
 from mtf_core.shapes import Shape
+
+#: Collectives issued at this op type run once per step (a stored weight's
+#: gradient is reduce-scattered once, after the micro-batches).
+_REDUCE_SCATTER = "ReduceScatter"
+#: Marks the signature of an op that runs once per step.
+_ONCE = "once"
 
 
 class UnitKind(StrEnum):
@@ -62,6 +76,9 @@ class CostUnit:
     kind: UnitKind = UnitKind.OP
     exported: tuple[Tensor, ...] = ()  # deferred units: outputs forced at the end
     signature: Hashable = field(default=None, compare=False)
+    #: Per op of ``ops``: whether it runs once per step (``once_from``); empty
+    #: when every op runs once per micro-batch.
+    once: tuple[bool, ...] = ()
 
     def __repr__(self) -> str:
         names = ",".join(op.name for op in self.ops[:4])
@@ -77,6 +94,9 @@ class UnitCost:
     comm_s_by_axis: tuple[tuple[str, float], ...]
     collectives: tuple[CollectiveSpec, ...]
     flops_per_device: float = 0.0
+    #: The part of ``compute_s + comm_s`` that runs once per step (see the
+    #: module docstring); the rest runs once per micro-batch.
+    once_s: float = 0.0
 
     @property
     def comm_s(self) -> float:
@@ -146,24 +166,38 @@ class UnitPricer:
             if self._sizes[0] is not ctx:
                 self._sizes = (ctx, LayoutSizes(ctx))
             flops_pd, seconds = op_compute(op, ctx, self.hw, self._sizes[1], flops)
-            return UnitCost(seconds, self._by_axis(issued), tuple(issued), flops_pd)
+            by_axis = self._by_axis(issued)
+            once = 0.0
+            if unit.once and unit.once[0]:
+                once = seconds + self._seconds(issued)
+            elif op.op_type == _REDUCE_SCATTER:
+                once = self._seconds(issued)
+            return UnitCost(seconds, by_axis, tuple(issued), flops_pd, once)
         if unit.kind != DEFERRED:
             raise CostModelError(
                 f"unknown cost unit kind {unit.kind!r}; expected op or deferred"
             )
         sim = DeferredAllreduces(ctx)
         forced_all: list[CollectiveSpec] = []
-        for op in unit.ops:
+        once_s = 0.0
+        for i, op in enumerate(unit.ops):
             _, names, defers = self._op_statics(op)
             own = (
                 [s for s in self._communication(op, names, ctx) if s.pending]
                 if defers
                 else []
             )
-            forced_all.extend(i.spec for i in sim.step(op, own) if i.forced)
+            forced = [r.spec for r in sim.step(op, own) if r.forced]
+            forced_all.extend(forced)
+            if forced and (
+                (unit.once and unit.once[i]) or op.op_type == _REDUCE_SCATTER
+            ):
+                once_s += self._seconds(forced)
         for t in unit.exported:
             forced_all.extend(sim.force(t))
-        return UnitCost(0.0, self._by_axis(forced_all), tuple(forced_all))
+        return UnitCost(
+            0.0, self._by_axis(forced_all), tuple(forced_all), once_s=once_s
+        )
 
     def _op_statics(self, op: Operation) -> tuple[float, tuple[str, ...], bool]:
         got = self._statics.get(op)
@@ -185,6 +219,15 @@ class UnitPricer:
             specs = self._comm[key] = list(op.communication(ctx))
         return specs
 
+    def _time(self, c: CollectiveSpec) -> float:
+        seconds = self._times.get(c)
+        if seconds is None:
+            seconds = self._times[c] = collective_time_s(c, self.mesh_shape, self.hw)
+        return seconds
+
+    def _seconds(self, collectives: Sequence[CollectiveSpec]) -> float:
+        return sum(self._time(c) for c in collectives)
+
     def _by_axis(
         self, collectives: Sequence[CollectiveSpec]
     ) -> tuple[tuple[str, float], ...]:
@@ -193,22 +236,21 @@ class UnitPricer:
             return ()
         out: dict[str, float] = {}
         for c in collectives:
-            seconds = self._times.get(c)
-            if seconds is None:
-                seconds = self._times[c] = collective_time_s(
-                    c, self.mesh_shape, self.hw
-                )
             key = axes_key(c)
-            out[key] = out.get(key, 0.0) + seconds
+            out[key] = out.get(key, 0.0) + self._time(c)
         return tuple(sorted(out.items()))
 
 
-def cost_units(graph: Graph, outputs: Sequence[Tensor] = ()) -> list[CostUnit]:
+def cost_units(
+    graph: Graph, outputs: Sequence[Tensor] = (), once_from: int | None = None
+) -> list[CostUnit]:
     """The graph's cost units: one ``op`` unit per op of the step
     (:func:`mtf_core.liveness.step_operations`, graph order), then one
-    ``deferred`` unit per group of ops linked by possibly-pending values."""
+    ``deferred`` unit per group of ops linked by possibly-pending values.
+    ``once_from``: the index in ``graph.operations`` of the first op that
+    runs once per step (see the module docstring)."""
     with gc_paused():
-        ops, sigs, signer = _signed_ops(graph, outputs)
+        ops, sigs, signer, once = _signed_ops(graph, outputs, once_from)
         unit_sigs: dict[Signature, Signature] = {}
         units = []
         for op in ops:
@@ -216,8 +258,16 @@ def cost_units(graph: Graph, outputs: Sequence[Tensor] = ()) -> list[CostUnit]:
             unit_sig = unit_sigs.get(sig)
             if unit_sig is None:
                 unit_sig = unit_sigs[sig] = signer.intern((OP, sig))
-            units.append(CostUnit((op,), op.all_dim_names, OP, signature=unit_sig))
-        return units + _deferred_units(ops, outputs, sigs, signer)
+            units.append(
+                CostUnit(
+                    (op,),
+                    op.all_dim_names,
+                    OP,
+                    signature=unit_sig,
+                    once=(True,) if op in once else (),
+                )
+            )
+        return units + _deferred_units(ops, outputs, sigs, signer, once)
 
 
 @dataclass(frozen=True)
@@ -230,16 +280,20 @@ class UnitClass:
     count: int
 
 
-def cost_unit_classes(graph: Graph, outputs: Sequence[Tensor] = ()) -> list[UnitClass]:
+def cost_unit_classes(
+    graph: Graph, outputs: Sequence[Tensor] = (), once_from: int | None = None
+) -> list[UnitClass]:
     """:func:`cost_units` grouped into classes of equal signature and dims, in
     order of their first unit; without making one ``CostUnit`` per op (a deep
     graph has tens of thousands of ops and a few hundred classes)."""
     with gc_paused():
-        return _unit_classes(graph, outputs)
+        return _unit_classes(graph, outputs, once_from)
 
 
-def _unit_classes(graph: Graph, outputs: Sequence[Tensor]) -> list[UnitClass]:
-    ops, sigs, signer = _signed_ops(graph, outputs)
+def _unit_classes(
+    graph: Graph, outputs: Sequence[Tensor], once_from: int | None
+) -> list[UnitClass]:
+    ops, sigs, signer, once = _signed_ops(graph, outputs, once_from)
     firsts: dict[tuple[frozenset[str], Signature], Operation] = {}
     counts: dict[tuple[frozenset[str], Signature], int] = {}
     for op in ops:
@@ -256,21 +310,36 @@ def _unit_classes(graph: Graph, outputs: Sequence[Tensor]) -> list[UnitClass]:
         unit_sig = unit_sigs.get(sig)
         if unit_sig is None:
             unit_sig = unit_sigs[sig] = signer.intern((OP, sig))
-        unit = CostUnit((op,), key[0], OP, signature=unit_sig)
+        unit = CostUnit(
+            (op,), key[0], OP, signature=unit_sig, once=(True,) if op in once else ()
+        )
         classes.append(UnitClass(unit, counts[key]))
     deferred: dict[tuple[frozenset[str], Hashable], list[CostUnit]] = {}
-    for unit in _deferred_units(ops, outputs, sigs, signer):
+    for unit in _deferred_units(ops, outputs, sigs, signer, once):
         deferred.setdefault((unit.dim_names, unit.signature), []).append(unit)
     classes.extend(UnitClass(us[0], len(us)) for us in deferred.values())
     return classes
 
 
 def _signed_ops(
-    graph: Graph, outputs: Sequence[Tensor]
-) -> tuple[list[Operation], dict[Operation, Signature], Signer]:
+    graph: Graph, outputs: Sequence[Tensor], once_from: int | None = None
+) -> tuple[list[Operation], dict[Operation, Signature], Signer, set[Operation]]:
+    """The step's ops, their signatures, the signer, and the ops that run
+    once per step (their signatures say so)."""
     ops = list(step_operations(graph, outputs))  # raises for a foreign output
     signer = Signer()
-    return ops, {op: signer.op(op) for op in ops}, signer
+    sigs = {op: signer.op(op) for op in ops}
+    once: set[Operation] = set()
+    if once_from is not None:
+        if not 0 <= once_from <= len(graph.operations):
+            raise CostModelError(
+                f"once_from {once_from} is outside the graph's "
+                f"{len(graph.operations)} ops"
+            )
+        once = set(graph.operations[once_from:]) & set(ops)
+        for op in once:
+            sigs[op] = signer.intern((_ONCE, sigs[op]))
+    return ops, sigs, signer, once
 
 
 def _deferred_units(
@@ -278,6 +347,7 @@ def _deferred_units(
     outputs: Sequence[Tensor],
     sigs: dict[Operation, Signature],
     signer: Signer,
+    once: Collection[Operation] = (),
 ) -> list[CostUnit]:
     """One ``deferred`` unit per group of ops linked by possibly-pending
     values (union-find over each op and the carriers it reads while they may
@@ -317,6 +387,7 @@ def _deferred_units(
             ):
                 dims.update(op.all_dim_names)
         ex = tuple(t for t in exported if t.operation in member_set)
+        flags = tuple(op in once for op in members)
         units.append(
             CostUnit(
                 tuple(members),
@@ -324,6 +395,7 @@ def _deferred_units(
                 DEFERRED,
                 ex,
                 signature=signer.group(members, ex, sigs, DEFERRED),
+                once=flags if any(flags) else (),
             )
         )
     return units

@@ -30,13 +30,24 @@ class GraphAnalysis:
     never by summing the (large, overlapping) sets themselves.
     """
 
-    def __init__(self, graph: Graph, outputs: Sequence[Tensor] = ()) -> None:
+    def __init__(
+        self,
+        graph: Graph,
+        outputs: Sequence[Tensor] = (),
+        once_from: int | None = None,
+    ) -> None:
+        """``once_from``: the index of the first op that runs once per step
+        (a pipeline's optimizer update), for the tables' once-per-step time
+        (:mod:`cost_models.units`); None: every op runs once per batch."""
         t0 = time.perf_counter()
         self.graph = graph
         self.outputs = list(outputs)
+        self.once_from = once_from
         with gc_paused():
             self.dim_graph = DimensionGraph.from_graph(graph)
-            self.unit_classes: list[UnitClass] = cost_unit_classes(graph, self.outputs)
+            self.unit_classes: list[UnitClass] = cost_unit_classes(
+                graph, self.outputs, once_from
+            )
             self.memory: MemoryModel = memory_model(graph, self.outputs)
             self._live_rows()
         self.seconds = time.perf_counter() - t0

@@ -71,6 +71,8 @@ class DimsetTable:
     comm_s: list[dict[str, float]]
     buffer_bytes: list[int]
     invalid: list[str | None]
+    #: The part of ``time_s`` that runs once per step (cost_models.units).
+    once_s: list[float] = field(default_factory=list)
     num_units: int = 0
     index: dict[Assignment, int] = field(default_factory=dict)
     # Assignments under which some unit changes a layout in several steps
@@ -87,6 +89,9 @@ class TableCost:
     comm_s_by_axis: tuple[tuple[str, float], ...]
     peak_bytes: int
     invalid: str | None  # why the lowering rejects the layout, if it does
+    #: The part of ``time_s`` that runs once per step (the rest runs once per
+    #: micro-batch); 0 unless the analysis was made with ``once_from``.
+    once_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -119,11 +124,24 @@ class LayoutProblem:
         outputs: Sequence[Tensor] = (),
         analysis: GraphAnalysis | None = None,
         pricer: UnitPricer | None = None,
+        per_batch_weight: int = 1,
     ) -> None:
         """``analysis``: a :class:`GraphAnalysis` of ``graph`` and ``outputs``
         to reuse (the mesh-shape search shares one); made here if None.
         ``pricer``: a :class:`UnitPricer` of this mesh and hardware to price
-        the units with (problems of one mesh may share one); made if None."""
+        the units with (problems of one mesh may share one); made if None.
+        ``per_batch_weight``: how many times the time objective counts the
+        per-micro-batch part of the step (a pipeline's ``m + p - 1`` slots),
+        against once for its once-per-step part (:meth:`weighted_time_s`)."""
+        if (
+            isinstance(per_batch_weight, bool)
+            or not isinstance(per_batch_weight, int)
+            or per_batch_weight < 1
+        ):
+            raise PlannerError(
+                f"per_batch_weight must be an integer >= 1, got {per_batch_weight!r}"
+            )
+        self.per_batch_weight = per_batch_weight
         self._given_pricer = pricer
         self.graph = graph
         self.mesh_shape = mesh_shape
@@ -199,6 +217,7 @@ class LayoutProblem:
             comm_s=[{} for _ in range(n)],
             buffer_bytes=[0] * n,
             invalid=[None] * n,
+            once_s=[0.0] * n,
             index={asg: k for k, asg in enumerate(assignments)},
         )
         self.table_of[dims] = len(self.tables)
@@ -241,6 +260,7 @@ class LayoutProblem:
         ctx = self.context(dict(zip(table.dims, table.assignments[k])))
         comm: dict[str, float] = {}
         compute = 0.0
+        once = 0.0
         buffer = 0
         ordered = False
         try:
@@ -248,6 +268,7 @@ class LayoutProblem:
                 uc = self._pricer.cost(unit, ctx)
                 self._num_pricings += 1
                 compute += count * uc.compute_s
+                once += count * uc.once_s
                 for axis, sec in uc.comm_s_by_axis:
                     comm[axis] = comm.get(axis, 0.0) + count * sec
                 moves = 0
@@ -267,6 +288,7 @@ class LayoutProblem:
         table.compute_s[k] = compute
         table.comm_s[k] = comm
         table.time_s[k] = compute + sum(comm.values())
+        table.once_s[k] = once
         table.buffer_bytes[k] = buffer
 
     def _axis_permutations(self) -> list[tuple[int, ...]]:
@@ -349,6 +371,7 @@ class LayoutProblem:
             # The same floats summed in the canonical's order: images are
             # exactly as fast, which the symmetry breaking relies on.
             table.time_s[k] = table.time_s[canon]
+            table.once_s[k] = table.once_s[canon]
             table.buffer_bytes[k] = table.buffer_bytes[canon]
         if check is not None:
             table.time_s[check] = table.time_s[images[check][0]]
@@ -413,7 +436,7 @@ class LayoutProblem:
             invalid = np.zeros(len(host.assignments), dtype=bool)
             for t, proj in h.members:
                 table = self.tables[t]
-                time_s += np.asarray(table.time_s)[proj]
+                time_s += self._weighted(table)[proj]
                 buffer = np.maximum(buffer, np.asarray(table.buffer_bytes)[proj])
                 invalid |= np.asarray([r is not None for r in table.invalid])[proj]
             dimsets.append(
@@ -466,6 +489,25 @@ class LayoutProblem:
             objective=objective,
             precedence=tuple(precedence),
         )
+
+    def _weighted(self, table: DimsetTable) -> np.ndarray:
+        """The table's time as the objective counts it (per-micro-batch part
+        ``per_batch_weight`` times)."""
+        time_s = np.asarray(table.time_s)
+        w = self.per_batch_weight
+        if w == 1:
+            return time_s
+        once = np.asarray(table.once_s)
+        weighted: np.ndarray = (time_s - once) * w + once
+        return weighted
+
+    def weighted_time_s(self, cost: TableCost) -> float:
+        """``cost``'s time as the time objective counts it: the per-micro-batch
+        part ``per_batch_weight`` times, the once-per-step part once."""
+        w = self.per_batch_weight
+        if w == 1:
+            return cost.time_s
+        return (cost.time_s - cost.once_s) * w + cost.once_s
 
     def _hosts(self) -> list[_Host]:
         """The maximal tables, each with the tables it hosts (itself included)
@@ -570,6 +612,7 @@ class LayoutProblem:
                     f"split over {self.mesh_shape[axis].name!r}"
                 )
         compute = 0.0
+        once = 0.0
         comm: dict[str, float] = {}
         buffer = 0
         picks = []
@@ -579,6 +622,7 @@ class LayoutProblem:
                 return _invalid(table.invalid[k])
             picks.append(k)
             compute += table.compute_s[k]
+            once += table.once_s[k]
             for key, s in table.comm_s[k].items():
                 comm[key] = comm.get(key, 0.0) + s
             buffer = max(buffer, table.buffer_bytes[k])
@@ -597,6 +641,7 @@ class LayoutProblem:
             comm_s_by_axis=comm_items,
             peak_bytes=peak + buffer,
             invalid=None,
+            once_s=once,
         )
 
     def largest_tensors(

@@ -46,10 +46,10 @@ from cost_models.hardware import HardwareProfile
 from cost_models.layout_cache import CachedLayoutContext
 from cost_models.memory import MemoryModel, memory_model
 from cost_models.pipeline import (
+    HeldBytes,
     PipelineCost,
     PipelineSpec,
     StepSplit,
-    held_bytes_per_micro_batch,
     pipeline_cost,
     split_step,
 )
@@ -68,7 +68,6 @@ from layout_planner.scale_plan import (
     ScalePlan,
     ScaleTrial,
     boundary_shape,
-    slots_instead_of_stored,
     weight_sharding,
 )
 from layout_planner.stacked import (
@@ -99,27 +98,48 @@ class _SignaturePricer(UnitPricer):
     and the layout of its own dims: units of equal signature cost the same
     under every layout (``cost_models.signatures``), so the stage graphs of
     one mesh (keep, recompute scores, recompute blocks; 2, 3 or 4 layers)
-    price each shared unit once.  Layouts the lowering rejects raise again."""
+    price each shared unit once.  Layouts the lowering rejects raise again.
 
-    def __init__(self, mesh_shape: Shape, hw: HardwareProfile) -> None:
+    ``shared``: costs by signature and by the name, size and link of each
+    axis splitting the unit's dims, shared by the pricers of every mesh of a
+    search: a unit reads nothing else of the mesh (its slices are its dims'
+    sizes over those axes, and its collectives run over them), so meshes
+    that agree on those axes (the same tensor axis under another pipeline,
+    a weight's optimizer ops under any micro-batch) price it once."""
+
+    def __init__(
+        self,
+        mesh_shape: Shape,
+        hw: HardwareProfile,
+        shared: dict[tuple[object, ...], UnitCost] | None = None,
+    ) -> None:
         super().__init__(mesh_shape, hw)
         self._known: dict[tuple[object, ...], UnitCost | LayoutError] = {}
+        self._shared = {} if shared is None else shared
+        self._axes = [
+            (d.name, d.size, hw.link_for_axis(d.name, mesh_shape)) for d in mesh_shape
+        ]
 
     def cost(self, unit: CostUnit, ctx: LayoutContext) -> UnitCost:
         if unit.signature is None:
             return super().cost(unit, ctx)
         wrapped = CachedLayoutContext.wrap(ctx)
-        key = (
-            unit.signature,
-            unit.dim_names,
-            tuple(wrapped.split_axes.get(d) for d in sorted(unit.dim_names)),
-        )
+        split = tuple(wrapped.split_axes.get(d) for d in sorted(unit.dim_names))
+        key = (unit.signature, unit.dim_names, split)
         got = self._known.get(key)
         if got is None:
-            try:
-                got = super().cost(unit, wrapped)
-            except LayoutError as e:
-                got = e
+            axes = self._axes
+            shared_key = (
+                unit.signature,
+                unit.dim_names,
+                tuple(None if a is None else axes[a] for a in split),
+            )
+            got = self._shared.get(shared_key)
+            if got is None:
+                try:
+                    got = self._shared[shared_key] = super().cost(unit, wrapped)
+                except LayoutError as e:  # its message names this mesh
+                    got = e
             self._known[key] = got
         if isinstance(got, LayoutError):
             raise got
@@ -149,7 +169,19 @@ class _Graph:
 
     @functools.cached_property
     def analysis(self) -> GraphAnalysis:
-        return GraphAnalysis(self.model.graph, [self.model.loss])
+        # The optimizer's update runs once per step: the tables say how much
+        # of a layout's time that is (the pipeline weighs the rest m + p - 1
+        # times).
+        return GraphAnalysis(
+            self.model.graph, [self.model.loss], once_from=self.first_update
+        )
+
+    @functools.cached_property
+    def held(self) -> HeldBytes:
+        """What one micro-batch holds between its passes, under any layout."""
+        return HeldBytes(
+            self.model.graph, self.memory, self.first_backward, self.head_start
+        )
 
     @functools.cached_property
     def memory(self) -> MemoryModel:
@@ -169,10 +201,10 @@ class _Parts:
 
 
 class _Stage:
-    """One trial's stage on ``mesh_shape``: pricing a layout from a
-    representative (``graphs`` of 2 and 3 layers and ``problem``, the
-    stacked program of ``layers`` layers) or from the stage's own graph
-    (``graphs`` of one)."""
+    """One trial's stage on ``mesh_shape``: pricing a layout from the tables
+    of ``problem`` (the stacked program of ``layers`` layers, with
+    ``graphs`` of 2 and 3 layers; or the stage's own graph's program, with
+    ``graphs`` of one), or with ``evaluate`` on the stage's own graph."""
 
     def __init__(
         self,
@@ -188,35 +220,33 @@ class _Stage:
         self.layers = layers
         self.problem = problem
 
-    def parts(self, rules: LayoutRules) -> tuple[_Parts, Cost | None]:
-        """The layout's parts, and ``evaluate``'s cost when the stage is
-        priced on its own graph."""
+    def parts(self, rules: LayoutRules) -> _Parts:
+        """The layout's parts from the program's tables (time, its
+        once-per-step part and peak, all extrapolated exactly for a stacked
+        stage) and from the graphs' held buffers (affine in the layers).
+        Raises LayoutError for a layout the lowering rejects."""
+        problem = self.problem
+        assert problem is not None
+        table = problem.table_cost(problem.assignment_from_rules(rules))
+        if table.invalid is not None:
+            raise LayoutError(table.invalid)
         ctx = LayoutContext.make(self.mesh_shape, rules)
-        hw = self.hw
-        per: list[tuple[Cost, float, int]] = []
-        for g in self.graphs:
-            cost = evaluate(
-                g.model.graph, self.mesh_shape, rules, hw, [g.model.loss], g.memory
-            )
-            split = split_step(g.model.graph, cost, ctx, hw, g.first_update)
-            held = held_bytes_per_micro_batch(
-                g.model.graph, g.memory, ctx, g.first_backward, g.head_start
-            )
-            per.append((cost, split.once_s, held))
-        if len(per) == 1:
-            cost, once, held = per[0]
-            return _Parts(cost.time_s, once, cost.peak_memory_bytes, held), cost
-        (_, once2, held2), (_, once3, held3) = per
-        extra = self.layers - 2
-        assert self.problem is not None
-        table = self.problem.table_cost(self.problem.assignment_from_rules(rules))
-        parts = _Parts(
-            table.time_s,
-            once2 + extra * (once3 - once2),
-            table.peak_bytes,
-            held2 + extra * (held3 - held2),
+        held = [g.held(ctx) for g in self.graphs]
+        if len(held) > 1:
+            held = [held[0] + (self.layers - 2) * (held[1] - held[0])]
+        return _Parts(table.time_s, table.once_s, table.peak_bytes, held[0])
+
+    def evaluated(self, rules: LayoutRules) -> tuple[_Parts, Cost]:
+        """The layout's parts from ``evaluate`` of the stage's own graph (the
+        independent price the representative is checked against)."""
+        (g,) = self.graphs
+        ctx = LayoutContext.make(self.mesh_shape, rules)
+        cost = evaluate(
+            g.model.graph, self.mesh_shape, rules, self.hw, [g.model.loss], g.memory
         )
-        return parts, None
+        split = split_step(g.model.graph, cost, ctx, self.hw, g.first_update)
+        held = g.held(ctx)
+        return _Parts(cost.time_s, split.once_s, cost.peak_memory_bytes, held), cost
 
 
 class _Stages:
@@ -240,6 +270,11 @@ class _Stages:
         self._stacked: dict[tuple[int, str, str, int], StackedAnalysis | None] = {}
         self._stacks: dict[tuple[int, str, str, int], LayerStack | None] = {}
         self._pricers: dict[tuple[str, str], _SignaturePricer] = {}
+        # Unit costs shared by every mesh's pricer, per profile (kept alive
+        # beside its id).
+        self._unit_costs: dict[
+            int, tuple[HardwareProfile, dict[tuple[object, ...], UnitCost]]
+        ] = {}
         self.built_layers = 0
 
     def stage_config(self, choice: ScaleChoice, layers: int) -> TransformerConfig:
@@ -287,8 +322,11 @@ class _Stages:
         g = self.graph(choice, n if stacked is None else 2)
         pricer = self._pricers.get((choice.stage_mesh, hw.name))
         if pricer is None or pricer.hw != hw:
-            pricer = _SignaturePricer(mesh, hw)
+            shared = self._unit_costs.setdefault(id(hw), (hw, {}))[1]
+            pricer = _SignaturePricer(mesh, hw, shared)
             self._pricers[(choice.stage_mesh, hw.name)] = pricer
+        # The objective is the pipelined step: each micro-batch slot
+        # (m + p - 1 of them) runs the per-micro-batch part once.
         problem = LayoutProblem(
             g.model.graph,
             mesh,
@@ -296,6 +334,7 @@ class _Stages:
             [g.model.loss],
             analysis=stacked or g.analysis,
             pricer=pricer,
+            per_batch_weight=choice.micro_batches + choice.stages - 1,
         )
         if stacked is None:
             return _Stage(mesh, hw, [g], n, problem)
@@ -333,19 +372,17 @@ def _solve(stage: _Stage, limit: int, params: SolveParams) -> LayoutPlan:
 
 
 def _price(
-    stage: _Stage,
+    parts: _Parts,
     rules: LayoutRules,
     choice: ScaleChoice,
     spec: PipelineSpec,
     stage_cfg: TransformerConfig,
     hw: HardwareProfile,
-) -> tuple[PipelineCost, Cost | None]:
-    """The pipelined step of ``rules`` (and ``evaluate``'s stage cost when
-    the stage is priced on its own graph)."""
-    parts, cost = stage.parts(rules)
+) -> PipelineCost:
+    """The pipelined step of ``rules`` whose stage step is ``parts``."""
     ctx = LayoutContext.make(choice.stage_mesh, rules)
     boundary = ctx.slice_bytes(boundary_shape(stage_cfg), stage_cfg.activation_dtype)
-    priced = pipeline_cost(
+    return pipeline_cost(
         spec,
         StepSplit(parts.time_s - parts.once_s, parts.once_s),
         parts.peak_bytes,
@@ -356,7 +393,6 @@ def _price(
         choice.full_mesh,
         hw,
     )
-    return priced, cost
 
 
 @dataclass(frozen=True)
@@ -410,13 +446,14 @@ def _trial(
 ) -> _Outcome:
     """The fastest fitting (option, layout) of ``options`` on their mesh.
 
-    The program sees one micro-batch; the ``k - 1`` others in flight are
-    priced afterwards (``cost_models.pipeline``), and when they break the
-    capacity (``retry``) it is solved once more, each option leaving room
-    for what its own graph holds per micro-batch under the first answer's
-    layout.  A pipelined trial also prices its stored weights as slots-only
-    sharded (gathered once per step instead of once per micro-batch, which
-    the program cannot see) and keeps the faster that fits."""
+    The program's objective is the pipelined step (``m + p - 1`` times the
+    per-micro-batch part, plus the once-per-step part), so it weighs a
+    stored weight's gather in every micro-batch against a slots-only
+    weight's once per step itself.  Its memory rows see one micro-batch; the
+    ``k - 1`` others in flight are priced afterwards
+    (``cost_models.pipeline``), and when they break the capacity (``retry``)
+    it is solved once more, each option leaving room for what its own graph
+    holds per micro-batch under the first answer's layout."""
     k = spec.in_flight
     first = hw.memory_bytes if limit is None else limit
     limits = {c: first for c in options}
@@ -424,7 +461,8 @@ def _trial(
         choice, plan = _solve_options(stages, options, hw, params, limits)
         stage = stages.stage(choice, hw)
         stage_cfg = stages.stage_config(choice, 1)
-        priced, _ = _price(stage, plan.layout_rules, choice, spec, stage_cfg, hw)
+        parts = stage.parts(plan.layout_rules)
+        priced = _price(parts, plan.layout_rules, choice, spec, stage_cfg, hw)
         if not retry or priced.fits or k == 1:
             break
         rooms = _rooms(stages, options, plan.layout_rules, k, hw)
@@ -432,15 +470,6 @@ def _trial(
             break
         options = [c for c in options if c in rooms]
         limits = rooms
-    if spec.micro_batches > 1:
-        variant = slots_instead_of_stored(plan.layout_rules)
-        if variant is not None:
-            vpriced, _ = _price(stage, variant, choice, spec, stage_cfg, hw)
-            if vpriced.fits and (
-                not priced.fits or vpriced.step_time_s < priced.step_time_s
-            ):
-                plan = dataclasses.replace(plan, layout_rules=variant)
-                priced = vpriced
     trial = ScaleTrial(
         choice,
         priced.step_time_s,
@@ -464,7 +493,7 @@ def _rooms(
     rooms = {}
     for c in options:
         try:
-            held = stages.stage(c, hw).parts(rules)[0].held_bytes
+            held = stages.stage(c, hw).parts(rules).held_bytes
         except LayoutError:
             continue
         room = hw.memory_bytes - (in_flight - 1) * held
@@ -487,29 +516,31 @@ def _least(options: Sequence[ScaleChoice]) -> ScaleChoice | None:
     return None
 
 
-def _mesh_trial(
+def _free_trial(
     stages: _Stages,
     options: Sequence[ScaleChoice],
     spec: PipelineSpec,
     hw: HardwareProfile,
     params: SolveParams,
-) -> tuple[_Outcome, list[ScaleTrial]]:
-    """The mesh's best (recomputation, layout), and the trials that found it.
+) -> tuple[_Outcome | None, float]:
+    """The least-recomputing option laid out with no memory limit, and a
+    lower bound on every trial of the mesh.
 
-    Recomputation only adds work, so when the least-recomputing option's
-    fastest layout, with no memory limit, fits, nothing beats it on this
-    mesh; otherwise every option goes into one program, which picks the
-    option with the layout (``_solve_options``)."""
+    The program's objective is the pipelined step without its sends
+    (``m + p - 1`` times the per-micro-batch part, plus the once-per-step
+    part: :class:`LayoutProblem`'s ``per_batch_weight``), so its optimum
+    (CP-SAT's proven bound) bounds every layout of this option from below,
+    and of every other option too: recomputation only adds per-micro-batch
+    work to a layout, and a memory limit only removes layouts.  If that
+    layout fits, nothing on this mesh beats it.  Without a least option
+    (``options`` that do not nest) there is no free trial: ``(None, 0)``."""
     least = _least(options)
-    tried: list[ScaleTrial] = []
-    if least is not None:
-        free = _trial(stages, [least], spec, hw, params, retry=False, limit=_UNLIMITED)
-        tried.append(free.trial)
-        if free.trial.fits:
-            return free, tried
-    joint = _trial(stages, options, spec, hw, params)
-    tried.append(joint.trial)
-    return joint, tried
+    if least is None:
+        return None, 0.0
+    free = _trial(stages, [least], spec, hw, params, retry=False, limit=_UNLIMITED)
+    assert free.plan is not None
+    bound = free.plan.solver.best_bound
+    return free, 0.0 if bound is None else bound
 
 
 @dataclass(frozen=True)
@@ -544,34 +575,75 @@ def search(
     ``meshes`` (sorted by bound), on representative stage graphs (on each
     trial's full stage graph when ``exhaustive``); the winner verified on its
     full stage graph when ``verify``; ``progress(phase, fraction)`` before
-    each mesh and before the check."""
+    each trial and before the check.
+
+    Two passes, each stopping where no remaining mesh can beat the best
+    fitting step found (both bounds are valid, so the answer is the fastest
+    fitting trial of all meshes):
+
+    1. in order of the roofline bound (:mod:`layout_planner.scale_bounds`),
+       each mesh's free trial (:func:`_free_trial`): its layout is the mesh's
+       best if it fits, and its objective bounds the mesh from below if not;
+    2. in order of those bounds, the meshes whose free layout did not fit:
+       recomputation and layout as one program under the capacity
+       (:func:`_trial`).
+    """
     start = time.perf_counter()
     stages = _Stages(cfg, builder, optimizer, direct=exhaustive)
     params = SolveParams(time_limit_s, 0, 0, 1)
     trials: list[ScaleTrial] = []
     best: tuple[tuple[float, int, int], _Outcome] | None = None
+
+    def consider(outcome: _Outcome, options: Sequence[ScaleChoice]) -> None:
+        nonlocal best
+        if outcome.priced is None or not outcome.trial.fits:
+            return
+        rank = options.index(outcome.trial.choice)
+        key = (outcome.priced.step_time_s, outcome.trial.choice.stages, rank)
+        if best is None or key < best[0]:
+            best = (key, outcome)
+
+    def report(phase: str, fraction: float) -> None:
+        if progress is not None:
+            progress(phase, fraction)
+
+    pending: list[tuple[float, int, Mesh, list[ScaleChoice]]] = []
     for i, mesh in enumerate(meshes):
         if best is not None and mesh.bound_s >= best[0][0]:
             break  # no remaining mesh can be faster
         pp, tp, dp, m = mesh.stages, mesh.tensor, mesh.data, mesh.micro_batches
-        if progress is not None:
-            progress(
-                f"mesh {i + 1} of {len(meshes)}: pp {pp} x dp {dp} x tp {tp}",
-                i / len(meshes),
-            )
+        report(
+            f"mesh {i + 1} of {len(meshes)}: pp {pp} x dp {dp} x tp {tp}",
+            0.8 * i / len(meshes),
+        )
         options = [ScaleChoice(pp, dp, tp, m, schedule, a, f) for a, f in recompute]
         try:
-            outcome, tried = _mesh_trial(stages, options, mesh.spec, hw, params)
+            free, bound = _free_trial(stages, options, mesh.spec, hw, params)
         except (PlannerError, SolverError) as e:
             trials.append(ScaleTrial(options[0], None, None, False, "", str(e)))
             continue
-        trials.extend(tried)
-        if outcome.priced is None or not outcome.trial.fits:
+        if free is not None:
+            trials.append(free.trial)
+            if free.trial.fits:
+                consider(free, options)
+                continue
+        pending.append((max(bound, mesh.bound_s), i, mesh, options))
+    pending.sort(key=lambda p: (p[0], p[1]))
+    for j, (bound, _, mesh, options) in enumerate(pending):
+        if best is not None and bound >= best[0][0]:
+            break  # no remaining mesh can be faster
+        pp, tp, dp = mesh.stages, mesh.tensor, mesh.data
+        report(
+            f"recomputation on pp {pp} x dp {dp} x tp {tp} ({j + 1} of {len(pending)})",
+            0.8 + 0.2 * j / len(pending),
+        )
+        try:
+            joint = _trial(stages, options, mesh.spec, hw, params)
+        except (PlannerError, SolverError) as e:
+            trials.append(ScaleTrial(options[0], None, None, False, "", str(e)))
             continue
-        rank = options.index(outcome.trial.choice)
-        key = (outcome.priced.step_time_s, pp, rank)
-        if best is None or key < best[0]:
-            best = (key, outcome)
+        trials.append(joint.trial)
+        consider(joint, options)
     if best is None:
         smallest = min(
             (t for t in trials if t.peak_memory_bytes is not None),
@@ -594,8 +666,7 @@ def search(
     plan, priced = outcome.plan, outcome.priced
     choice = outcome.trial.choice
     if verify:
-        if progress is not None:
-            progress(f"checking {choice} on its full stage graph", 1.0)
+        report(f"checking {choice} on its full stage graph", 1.0)
         plan, priced = _verified(stages, choice, plan, priced, hw)
     sharded, slots_only = weight_sharding(plan.layout_rules)
     return ScalePlan(
@@ -634,9 +705,8 @@ def price_given(
     problem = stage.problem
     assert problem is not None
     spec = PipelineSpec(choice.stages, choice.micro_batches, choice.schedule)
-    priced, cost = _price(
-        stage, rules, choice, spec, stages.stage_config(choice, 1), hw
-    )
+    parts, cost = stage.evaluated(rules)
+    priced = _price(parts, rules, choice, spec, stages.stage_config(choice, 1), hw)
     table = problem.table_cost(problem.assignment_from_rules(rules))
     solved = _solve(stage, hw.memory_bytes, SolveParams(5.0, 0, 0, 1))
     plan = dataclasses.replace(
@@ -679,15 +749,15 @@ def _verified(
     n = stages.cfg.num_layers // choice.stages
     full = stages.graph(choice, n)
     stage = _Stage(convert_to_shape(choice.stage_mesh), hw, [full], n)
-    exact, cost = _price(
-        stage,
+    parts, cost = stage.evaluated(plan.layout_rules)
+    exact = _price(
+        parts,
         plan.layout_rules,
         choice,
         priced.spec,
         stages.stage_config(choice, 1),
         hw,
     )
-    assert cost is not None
     same = (
         abs(exact.step_time_s - priced.step_time_s) <= REL_TOL * priced.step_time_s
         and exact.peak_memory_bytes == priced.peak_memory_bytes

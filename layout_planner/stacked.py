@@ -157,6 +157,7 @@ class StackedAnalysis(GraphAnalysis):
         two = stack.two
         self.graph = two.graph
         self.outputs = two.outputs
+        self.once_from = two.once_from
         self.dim_graph = two.dim_graph
         self.memory = two.memory
         self.seconds = 0.0

@@ -134,8 +134,9 @@ def test_a_scale_job_reports_each_mesh_and_ends_with_the_scale_plan(
     for m, fraction in meshes:
         assert m.group(2) == "19"  # 19 meshes of 64 devices to try
         i = int(m.group(1))
-        # plan_transformer's fraction (i - 1) / 19, mapped into 0.1 .. 0.8
-        assert fraction == pytest.approx(0.1 + 0.7 * (i - 1) / 19)
+        # plan_transformer's fraction 0.8 (i - 1) / 19 (its first pass takes
+        # 0.8 of the search), mapped into 0.1 .. 0.8
+        assert fraction == pytest.approx(0.1 + 0.7 * 0.8 * (i - 1) / 19)
     plan = http.get(done["result_url"]).json()
     assert plan["id"] == done["plan_id"] and plan["devices"] == 64
     # Asked again: the stored plan, at once.

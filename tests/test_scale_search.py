@@ -42,7 +42,8 @@ def _same_plan(fast, slow):
 def test_search_on_representatives_returns_the_exhaustive_plan(memory_mib):
     # 8 devices: pipelines of 1, 2, 4 stages (12, 6, 3 layers: the first two
     # priced from 2-4 layer graphs), tensor axes 1-8; 30 MiB makes the search
-    # go through recomputation options (21 trials, 6 that fit).
+    # go through recomputation options (meshes whose layout without
+    # recomputation does not fit, then the program that chooses it).
     limit = None if memory_mib is None else memory_mib * 2**20
     kw = dict(hardware="h100-nvlink-ib", memory_limit=limit, time_limit_s=30.0)
     fast = plan_transformer(CFG, 8, **kw)
@@ -51,7 +52,8 @@ def test_search_on_representatives_returns_the_exhaustive_plan(memory_mib):
     assert len(fast.trials) >= 8
     if limit is not None:
         assert fast.choice.recompute_attention == "block"
-        assert sum(not t.fits for t in fast.trials) >= 10
+        assert sum(not t.fits for t in fast.trials) >= 3
+        assert any(t.choice.recompute_attention != "none" for t in fast.trials)
     # The winner was verified on its full stage graph.
     assert fast.stage_plan.evaluation is not None
     assert fast.stage_plan.evaluation.peak_memory_bytes <= fast.peak_memory_bytes
@@ -65,29 +67,33 @@ def test_representative_prices_layouts_as_the_full_stage_graph(recompute, expert
     hw = get_hardware("h100-nvlink-ib")
     cfg = CFG.replace(shardable_weights=True, shardable_slots=True, experts=experts)
     stages = _Stages(cfg, build_lm, "adam")
-    choice = ScaleChoice(2, 4, 2, 8, "1f1b", *recompute)  # 6 layers a stage
-    rep = stages.stage(choice, hw)
-    assert rep.problem is not None and len(rep.graphs) == 2  # 2 and 3 layers
-    full = _Stage(convert_to_shape(choice.stage_mesh), hw, [stages.graph(choice, 6)], 6)
-    rng = random.Random(1)
-    dims = rep.problem.free_dims
-    checked = 0
-    for _ in range(20000):
-        asg = {d: rng.choice([None, *rep.problem.allowed[d]]) for d in dims}
-        if rep.problem.table_cost(asg).invalid is not None:
-            continue
-        rules = rep.problem.rules_for(asg)
-        got, _ = rep.parts(rules)
-        want, cost = full.parts(rules)
-        assert cost is not None
-        assert got.time_s == pytest.approx(want.time_s, rel=1e-9)
-        assert got.once_s == pytest.approx(want.once_s, rel=1e-9)
-        assert got.peak_bytes == want.peak_bytes == cost.peak_memory_bytes
-        assert got.held_bytes == want.held_bytes
-        checked += 1
-        if checked == 12:
-            break
-    assert checked == 12
+    # Three meshes priced by one search's stages, so units priced on one mesh
+    # are reused on the others (the shared unit costs): each must still price
+    # as its own full stage graph does.  6 layers a stage.
+    for pp, dp, tp, m in ((2, 4, 2, 8), (2, 4, 4, 8), (2, 2, 2, 16)):
+        choice = ScaleChoice(pp, dp, tp, m, "1f1b", *recompute)
+        rep = stages.stage(choice, hw)
+        assert rep.problem is not None and len(rep.graphs) == 2  # 2 and 3 layers
+        mesh = convert_to_shape(choice.stage_mesh)
+        full = _Stage(mesh, hw, [stages.graph(choice, 6)], 6)
+        rng = random.Random(1)
+        dims = rep.problem.free_dims
+        checked = 0
+        for _ in range(20000):
+            asg = {d: rng.choice([None, *rep.problem.allowed[d]]) for d in dims}
+            if rep.problem.table_cost(asg).invalid is not None:
+                continue
+            rules = rep.problem.rules_for(asg)
+            got = rep.parts(rules)  # the stacked tables (the once part too)
+            want, cost = full.evaluated(rules)  # evaluate and split_step
+            assert got.time_s == pytest.approx(want.time_s, rel=1e-9)
+            assert got.once_s == pytest.approx(want.once_s, rel=1e-9)
+            assert got.peak_bytes == want.peak_bytes == cost.peak_memory_bytes
+            assert got.held_bytes == want.held_bytes
+            checked += 1
+            if checked == 8:
+                break
+        assert checked == 8
 
 
 @pytest.mark.parametrize("exhaustive", [False, True])
