@@ -160,7 +160,7 @@ def cmd_scale(args: argparse.Namespace) -> int:
                 f"(got {err.get('input')!r})"
             ) from None
         try:
-            scale = plan_spec_locally(spec)
+            scale = plan_spec_locally(spec, workers=None)
         except ScaleError as e:
             print(f"mtf-planner scale: nothing fits: {e}")
             return EXIT_NOTHING_FITS

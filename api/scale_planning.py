@@ -287,10 +287,15 @@ def scale_spec(
     )
 
 
-def plan_spec_locally(spec: ScaleSpec, progress: Report | None = None) -> ScalePlan:
+def plan_spec_locally(
+    spec: ScaleSpec, progress: Report | None = None, workers: int | None = 1
+) -> ScalePlan:
     """``plan_transformer`` for ``spec``: what the worker runs, and what a
     test compares the service's answer with.  ``progress(phase, fraction)``
-    before each mesh of the search and before the winner's check."""
+    before each mesh of the search and before the winner's check.
+    ``workers``: processes for the search's first pass; 1 by default, since
+    a service job runs in one solve worker beside the others, and cancelling
+    it kills that process (None: as many as fork safely here)."""
     return plan_transformer(
         spec.transformer_config(),
         spec.devices,
@@ -304,6 +309,7 @@ def plan_spec_locally(spec: ScaleSpec, progress: Report | None = None) -> ScaleP
         recompute=spec.recompute,
         time_limit_s=spec.time_limit_s,
         progress=progress,
+        workers=workers,
     )
 
 

@@ -52,6 +52,7 @@ from layout_planner.scale_plan import (
     ScalePlan,
     ScaleTrial,
 )
+from layout_planner.scale_workers import default_workers
 from mtf_core import dtypes
 from mtf_core.layout import convert_to_layout_rules
 from mtf_core.models import TransformerConfig, build_encoder_decoder, build_lm
@@ -130,6 +131,7 @@ def plan_transformer(
     exhaustive: bool = False,
     verify: bool = True,
     progress: Callable[[str, float], None] | None = None,
+    workers: int | None = None,
 ) -> ScalePlan:
     """The fastest fitting plan for ``config`` on ``devices`` devices.
 
@@ -144,7 +146,10 @@ def plan_transformer(
     its full stage graph; ``exhaustive=True`` builds and plans every trial's
     full stage graph instead (same plan, slower).  ``progress(phase,
     fraction)`` is called before each mesh of the search (and once more
-    before the winner's check).
+    before the winner's check).  ``workers``: processes for the search's
+    first pass (default: the usable cores where this process can fork
+    safely, :func:`layout_planner.scale_workers.default_workers`); the plan
+    is the same for any number.
     """
     start = time.perf_counter()
     hw = (
@@ -216,6 +221,7 @@ def plan_transformer(
         progress,
         exhaustive=exhaustive,
         encoder_decoder=encoder_decoder,
+        workers=default_workers() if workers is None else workers,
     )
     return dataclasses.replace(found, planning_s=time.perf_counter() - start)
 

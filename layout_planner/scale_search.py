@@ -37,6 +37,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -68,8 +69,10 @@ from layout_planner.scale_plan import (
     ScalePlan,
     ScaleTrial,
     boundary_shape,
+    slots_instead_of_stored,
     weight_sharding,
 )
+from layout_planner.scale_workers import map_forked
 from layout_planner.stacked import (
     DIRECT_LAYERS,
     LayerStack,
@@ -453,7 +456,11 @@ def _trial(
     ``k - 1`` others in flight are priced afterwards
     (``cost_models.pipeline``), and when they break the capacity (``retry``)
     it is solved once more, each option leaving room for what its own graph
-    holds per micro-batch under the first answer's layout."""
+    holds per micro-batch under the first answer's layout.  That room is the
+    first answer's, not the second's, so the answer can miss a faster layout
+    that fits with its own micro-batches in flight: the stored weight
+    classes made slots-only (whole weights, no gather on read, more memory)
+    are priced too, and kept if faster and fitting."""
     k = spec.in_flight
     first = hw.memory_bytes if limit is None else limit
     limits = {c: first for c in options}
@@ -470,6 +477,16 @@ def _trial(
             break
         options = [c for c in options if c in rooms]
         limits = rooms
+    if spec.micro_batches > 1:
+        variant = slots_instead_of_stored(plan.layout_rules)
+        if variant is not None:
+            vparts = stage.parts(variant)
+            vpriced = _price(vparts, variant, choice, spec, stage_cfg, hw)
+            if vpriced.fits and (
+                not priced.fits or vpriced.step_time_s < priced.step_time_s
+            ):
+                plan = dataclasses.replace(plan, layout_rules=variant)
+                priced = vpriced
     trial = ScaleTrial(
         choice,
         priced.step_time_s,
@@ -570,6 +587,7 @@ def search(
     progress: Callable[[str, float], None] | None = None,
     exhaustive: bool = False,
     encoder_decoder: bool = False,
+    workers: int = 1,
 ) -> ScalePlan:
     """The search of :func:`~layout_planner.choices.plan_transformer` over
     ``meshes`` (sorted by bound), on representative stage graphs (on each
@@ -587,6 +605,9 @@ def search(
     2. in order of those bounds, the meshes whose free layout did not fit:
        recomputation and layout as one program under the capacity
        (:func:`_trial`).
+
+    ``workers > 1`` lays out the first pass on that many forked processes
+    (:mod:`layout_planner.scale_workers`): the same trials and plan.
     """
     start = time.perf_counter()
     stages = _Stages(cfg, builder, optimizer, direct=exhaustive)
@@ -607,43 +628,88 @@ def search(
         if progress is not None:
             progress(phase, fraction)
 
+    def mesh_options(mesh: Mesh) -> list[ScaleChoice]:
+        pp, tp, dp, m = mesh.stages, mesh.tensor, mesh.data, mesh.micro_batches
+        return [ScaleChoice(pp, dp, tp, m, schedule, a, f) for a, f in recompute]
+
+    def lay_out(i: int, on: _Stages) -> _Free:
+        mesh = meshes[i]
+        try:
+            free, bound = _free_trial(on, mesh_options(mesh), mesh.spec, hw, params)
+        except (PlannerError, SolverError) as e:
+            return _Free(None, 0.0, str(e))
+        return _Free(free, bound, None)
+
+    firsts: dict[int, _Free] = {}
+    if workers > 1:
+        firsts = _first_pass_forked(
+            meshes, lambda: _Stages(cfg, builder, optimizer, direct=exhaustive),
+            lay_out, workers, report,
+        )  # fmt: skip
     pending: list[tuple[float, int, Mesh, list[ScaleChoice]]] = []
     for i, mesh in enumerate(meshes):
         if best is not None and mesh.bound_s >= best[0][0]:
             break  # no remaining mesh can be faster
-        pp, tp, dp, m = mesh.stages, mesh.tensor, mesh.data, mesh.micro_batches
-        report(
-            f"mesh {i + 1} of {len(meshes)}: pp {pp} x dp {dp} x tp {tp}",
-            0.8 * i / len(meshes),
-        )
-        options = [ScaleChoice(pp, dp, tp, m, schedule, a, f) for a, f in recompute]
-        try:
-            free, bound = _free_trial(stages, options, mesh.spec, hw, params)
-        except (PlannerError, SolverError) as e:
-            trials.append(ScaleTrial(options[0], None, None, False, "", str(e)))
+        options = mesh_options(mesh)
+        got = firsts.get(i)
+        if got is None:
+            report(
+                f"mesh {i + 1} of {len(meshes)}: pp {mesh.stages} x dp {mesh.data} "
+                f"x tp {mesh.tensor}",
+                0.8 * i / len(meshes),
+            )
+            got = lay_out(i, stages)
+        if got.error is not None:
+            trials.append(ScaleTrial(options[0], None, None, False, "", got.error))
             continue
+        free = got.outcome
         if free is not None:
             trials.append(free.trial)
             if free.trial.fits:
                 consider(free, options)
                 continue
-        pending.append((max(bound, mesh.bound_s), i, mesh, options))
+        pending.append((max(got.bound_s, mesh.bound_s), i, mesh, options))
     pending.sort(key=lambda p: (p[0], p[1]))
-    for j, (bound, _, mesh, options) in enumerate(pending):
-        if best is not None and bound >= best[0][0]:
+
+    def joint(k: int) -> _Outcome | str:
+        _, _, mesh, options = pending[k]
+        try:
+            return _trial(stages, options, mesh.spec, hw, params)
+        except (PlannerError, SolverError) as e:
+            return str(e)
+
+    # In batches of ``workers`` (forked: they inherit this process's graphs),
+    # each result taken in order as the sequential pass would, so the trials
+    # are the same; a batch may lay out a mesh the sequential pass stops
+    # before, which is dropped.
+    j = 0
+    while j < len(pending):
+        if best is not None and pending[j][0] >= best[0][0]:
             break  # no remaining mesh can be faster
-        pp, tp, dp = mesh.stages, mesh.tensor, mesh.data
+        batch = [
+            k
+            for k in range(j, min(j + max(workers, 1), len(pending)))
+            if best is None or pending[k][0] < best[0][0]
+        ]
+        mesh = pending[j][2]
         report(
-            f"recomputation on pp {pp} x dp {dp} x tp {tp} ({j + 1} of {len(pending)})",
+            f"recomputation on pp {mesh.stages} x dp {mesh.data} x tp {mesh.tensor}"
+            f" ({j + 1} of {len(pending)})",
             0.8 + 0.2 * j / len(pending),
         )
-        try:
-            joint = _trial(stages, options, mesh.spec, hw, params)
-        except (PlannerError, SolverError) as e:
-            trials.append(ScaleTrial(options[0], None, None, False, "", str(e)))
-            continue
-        trials.append(joint.trial)
-        consider(joint, options)
+        results = map_forked(joint, batch, workers)
+        for k, got in zip(batch, results):
+            bound, _, mesh, options = pending[k]
+            if best is not None and bound >= best[0][0]:
+                j = len(pending)
+                break
+            if isinstance(got, str):
+                trials.append(ScaleTrial(options[0], None, None, False, "", got))
+            else:
+                trials.append(got.trial)
+                consider(got, options)
+        else:
+            j += len(batch)
     if best is None:
         smallest = min(
             (t for t in trials if t.peak_memory_bytes is not None),
@@ -684,6 +750,46 @@ def search(
         optimizer=optimizer,
         encoder_decoder=encoder_decoder,
     )
+
+
+@dataclass(frozen=True)
+class _Free:
+    """A mesh's first-pass result: its free trial (None without a least
+    option) and lower bound, or why it could not be laid out."""
+
+    outcome: _Outcome | None
+    bound_s: float
+    error: str | None
+
+
+def _first_pass_forked(
+    meshes: Sequence[Mesh],
+    new_stages: Callable[[], _Stages],
+    lay_out: Callable[[int, _Stages], _Free],
+    workers: int,
+    report: Callable[[str, float], None],
+) -> dict[int, _Free]:
+    """Every mesh's first-pass result, on ``workers`` forked processes; the
+    meshes of one micro-batch size (which share their stage graphs) go to
+    one process, the largest groups first."""
+    groups: dict[int, list[int]] = {}
+    for i, mesh in enumerate(meshes):
+        groups.setdefault(mesh.micro_batches, []).append(i)
+    order = sorted(groups.values(), key=len, reverse=True)
+    mine: dict[int, _Stages] = {}  # per process: its own stages and caches
+
+    def job(group: list[int]) -> list[tuple[int, _Free]]:
+        stages = mine.setdefault(os.getpid(), new_stages())
+        return [(i, lay_out(i, stages)) for i in group]
+
+    def done(k: int) -> None:
+        report(
+            f"laid out {k} of {len(order)} micro-batch sizes on {workers} processes",
+            0.8 * k / len(order),
+        )
+
+    results = map_forked(job, order, workers, done)
+    return {i: got for group in results for i, got in group}
 
 
 def price_given(

@@ -5,6 +5,7 @@ every trial as the full stage graph does."""
 from __future__ import annotations
 
 import random
+import sys
 
 import pytest
 
@@ -100,7 +101,7 @@ def test_representative_prices_layouts_as_the_full_stage_graph(recompute, expert
 def test_progress_reports_each_mesh_tried_in_order(exhaustive):
     seen: list[tuple[str, float]] = []
     plan = plan_transformer(
-        CFG, 8, hardware="h100-nvlink-ib", exhaustive=exhaustive,
+        CFG, 8, hardware="h100-nvlink-ib", exhaustive=exhaustive, workers=1,
         progress=lambda phase, done: seen.append((phase, done)),
     )  # fmt: skip
     meshes = [p for p, _ in seen if p.startswith("mesh ")]
@@ -111,3 +112,59 @@ def test_progress_reports_each_mesh_tried_in_order(exhaustive):
     assert fractions == sorted(fractions) and 0.0 <= fractions[0] < 1.0
     if not exhaustive:
         assert seen[-1] == (f"checking {plan.choice} on its full stage graph", 1.0)
+
+
+_TWO_PROCESSES = """
+import json
+from layout_planner.choices import plan_transformer
+from mtf_core.models import TransformerConfig
+cfg = TransformerConfig(**json.loads(CFG))
+seen = []
+kw = dict(hardware="h100-nvlink-ib", memory_limit=30 * 2**20, time_limit_s=30.0)
+one = plan_transformer(cfg, 8, workers=1, **kw)
+two = plan_transformer(cfg, 8, workers=2, progress=lambda p, f: seen.append((p, f)), **kw)
+def out(plan):
+    return [str(plan.choice), plan.layout_rules,
+            plan.step_time_s, plan.peak_memory_bytes,
+            [(str(t.choice), t.step_time_s, t.peak_memory_bytes, t.fits, t.layout_rules)
+             for t in plan.trials]]
+print(json.dumps({"one": out(one), "two": out(two), "seen": seen}))
+"""
+
+
+def test_first_pass_on_two_processes_gives_the_same_plan_and_trials():
+    # In a fresh interpreter: forking needs a process without TensorFlow,
+    # which a test worker may have loaded.
+    import dataclasses
+    import json
+    import subprocess
+
+    code = "CFG = " + repr(json.dumps(dataclasses.asdict(CFG))) + _TWO_PROCESSES
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.splitlines()[-1])
+    assert got["one"] == got["two"]  # plan and every trial, to the last bit
+    laid_out = [p for p, _ in got["seen"] if p.startswith("laid out ")]
+    assert laid_out and laid_out[-1].endswith("on 2 processes")
+    fractions = [f for _, f in got["seen"]]
+    assert fractions == sorted(fractions)
+
+
+def test_first_pass_stays_in_this_process_where_a_fork_is_unsafe(monkeypatch):
+    import threading
+
+    from layout_planner.scale_workers import default_workers
+
+    monkeypatch.setitem(sys.modules, "tensorflow", object())
+    assert default_workers() == 1
+    monkeypatch.delitem(sys.modules, "tensorflow")
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:
+        assert default_workers() == 1  # another thread could hold a lock
+    finally:
+        stop.set()
+        other.join()
