@@ -606,8 +606,9 @@ def search(
        recomputation and layout as one program under the capacity
        (:func:`_trial`).
 
-    ``workers > 1`` lays out the first pass on that many forked processes
-    (:mod:`layout_planner.scale_workers`): the same trials and plan.
+    ``workers > 1`` lays out the first pass, and the second in batches, on
+    that many forked processes (:mod:`layout_planner.scale_workers`): the
+    same trials and plan.
     """
     start = time.perf_counter()
     stages = _Stages(cfg, builder, optimizer, direct=exhaustive)

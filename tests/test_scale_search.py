@@ -168,3 +168,34 @@ def test_first_pass_stays_in_this_process_where_a_fork_is_unsafe(monkeypatch):
     finally:
         stop.set()
         other.join()
+
+
+def test_a_free_layouts_bound_is_below_every_trial_on_its_mesh():
+    """The second pass skips a mesh whose free layout's proven objective is
+    no better than the best step found: that objective must be below what
+    the joint recomputation program finds there, on every mesh (up to the
+    program's whole picoseconds)."""
+    from cost_models.pipeline import PipelineSpec
+    from layout_planner.program import SolveParams
+    from layout_planner.scale_search import _free_trial, _trial
+
+    hw = get_hardware("h100-nvlink-ib").with_memory(30 * 2**20)
+    cfg = CFG.replace(shardable_weights=True, shardable_slots=True)
+    stages = _Stages(cfg, build_lm, "adam")
+    params = SolveParams(30.0, 0, 0, 1)
+    checked = 0
+    for pp, dp, tp in ((1, 8, 1), (2, 4, 1), (2, 2, 2), (4, 2, 1), (4, 1, 2)):
+        m = cfg.batch // dp
+        spec = PipelineSpec(pp, m, "1f1b")
+        options = [
+            ScaleChoice(pp, dp, tp, m, "1f1b", a, f)
+            for a, f in (("none", "none"), ("scores", "none"), ("block", "block"))
+        ]
+        free, bound = _free_trial(stages, options, spec, hw, params)
+        assert free is not None and free.priced is not None
+        assert bound <= free.priced.step_time_s * (1 + 1e-9)
+        joint = _trial(stages, options, spec, hw, params)
+        if joint.priced is not None:
+            assert bound <= joint.priced.step_time_s * (1 + 1e-9)
+            checked += 1
+    assert checked >= 4
