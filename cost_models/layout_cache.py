@@ -152,6 +152,9 @@ class LayoutSizes:
     def slice_bytes(self, t: Tensor) -> int:
         return self._ctx.slice_bytes(t.shape, t.dtype)
 
+    def slice_dims(self, t: Tensor) -> list[int]:
+        return self._ctx.slice_shape(t.shape)
+
     def devices_splitting(self, dim_names: Iterable[str]) -> int:
         axes = {a for n in dim_names if (a := self._axis.get(n)) is not None}
         return math.prod(self._sizes[a] for a in axes)

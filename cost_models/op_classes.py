@@ -24,6 +24,9 @@ feature                   unit, counted for
 ``assign_bytes``          variable assignments
 ``large_bytes``           of all the bytes above, those of slices of at least
                           1 MiB (they go to main memory, not the cache)
+``transpose_bytes``       slice bytes of the operands a two-input einsum's
+                          kernel transposes before or after its matmul
+                          (:mod:`cost_models.einsum_transposes`)
 ``outer_reduce_bytes``    of the reduce bytes, those of a reduction over
                           outer dims that keeps the slice's innermost one (a
                           bias or layer-norm gradient), times the share of its
@@ -52,6 +55,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+from cost_models.einsum_transposes import moved_operands
 from cost_models.hardware import CostModelError, HardwareProfile
 from cost_models.layout_cache import LayoutSizes
 from mtf_core import dtypes
@@ -70,9 +74,13 @@ COMPUTE_CLASSES = (
     "assign",
 )
 COLLECTIVE_KINDS = ("allreduce", "allconcat", "alltoall", "shift", "broadcast")
-COMPUTE_FEATURES = ("ops", "matmul_flops", "large_bytes", "outer_reduce_bytes") + (
-    tuple(f"{c}_bytes" for c in COMPUTE_CLASSES)
-)
+COMPUTE_FEATURES = (
+    "ops",
+    "matmul_flops",
+    "large_bytes",
+    "outer_reduce_bytes",
+    "transpose_bytes",
+) + (tuple(f"{c}_bytes" for c in COMPUTE_CLASSES))
 #: ``outer_reduce_bytes``: the page a strided read crosses (prefetchers stop
 #: at its boundary), and the rows of a strided walk past which its lines are
 #: no longer cached for the next one.  Chosen on single-thread timings of
@@ -189,11 +197,27 @@ def op_features(
         feats.append(("large_bytes", large))
     if cls == "matmul":
         feats.append(("matmul_flops", float(flops_per_device)))
+        if op.op_type == "Einsum":
+            moved = _transposed_bytes(op, sizes)
+            if moved:
+                feats.append(("transpose_bytes", moved))
     elif cls == "reduce" and op.op_type == "Reduce":
         outer = _outer_reduce_bytes(op, ctx, sizes)
         if outer:
             feats.append(("outer_reduce_bytes", outer))
     return tuple(feats)
+
+
+def _transposed_bytes(op: Operation, sizes: LayoutSizes) -> float:
+    """Slice bytes of the operands the einsum kernel transposes."""
+    out = op.outputs[0]
+    tensors = list(op.inputs) + [out]
+    moved = moved_operands(
+        tuple(tuple(t.shape.dimension_names) for t in op.inputs),
+        tuple(out.shape.dimension_names),
+        [sizes.slice_dims(t) for t in tensors],
+    )
+    return float(sum(sizes.slice_bytes(tensors[k]) for k in moved))
 
 
 def _outer_reduce_bytes(op: Operation, ctx: LayoutContext, sizes: LayoutSizes) -> float:
@@ -278,6 +302,7 @@ def roofline_rates(hw: HardwareProfile) -> dict[str, float]:
         "matmul_flops": 1.0 / hw.peak_flops,
         "large_bytes": 0.5 / hw.hbm_bandwidth_bytes_per_s,
         "outer_reduce_bytes": 0.5 / hw.hbm_bandwidth_bytes_per_s,
+        "transpose_bytes": 1.0 / hw.hbm_bandwidth_bytes_per_s,
     }
     for c in COMPUTE_CLASSES:
         rates[f"{c}_bytes"] = 1.0 / hw.hbm_bandwidth_bytes_per_s

@@ -82,6 +82,27 @@ def _matmul(rows: int, inner: int, k: int) -> Build:
     return build
 
 
+def _weight_grad(rows: int, cols: int, k: int, transposed: bool) -> Build:
+    # Weight gradients: two activations contracted over a short batch, the
+    # result split over its first dim (no sum pending).  With the operands
+    # in the other order TensorFlow's einsum kernel transposes its result
+    # (cost_models.einsum_transposes).
+    def build(n: int) -> tuple[Graph, list[Tensor], list[Operation]]:
+        g = Graph()
+        m = mtf.Mesh(g, "m")
+        x = mtf.get_variable(m, "x", f"batch:{rows},d:{cols * n}")
+        y = mtf.get_variable(m, "y", f"batch:{rows},e:{cols}")
+        acc = None
+        for i in range(k):
+            pair = [y * float(i + 1), x] if transposed else [x, y * float(i + 1)]
+            dw = mtf.einsum(pair, output_shape=f"d:{cols * n},e:{cols}")
+            acc = dw if acc is None else acc + dw
+        assert acc is not None
+        return g, _scalar(acc), []
+
+    return build
+
+
 def _attention(n: int) -> tuple[Graph, list[Tensor], list[Operation]]:
     # Batched matmuls with transposes, as attention does them.
     g = Graph()
@@ -284,6 +305,13 @@ def sweep_points(n: int) -> list[SweepPoint]:
         SweepPoint("matmul-256x512", _all, "batch:all", _matmul(256, 512, 6)),
         SweepPoint("matmul-512x1024", _all, "batch:all", _matmul(512, 1024, 3)),
         SweepPoint("matmul-8x1024", _all, "batch:all", _matmul(8, 1024, 12)),
+        SweepPoint("wgrad-64x512", _all, "d:all", _weight_grad(64, 512, 6, False)),
+        SweepPoint(
+            "wgrad-transposed-64x512", _all, "d:all", _weight_grad(64, 512, 6, True)
+        ),
+        SweepPoint(
+            "wgrad-transposed-64x1024", _all, "d:all", _weight_grad(64, 1024, 3, True)
+        ),
         SweepPoint("attention", _all, "batch:all", _attention),
         SweepPoint("lookup", _all, "batch:all", _lookup),
         SweepPoint("random", _all, "batch:all", _random),
