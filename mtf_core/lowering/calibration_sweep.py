@@ -60,6 +60,14 @@ def _scalar(x: Tensor) -> list[Tensor]:
     return [mtf.reduce_sum(x, output_shape=[])]
 
 
+def _summed(k: int, term: Callable[[int], Tensor]) -> Tensor:
+    """``term(0) + ... + term(k - 1)``."""
+    acc = term(0)
+    for i in range(1, k):
+        acc = acc + term(i)
+    return acc
+
+
 def _chain(op: Callable[[Tensor], Tensor], rows: int, cols: int, k: int) -> Build:
     def build(n: int) -> tuple[Graph, list[Tensor], list[Operation]]:
         g, _, x = _start(n, rows, cols)
@@ -92,13 +100,12 @@ def _weight_grad(rows: int, cols: int, k: int, transposed: bool) -> Build:
         m = mtf.Mesh(g, "m")
         x = mtf.get_variable(m, "x", f"batch:{rows},d:{cols * n}")
         y = mtf.get_variable(m, "y", f"batch:{rows},e:{cols}")
-        acc = None
-        for i in range(k):
+
+        def term(i: int) -> Tensor:
             pair = [y * float(i + 1), x] if transposed else [x, y * float(i + 1)]
-            dw = mtf.einsum(pair, output_shape=f"d:{cols * n},e:{cols}")
-            acc = dw if acc is None else acc + dw
-        assert acc is not None
-        return g, _scalar(acc), []
+            return mtf.einsum(pair, output_shape=f"d:{cols * n},e:{cols}")
+
+        return g, _scalar(_summed(k, term)), []
 
     return build
 
@@ -176,14 +183,12 @@ def _allreduce(rows: int, k: int) -> Build:
         m = mtf.Mesh(g, "m")
         x = mtf.get_variable(m, "x", f"batch:{rows},d:{8 * n}")
         w = mtf.get_variable(m, "w", f"d:{8 * n},e:{rows}")
-        acc = None
-        for i in range(k):
-            y = mtf.relu(
-                mtf.einsum([x * float(i + 1), w], output_shape=f"batch:{rows},e:{rows}")
-            )
-            acc = y if acc is None else acc + y
-        assert acc is not None
-        return g, [mtf.reduce_sum(acc, output_shape=[])], []
+
+        def term(i: int) -> Tensor:
+            y = mtf.einsum([x * float(i + 1), w], output_shape=f"batch:{rows},e:{rows}")
+            return mtf.relu(y)
+
+        return g, _scalar(_summed(k, term)), []
 
     return build
 
