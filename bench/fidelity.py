@@ -323,6 +323,8 @@ def main() -> None:
         return
     if not args.hardware:
         p.error("--hardware is required (a profile from mtf-planner calibrate)")
+    if args.processes < 1:
+        p.error(f"--processes {args.processes}: expected at least 1")
     from common import machine_summary
 
     from cost_models.costs import evaluate
@@ -454,7 +456,7 @@ EXPLAIN = """\
 Predicted: `cost_models.evaluate` on the calibrated profile, per backend
 (`hw.for_backend`).  Measured: each layout in a fresh process (both backends
 in it, one after the other), a warm-up step, then the fastest of the timed
-steps.  {clocks}  rho: Spearman rank correlation of predicted and measured; regret:
+steps (with `--processes N`, the fastest of N such processes).  {clocks}  rho: Spearman rank correlation of predicted and measured; regret:
 measured time of the layout predicted fastest over the measured best; top-3
 hit: the measured best is among the 3 predicted fastest; within 25%: the
 share of layouts whose prediction is within 25% of the measurement.  Layouts:
