@@ -10,17 +10,20 @@ operands ``cost_models.einsum_transposes`` says the kernel transposes.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-#: (equation, shape of each operand by label): the weight gradient of a
-#: 1024 -> 4096 layer on one sequence of 64 tokens, in every operand and
-#: output order, and the forward and input-gradient products beside it.
-SIZES = {"b": 1, "l": 64, "d": 1024, "f": 4096}
+#: The weight gradient of a 1024 -> 4096 layer on one sequence of 64 tokens,
+#: in every operand and output order, the forward and input-gradient products
+#: beside it, and attention's values product with its output's batch (of
+#: size one) moved: a copy that keeps the bytes in order.
+SIZES = {"b": 1, "l": 64, "d": 1024, "f": 4096, "h": 16, "q": 512, "k": 64, "v": 512}
 EQUATIONS = [
     "bld,blf->df",
     "blf,bld->fd",
@@ -30,6 +33,8 @@ EQUATIONS = [
     "bld,df->blf",
     "df,bld->blf",
     "blf,df->bld",
+    "bhqk,bhkv->bhqv",
+    "bhqk,bhkv->hbqv",
 ]
 REPS = 3
 
@@ -64,7 +69,7 @@ def main() -> None:
                 )
 
         @tf.function
-        def step() -> tf.Tensor:
+        def step() -> Any:
             sums = []
             for d, calls in zip(devices, per_device):
                 with tf.device(d):
@@ -81,22 +86,24 @@ def main() -> None:
             best = min(best, time.perf_counter() - start)
         return best / REPS
 
-    flops = 2 * SIZES["b"] * SIZES["l"] * SIZES["d"] * SIZES["f"] * len(devices)
-    print(f"8 devices, each {flops / 8 / 1e6:.0f} MFLOP per einsum")
+    print("8 devices at once; GFLOP/s of all of them")
     for eq in EQUATIONS:
         ins, out = eq.split("->")
+        labels = set(ins) - {","}
+        flops = 2 * math.prod(SIZES[c] for c in labels) * len(devices)
         names = tuple(tuple(n) for n in ins.split(","))
         sizes = [[SIZES[c] for c in n] for n in names] + [[SIZES[c] for c in out]]
+        copied = [k for k, _ in kernel_transposes(names, tuple(out))]
         moved = moved_operands(names, tuple(out), sizes)
-        what = (
-            ", ".join("output" if k == len(names) else f"input {k}" for k in moved)
-            or "nothing"
+        what = ", ".join(
+            ("output" if k == len(names) else f"input {k}")
+            + ("" if k in moved else " (dims of size one only)")
+            for k in copied
         )
-        assert len(kernel_transposes(names, tuple(out))) >= len(moved)
         t = timed(eq)
         print(
             f"{eq:14s} {t * 1e3:7.2f} ms  {flops / t / 1e9:6.1f} GFLOP/s  "
-            f"transposes: {what}",
+            f"transposes: {what or 'nothing'}",
             flush=True,
         )
 
