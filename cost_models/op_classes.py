@@ -197,7 +197,8 @@ def op_features(
         feats.append(("large_bytes", large))
     if cls == "matmul":
         feats.append(("matmul_flops", float(flops_per_device)))
-        if op.op_type == "Einsum":
+        if op.op_type == "Einsum" and len(op.inputs) == 2:
+            # (tf.einsum splits a longer product into pairs of its choosing)
             moved = _transposed_bytes(op, sizes)
             if moved:
                 feats.append(("transpose_bytes", moved))

@@ -96,6 +96,21 @@ def test_the_feature_is_the_slice_bytes_the_kernel_transposes(
     assert feats.get("transpose_bytes", 0.0) == expected
 
 
+def test_only_two_input_products_count():
+    """tf.einsum splits a product of three into pairs of its own choosing:
+    no copies are counted for it."""
+    g = Graph()
+    m = mtf.Mesh(g, "m")
+    x = mtf.get_variable(m, "x", "batch:64,d:256")
+    y = mtf.get_variable(m, "y", "batch:64,e:128")
+    z = mtf.get_variable(m, "z", "batch:64,f:32")
+    op = mtf.einsum([z, y, x], output_shape="d:256,e:128,f:32").operation
+    ctx = LayoutContext.make("all:8", "d:all")
+    sizes = LayoutSizes(ctx)
+    feats = dict(op_features(op, ctx, sizes, flops_per_device(op, ctx, sizes, None)))
+    assert "matmul_flops" in feats and "transpose_bytes" not in feats
+
+
 def test_sweep_points_separate_transposes_from_the_matmul():
     """The sweep measures the same weight gradients with and without the
     result's transpose: the rate is fitted from the difference."""
