@@ -60,6 +60,14 @@ def _scalar(x: Tensor) -> list[Tensor]:
     return [mtf.reduce_sum(x, output_shape=[])]
 
 
+def _variables(*specs: tuple[str, str]) -> tuple[Graph, Tensor, Tensor]:
+    """A graph with two variables of the given names and shapes."""
+    g = Graph()
+    m = mtf.Mesh(g, "m")
+    a, b = (mtf.get_variable(m, name, shape) for name, shape in specs)
+    return g, a, b
+
+
 def _summed(k: int, term: Callable[[int], Tensor]) -> Tensor:
     """``term(0) + ... + term(k - 1)``."""
     acc = term(0)
@@ -96,10 +104,9 @@ def _weight_grad(rows: int, cols: int, k: int, transposed: bool) -> Build:
     # in the other order TensorFlow's einsum kernel transposes its result
     # (cost_models.einsum_transposes).
     def build(n: int) -> tuple[Graph, list[Tensor], list[Operation]]:
-        g = Graph()
-        m = mtf.Mesh(g, "m")
-        x = mtf.get_variable(m, "x", f"batch:{rows},d:{cols * n}")
-        y = mtf.get_variable(m, "y", f"batch:{rows},e:{cols}")
+        g, x, y = _variables(
+            ("x", f"batch:{rows},d:{cols * n}"), ("y", f"batch:{rows},e:{cols}")
+        )
 
         def term(i: int) -> Tensor:
             pair = [y * float(i + 1), x] if transposed else [x, y * float(i + 1)]
@@ -179,10 +186,9 @@ def _allreduce(rows: int, k: int) -> Build:
     # x[batch, d] @ w[d, e] with d split: each product is a pending sum that
     # the next op forces (an allreduce of rows x e floats).
     def build(n: int) -> tuple[Graph, list[Tensor], list[Operation]]:
-        g = Graph()
-        m = mtf.Mesh(g, "m")
-        x = mtf.get_variable(m, "x", f"batch:{rows},d:{8 * n}")
-        w = mtf.get_variable(m, "w", f"d:{8 * n},e:{rows}")
+        g, x, w = _variables(
+            ("x", f"batch:{rows},d:{8 * n}"), ("w", f"d:{8 * n},e:{rows}")
+        )
 
         def term(i: int) -> Tensor:
             y = mtf.einsum([x * float(i + 1), w], output_shape=f"batch:{rows},e:{rows}")
