@@ -293,7 +293,7 @@ def plan_spec_locally(
     """``plan_transformer`` for ``spec``: what the worker runs, and what a
     test compares the service's answer with.  ``progress(phase, fraction)``
     before each mesh of the search and before the winner's check.
-    ``workers``: processes for the search's first pass; 1 by default, since
+    ``workers``: processes for the search's two passes; 1 by default, since
     a service job runs in one solve worker beside the others, and cancelling
     it kills that process (None: as many as fork safely here)."""
     return plan_transformer(

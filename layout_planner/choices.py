@@ -147,7 +147,7 @@ def plan_transformer(
     full stage graph instead (same plan, slower).  ``progress(phase,
     fraction)`` is called before each mesh of the search (and once more
     before the winner's check).  ``workers``: processes for the search's
-    first pass (default: the usable cores where this process can fork
+    two passes (default: the usable cores where this process can fork
     safely, :func:`layout_planner.scale_workers.default_workers`); the plan
     is the same for any number.
     """

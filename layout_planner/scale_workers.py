@@ -1,11 +1,12 @@
-"""The scale search's first pass on several cores.
+"""The scale search's passes on several cores.
 
 The first pass (:func:`layout_planner.scale_search.search`) lays out every
 mesh without recomputation and without a memory limit: trials that share
 nothing but the graphs of a micro-batch size, so they split across forked
 processes by micro-batch size (each process builds the graphs of its sizes
-once).  The parent gets each mesh's outcome back and applies the sequential
-pass's rule (stop at the first mesh whose roofline bound the best fitting
+once).  The second pass's joint programs run in batches of forked
+processes.  The parent gets each mesh's outcome back and applies the
+sequential passes' rule (stop at the first mesh whose bound the best fitting
 step found before it reaches), so the trials and the plan are the same for
 any number of processes; only the meshes past that point are laid out for
 nothing.
@@ -48,16 +49,11 @@ def fork_is_safe() -> bool:
 
 
 def default_workers() -> int:
-    """Processes for the first pass: the usable cores (at most 8) where a
+    """Processes for the search: the usable cores (at most 8) where a
     fork is safe, else 1."""
     if not fork_is_safe():
         return 1
     return max(1, min(len(os.sched_getaffinity(0)), 8))
-
-
-def _run(item: Any) -> Any:
-    assert _JOB is not None
-    return _JOB(item)
 
 
 def map_forked(
@@ -98,4 +94,5 @@ def map_forked(
 
 def _indexed(pair: tuple[int, Any]) -> tuple[int, Any]:
     i, item = pair
-    return i, _run(item)
+    assert _JOB is not None
+    return i, _JOB(item)

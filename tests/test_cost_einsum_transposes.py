@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 import mtf_core as mtf
+from cost_models.calibration import step_features
 from cost_models.einsum_transposes import kernel_transposes, moved_operands
 from cost_models.layout_cache import LayoutSizes
 from cost_models.op_classes import op_features, roofline_rates
@@ -118,15 +119,8 @@ def test_sweep_points_separate_transposes_from_the_matmul():
     moved = {}
     for name in ("wgrad-64x512", "wgrad-transposed-64x512"):
         p = points[name]
-        g, _, _ = p.build(8)
-        ctx = LayoutContext.make(p.mesh(8), p.rules)
-        sizes = LayoutSizes(ctx)
-        total: dict[str, float] = {}
-        for op in g.operations:
-            flops = flops_per_device(op, ctx, sizes, None)
-            for f, v in op_features(op, ctx, sizes, flops):
-                total[f] = total.get(f, 0.0) + v
-        moved[name] = total
+        g, outputs, _ = p.build(8)
+        moved[name] = step_features(g, p.mesh(8), p.rules, outputs)
     plain, swapped = moved["wgrad-64x512"], moved["wgrad-transposed-64x512"]
     assert plain.get("transpose_bytes", 0.0) == 0.0
     assert swapped["transpose_bytes"] == 6 * 512 * 512 * 4  # six [512, 512] slices
