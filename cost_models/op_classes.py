@@ -55,7 +55,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from cost_models.einsum_transposes import moved_operands
+from cost_models.einsum_transposes import kernel_transposes, moved_operands
 from cost_models.hardware import CostModelError, HardwareProfile
 from cost_models.layout_cache import LayoutSizes
 from mtf_core import dtypes
@@ -212,12 +212,12 @@ def op_features(
 def _transposed_bytes(op: Operation, sizes: LayoutSizes) -> float:
     """Slice bytes of the operands the einsum kernel transposes."""
     out = op.outputs[0]
+    inputs = tuple(tuple(t.shape.dimension_names) for t in op.inputs)
+    output = tuple(out.shape.dimension_names)
+    if not kernel_transposes(inputs, output):
+        return 0.0  # (most einsums: no slice sizes to look up)
     tensors = list(op.inputs) + [out]
-    moved = moved_operands(
-        tuple(tuple(t.shape.dimension_names) for t in op.inputs),
-        tuple(out.shape.dimension_names),
-        [sizes.slice_dims(t) for t in tensors],
-    )
+    moved = moved_operands(inputs, output, [sizes.slice_dims(t) for t in tensors])
     return float(sum(sizes.slice_bytes(tensors[k]) for k in moved))
 
 
