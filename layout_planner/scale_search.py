@@ -37,9 +37,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 from cost_models.costs import Cost, evaluate
@@ -72,7 +71,7 @@ from layout_planner.scale_plan import (
     slots_instead_of_stored,
     weight_sharding,
 )
-from layout_planner.scale_workers import map_forked
+from layout_planner.scale_workers import WorkerError, Workers, fork_is_safe
 from layout_planner.stacked import (
     DIRECT_LAYERS,
     LayerStack,
@@ -606,111 +605,47 @@ def search(
        recomputation and layout as one program under the capacity
        (:func:`_trial`).
 
-    ``workers > 1`` lays out the first pass, and the second in batches, on
-    that many forked processes (:mod:`layout_planner.scale_workers`): the
-    same trials and plan.
+    ``workers > 1`` lays meshes out ahead on that many forked processes
+    (:class:`_Ahead`); the passes take their results in the order above, so
+    the trials and the plan are the same for any number of workers.
     """
     start = time.perf_counter()
-    stages = _Stages(cfg, builder, optimizer, direct=exhaustive)
     params = SolveParams(time_limit_s, 0, 0, 1)
-    trials: list[ScaleTrial] = []
-    best: tuple[tuple[float, int, int], _Outcome] | None = None
 
-    def consider(outcome: _Outcome, options: Sequence[ScaleChoice]) -> None:
-        nonlocal best
-        if outcome.priced is None or not outcome.trial.fits:
-            return
-        rank = options.index(outcome.trial.choice)
-        key = (outcome.priced.step_time_s, outcome.trial.choice.stages, rank)
-        if best is None or key < best[0]:
-            best = (key, outcome)
-
-    def report(phase: str, fraction: float) -> None:
-        if progress is not None:
-            progress(phase, fraction)
+    def new_stages() -> _Stages:
+        return _Stages(cfg, builder, optimizer, direct=exhaustive)
 
     def mesh_options(mesh: Mesh) -> list[ScaleChoice]:
         pp, tp, dp, m = mesh.stages, mesh.tensor, mesh.data, mesh.micro_batches
         return [ScaleChoice(pp, dp, tp, m, schedule, a, f) for a, f in recompute]
 
-    def lay_out(i: int, on: _Stages) -> _Free:
+    def lay_out(stages: _Stages, i: int) -> _Free:
         mesh = meshes[i]
         try:
-            free, bound = _free_trial(on, mesh_options(mesh), mesh.spec, hw, params)
+            free, bound = _free_trial(stages, mesh_options(mesh), mesh.spec, hw, params)
         except (PlannerError, SolverError) as e:
             return _Free(None, 0.0, str(e))
         return _Free(free, bound, None)
 
-    firsts: dict[int, _Free] = {}
-    if workers > 1:
-        firsts = _first_pass_forked(
-            meshes, lambda: _Stages(cfg, builder, optimizer, direct=exhaustive),
-            lay_out, workers, report,
-        )  # fmt: skip
-    pending: list[tuple[float, int, Mesh, list[ScaleChoice]]] = []
-    for i, mesh in enumerate(meshes):
-        if best is not None and mesh.bound_s >= best[0][0]:
-            break  # no remaining mesh can be faster
-        options = mesh_options(mesh)
-        got = firsts.get(i)
-        if got is None:
-            report(
-                f"mesh {i + 1} of {len(meshes)}: pp {mesh.stages} x dp {mesh.data} "
-                f"x tp {mesh.tensor}",
-                0.8 * i / len(meshes),
-            )
-            got = lay_out(i, stages)
-        if got.error is not None:
-            trials.append(ScaleTrial(options[0], None, None, False, "", got.error))
-            continue
-        free = got.outcome
-        if free is not None:
-            trials.append(free.trial)
-            if free.trial.fits:
-                consider(free, options)
-                continue
-        pending.append((max(got.bound_s, mesh.bound_s), i, mesh, options))
-    pending.sort(key=lambda p: (p[0], p[1]))
-
-    def joint(k: int) -> _Outcome | str:
-        _, _, mesh, options = pending[k]
+    def joint(stages: _Stages, i: int) -> _Outcome | str:
+        mesh = meshes[i]
         try:
-            return _trial(stages, options, mesh.spec, hw, params)
+            return _trial(stages, mesh_options(mesh), mesh.spec, hw, params)
         except (PlannerError, SolverError) as e:
             return str(e)
 
-    # In batches of ``workers`` (forked: they inherit this process's graphs),
-    # each result taken in order as the sequential pass would, so the trials
-    # are the same; a batch may lay out a mesh the sequential pass stops
-    # before, which is dropped.
-    j = 0
-    while j < len(pending):
-        if best is not None and pending[j][0] >= best[0][0]:
-            break  # no remaining mesh can be faster
-        batch = [
-            k
-            for k in range(j, min(j + max(workers, 1), len(pending)))
-            if best is None or pending[k][0] < best[0][0]
-        ]
-        mesh = pending[j][2]
-        report(
-            f"recomputation on pp {mesh.stages} x dp {mesh.data} x tp {mesh.tensor}"
-            f" ({j + 1} of {len(pending)})",
-            0.8 + 0.2 * j / len(pending),
-        )
-        results = map_forked(joint, batch, workers)
-        for k, got in zip(batch, results):
-            bound, _, mesh, options = pending[k]
-            if best is not None and bound >= best[0][0]:
-                j = len(pending)
-                break
-            if isinstance(got, str):
-                trials.append(ScaleTrial(options[0], None, None, False, "", got))
-            else:
-                trials.append(got.trial)
-                consider(got, options)
-        else:
-            j += len(batch)
+    def run(stages: _Stages, task: tuple[str, int]) -> _Free | _Outcome | str:
+        kind, i = task
+        return lay_out(stages, i) if kind == "free" else joint(stages, i)
+
+    source: _Source
+    if workers > 1 and len(meshes) > 1 and fork_is_safe():
+        source = _Ahead(meshes, run, new_stages, workers)
+    else:
+        source = _InProcess(run, new_stages())
+    with source:
+        found = _passes(meshes, mesh_options, source, progress)
+    trials, best = found
     if best is None:
         smallest = min(
             (t for t in trials if t.peak_memory_bytes is not None),
@@ -728,13 +663,13 @@ def search(
             f"{hw.name!r} fits in {hw.memory_bytes:,} B per device "
             f"({len(trials)} trials){hint}"
         )
-    outcome = best[1]
-    assert outcome.plan is not None and outcome.priced is not None
-    plan, priced = outcome.plan, outcome.priced
-    choice = outcome.trial.choice
+    assert best.plan is not None and best.priced is not None
+    plan, priced = best.plan, best.priced
+    choice = best.trial.choice
     if verify:
-        report(f"checking {choice} on its full stage graph", 1.0)
-        plan, priced = _verified(stages, choice, plan, priced, hw)
+        if progress is not None:
+            progress(f"checking {choice} on its full stage graph", 1.0)
+        plan, priced = _verified(new_stages(), choice, plan, priced, hw)
     sharded, slots_only = weight_sharding(plan.layout_rules)
     return ScalePlan(
         config=cfg,
@@ -753,6 +688,70 @@ def search(
     )
 
 
+def _passes(
+    meshes: Sequence[Mesh],
+    mesh_options: Callable[[Mesh], list[ScaleChoice]],
+    source: _Source,
+    progress: Callable[[str, float], None] | None,
+) -> tuple[list[ScaleTrial], _Outcome | None]:
+    """The two passes of :func:`search`, taking each mesh's results from
+    ``source``: the trials, in order, and the fastest fitting outcome."""
+    trials: list[ScaleTrial] = []
+    best: tuple[tuple[float, int, int], _Outcome] | None = None
+
+    def consider(outcome: _Outcome, options: Sequence[ScaleChoice]) -> None:
+        nonlocal best
+        if outcome.priced is None or not outcome.trial.fits:
+            return
+        rank = options.index(outcome.trial.choice)
+        key = (outcome.priced.step_time_s, outcome.trial.choice.stages, rank)
+        if best is None or key < best[0]:
+            best = (key, outcome)
+
+    def report(phase: str, fraction: float) -> None:
+        if progress is not None:
+            progress(phase + source.suffix, fraction)
+
+    pending: list[tuple[float, int]] = []
+    for i, mesh in enumerate(meshes):
+        if best is not None and mesh.bound_s >= best[0][0]:
+            break  # no remaining mesh can be faster
+        options = mesh_options(mesh)
+        report(
+            f"mesh {i + 1} of {len(meshes)}: pp {mesh.stages} x dp {mesh.data} "
+            f"x tp {mesh.tensor}",
+            0.8 * i / len(meshes),
+        )
+        got = source.free(i)
+        if got.error is not None:
+            trials.append(ScaleTrial(options[0], None, None, False, "", got.error))
+            continue
+        free = got.outcome
+        if free is not None:
+            trials.append(free.trial)
+            if free.trial.fits:
+                consider(free, options)
+                continue
+        pending.append((max(got.bound_s, mesh.bound_s), i))
+    pending.sort()
+    for j, (bound, i) in enumerate(pending):
+        if best is not None and bound >= best[0][0]:
+            break  # no remaining mesh can be faster
+        mesh, options = meshes[i], mesh_options(meshes[i])
+        report(
+            f"recomputation on pp {mesh.stages} x dp {mesh.data} x tp {mesh.tensor}"
+            f" ({j + 1} of {len(pending)})",
+            0.8 + 0.2 * j / len(pending),
+        )
+        outcome = source.joint(i)
+        if isinstance(outcome, str):
+            trials.append(ScaleTrial(options[0], None, None, False, "", outcome))
+        else:
+            trials.append(outcome.trial)
+            consider(outcome, options)
+    return trials, None if best is None else best[1]
+
+
 @dataclass(frozen=True)
 class _Free:
     """A mesh's first-pass result: its free trial (None without a least
@@ -763,34 +762,172 @@ class _Free:
     error: str | None
 
 
-def _first_pass_forked(
-    meshes: Sequence[Mesh],
-    new_stages: Callable[[], _Stages],
-    lay_out: Callable[[int, _Stages], _Free],
-    workers: int,
-    report: Callable[[str, float], None],
-) -> dict[int, _Free]:
-    """Every mesh's first-pass result, on ``workers`` forked processes; the
-    meshes of one micro-batch size (which share their stage graphs) go to
-    one process, the largest groups first."""
-    groups: dict[int, list[int]] = {}
-    for i, mesh in enumerate(meshes):
-        groups.setdefault(mesh.micro_batches, []).append(i)
-    order = sorted(groups.values(), key=len, reverse=True)
-    mine: dict[int, _Stages] = {}  # per process: its own stages and caches
+#: What a source runs: ("free", i) lays mesh i out free, ("joint", i) runs
+#: its joint recomputation program, on a process's stages.
+_Run = Callable[[_Stages, tuple[str, int]], "_Free | _Outcome | str"]
 
-    def job(group: list[int]) -> list[tuple[int, _Free]]:
-        stages = mine.setdefault(os.getpid(), new_stages())
-        return [(i, lay_out(i, stages)) for i in group]
 
-    def done(k: int) -> None:
-        report(
-            f"laid out {k} of {len(order)} micro-batch sizes on {workers} processes",
-            0.8 * k / len(order),
-        )
+class _Source:
+    """Where :func:`_passes` takes each mesh's results from."""
 
-    results = map_forked(job, order, workers, done)
-    return {i: got for group in results for i, got in group}
+    suffix = ""
+
+    def free(self, i: int) -> _Free:
+        raise NotImplementedError
+
+    def joint(self, i: int) -> _Outcome | str:
+        raise NotImplementedError
+
+    def __enter__(self) -> _Source:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+class _InProcess(_Source):
+    """Each result computed when asked, in this process."""
+
+    def __init__(self, run: _Run, stages: _Stages) -> None:
+        self._run = run
+        self._stages = stages
+
+    def free(self, i: int) -> _Free:
+        got = self._run(self._stages, ("free", i))
+        assert isinstance(got, _Free)
+        return got
+
+    def joint(self, i: int) -> _Outcome | str:
+        got = self._run(self._stages, ("joint", i))
+        assert not isinstance(got, _Free)
+        return got
+
+
+class _Ahead(_Source):
+    """Results computed ahead on forked processes (:class:`Workers`), each
+    with its own stages, while the passes wait for the one they need next.
+
+    A worker that comes free gets, in turn: the task the passes wait for;
+    the next free layout of a micro-batch size it already holds the graphs
+    of, else of one no worker holds, else any; then, once every free layout
+    is out, the joint program of the not-fitting mesh of lowest bound, its
+    own sizes first among the next few.  A task that cannot beat the best
+    fitting step known is left out: a free layout whose roofline bound a
+    mesh before it already reaches, a joint program whose bound any fitting
+    trial reaches.  The passes would skip such a mesh too (the bounds are
+    valid and sorted); should they ask for one anyway (two bounds equal to
+    the last bit), it is computed then."""
+
+    def __init__(
+        self,
+        meshes: Sequence[Mesh],
+        run: _Run,
+        new_stages: Callable[[], _Stages],
+        workers: int,
+    ) -> None:
+        self._meshes = meshes
+        self._pool = Workers(run, new_stages, min(workers, len(meshes)))
+        self.suffix = f" (on {self._pool.count} processes)"
+        self._done: dict[tuple[str, int], _Free | _Outcome | str] = {}
+        self._sent: set[tuple[str, int]] = set()
+        self._holds: dict[int, set[int]] = {w: set() for w in range(self._pool.count)}
+        #: (step, mesh, first pass?) of each fitting trial.
+        self._fits: list[tuple[float, int, bool]] = []
+
+    def free(self, i: int) -> _Free:
+        got = self._wait(("free", i))
+        assert isinstance(got, _Free)
+        return got
+
+    def joint(self, i: int) -> _Outcome | str:
+        got = self._wait(("joint", i))
+        assert not isinstance(got, _Free)
+        return got
+
+    def __exit__(self, *exc: object) -> None:
+        self._pool.close()
+
+    def _wait(self, task: tuple[str, int]) -> _Free | _Outcome | str:
+        while task not in self._done:
+            self._feed(task)
+            for key, got in self._pool.finished():
+                self._record(key, got)
+        return self._done[task]
+
+    def _record(self, task: Hashable, got: _Free | _Outcome | str) -> None:
+        assert isinstance(task, tuple)
+        self._done[task] = got
+        outcome = got.outcome if isinstance(got, _Free) else got
+        if isinstance(outcome, _Outcome) and outcome.trial.fits:
+            step = outcome.trial.step_time_s
+            assert step is not None
+            self._fits.append((step, task[1], task[0] == "free"))
+
+    def _feed(self, needed: tuple[str, int]) -> None:
+        for w in self._pool.idle():
+            task = needed if needed not in self._sent else self._next(w)
+            if task is None:
+                break
+            self._sent.add(task)
+            self._holds[w].add(self._meshes[task[1]].micro_batches)
+            self._pool.submit(w, task, task)
+        if not self._pool.busy():  # pragma: no cover - needed is always sent
+            raise WorkerError(f"nothing is running and {needed!r} is not done")
+
+    def _next(self, w: int) -> tuple[str, int] | None:
+        meshes = self._meshes
+        mine = self._holds[w]
+        held = set().union(*self._holds.values())
+        frees = [
+            i
+            for i in range(len(meshes))
+            if ("free", i) not in self._sent and not self._beaten_before(i)
+        ]
+        for pick in ("mine", "unheld", "any"):
+            for i in frees:
+                size = meshes[i].micro_batches
+                if (
+                    pick == "any"
+                    or (pick == "mine" and size in mine)
+                    or (pick == "unheld" and size not in held)
+                ):
+                    return ("free", i)
+        best = min((s for s, _, _ in self._fits), default=None)
+        joints = [
+            i
+            for _, i in sorted(self._joint_bounds())
+            if ("joint", i) not in self._sent
+            and (best is None or self._joint_bound(i) < best)
+        ]
+        if not joints:
+            return None
+        near = joints[: self._pool.count]
+        own = next((i for i in near if meshes[i].micro_batches in mine), near[0])
+        return ("joint", own)
+
+    def _beaten_before(self, i: int) -> bool:
+        bound = self._meshes[i].bound_s
+        return any(step <= bound and t < i and free for step, t, free in self._fits)
+
+    def _joint_bound(self, i: int) -> float:
+        got = self._done[("free", i)]
+        assert isinstance(got, _Free)
+        return max(got.bound_s, self._meshes[i].bound_s)
+
+    def _joint_bounds(self) -> list[tuple[float, int]]:
+        """(bound, mesh) of each mesh the second pass may lay out, as far as
+        known: laid out free, no error, and no fitting free layout."""
+        out = []
+        for (kind, i), got in self._done.items():
+            if kind != "free":
+                continue
+            assert isinstance(got, _Free)
+            if got.error is not None:
+                continue
+            if got.outcome is not None and got.outcome.trial.fits:
+                continue
+            out.append((self._joint_bound(i), i))
+        return out
 
 
 def price_given(

@@ -1,39 +1,37 @@
-"""The scale search's passes on several cores.
+"""Forked processes that keep their state between jobs, for the scale search.
 
-The first pass (:func:`layout_planner.scale_search.search`) lays out every
-mesh without recomputation and without a memory limit: trials that share
-nothing but the graphs of a micro-batch size, so they split across forked
-processes by micro-batch size (each process builds the graphs of its sizes
-once).  The second pass's joint programs run in batches of forked
-processes.  The parent gets each mesh's outcome back and applies the
-sequential passes' rule (stop at the first mesh whose bound the best fitting
-step found before it reaches), so the trials and the plan are the same for
-any number of processes; only the meshes past that point are laid out for
-nothing.
+The search (:mod:`layout_planner.scale_search`) lays out meshes whose stage
+graphs, analyses and unit costs are shared by every mesh of one micro-batch
+size.  :class:`Workers` forks processes that each build their own such state
+once and run job after job on it, so the parent can send the meshes of one
+micro-batch size to the process that already holds its graphs.
 
 Forking is safe only in a process that has not loaded TensorFlow (whose
 threads a fork would copy half-held, and beside which CP-SAT runs in a
 solver process whose pipe the children would share), solves in this process
-and runs no other thread; elsewhere :func:`map_forked` runs in this process,
-whatever was asked.
+and runs no other thread (:func:`fork_is_safe`); elsewhere the search runs
+in this process, whatever was asked.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import pickle
 import sys
 import threading
-from collections.abc import Callable, Sequence
+import traceback
+from collections.abc import Callable, Hashable
+from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from layout_planner import solver_process
 
-__all__ = ["default_workers", "fork_is_safe", "map_forked"]
+__all__ = ["WorkerError", "Workers", "default_workers", "fork_is_safe"]
 
-#: What a forked worker runs: set in the parent just before the fork, read
-#: by the children (a fork copies it; nothing is pickled on the way in).
-_JOB: Callable[[Any], Any] | None = None
+
+class WorkerError(RuntimeError):
+    """A worker process died or raised what could not be sent back."""
 
 
 def fork_is_safe() -> bool:
@@ -56,43 +54,109 @@ def default_workers() -> int:
     return max(1, min(len(os.sched_getaffinity(0)), 8))
 
 
-def map_forked(
-    job: Callable[[Any], Any],
-    items: Sequence[Any],
-    workers: int,
-    done: Callable[[int], None] | None = None,
-) -> list[Any]:
-    """``[job(item) for item in items]`` on ``workers`` forked processes
-    (in this process when ``workers <= 1``, there is one item, or a fork is
-    not safe here: :func:`fork_is_safe`), results
-    in the order of ``items``; ``done(k)`` after each of ``k`` results.
-    ``job`` may be a closure: the children inherit it; results are pickled
-    back."""
-    global _JOB
-    if workers <= 1 or len(items) <= 1 or not fork_is_safe():
-        out = []
-        for k, item in enumerate(items):
-            out.append(job(item))
-            if done is not None:
-                done(k + 1)
-        return out
-    _JOB = job
-    try:
+class Workers:
+    """``count`` forked processes; each calls ``make_state()`` once, then
+    ``job(state, item)`` for every item sent to it.
+
+    ``submit(w, key, item)`` sends an item to worker ``w`` (one at a time per
+    worker); :meth:`finished` blocks until some worker is done and returns
+    ``(key, result)`` for each.  An exception raised by a job is raised
+    again here.  ``job`` and ``make_state`` may be closures: the children
+    inherit them at the fork, and only items and results are pickled."""
+
+    def __init__(
+        self,
+        job: Callable[[Any, Any], Any],
+        make_state: Callable[[], Any],
+        count: int,
+    ) -> None:
+        if not fork_is_safe():
+            raise WorkerError("this process cannot fork workers safely")
         ctx = multiprocessing.get_context("fork")
-        results: dict[int, Any] = {}
-        with ctx.Pool(min(workers, len(items))) as pool:
-            for k, (i, got) in enumerate(
-                pool.imap_unordered(_indexed, list(enumerate(items)))
-            ):
-                results[i] = got
-                if done is not None:
-                    done(k + 1)
-        return [results[i] for i in range(len(items))]
-    finally:
-        _JOB = None
+        self._conns: list[Connection] = []
+        self._procs = []
+        self._busy: dict[int, Hashable] = {}
+        for _ in range(count):
+            mine, theirs = ctx.Pipe()
+            proc = ctx.Process(
+                target=_serve, args=(theirs, job, make_state), daemon=True
+            )
+            proc.start()
+            theirs.close()
+            self._conns.append(mine)
+            self._procs.append(proc)
+
+    @property
+    def count(self) -> int:
+        return len(self._conns)
+
+    def idle(self) -> list[int]:
+        return [w for w in range(self.count) if w not in self._busy]
+
+    def busy(self) -> bool:
+        return bool(self._busy)
+
+    def submit(self, w: int, key: Hashable, item: Any) -> None:
+        if w in self._busy:
+            raise WorkerError(f"worker {w} is still running {self._busy[w]!r}")
+        self._conns[w].send(item)
+        self._busy[w] = key
+
+    def finished(self) -> list[tuple[Hashable, Any]]:
+        """The results of the jobs that end next (at least one): blocks."""
+        if not self._busy:
+            raise WorkerError("no job is running")
+        ready = wait([self._conns[w] for w in self._busy])
+        out = []
+        for w in list(self._busy):
+            conn = self._conns[w]
+            if conn not in ready:
+                continue
+            try:
+                ok, value = conn.recv()
+            except (EOFError, OSError) as e:
+                raise WorkerError(
+                    f"search worker {w} died running {self._busy[w]!r}"
+                ) from e
+            key = self._busy.pop(w)
+            if not ok:
+                raise value
+            out.append((key, value))
+        return out
+
+    def close(self) -> None:
+        """Stops every worker (a job still running is abandoned)."""
+        for proc in self._procs:
+            if proc.is_alive():
+                proc.terminate()
+        for proc in self._procs:
+            proc.join()
+        for conn in self._conns:
+            conn.close()
+        self._busy.clear()
+
+    def __enter__(self) -> Workers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
-def _indexed(pair: tuple[int, Any]) -> tuple[int, Any]:
-    i, item = pair
-    assert _JOB is not None
-    return i, _JOB(item)
+def _serve(
+    conn: Connection, job: Callable[[Any, Any], Any], make_state: Callable[[], Any]
+) -> None:
+    state = make_state()
+    while True:
+        try:
+            item = conn.recv()
+        except EOFError:
+            return
+        try:
+            reply: tuple[bool, Any] = (True, job(state, item))
+        except Exception as e:  # raised again in the parent
+            reply = (False, e)
+        try:
+            conn.send(reply)
+        except (pickle.PicklingError, TypeError, AttributeError) as e:
+            what = "".join(traceback.format_exception_only(e)).strip()
+            conn.send((False, WorkerError(f"a search job's result: {what}")))

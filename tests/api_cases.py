@@ -68,6 +68,10 @@ class ServerThread:
             port=self.port,
             log_level="warning",
             access_log=False,
+            # uvicorn's own logging config would close the handlers already on
+            # the root logger, and absl's (TensorFlow's) closes its stream: a
+            # stream pytest captures this session's output in.
+            log_config=None,
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)

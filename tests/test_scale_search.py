@@ -12,7 +12,7 @@ import pytest
 from cost_models.profiles import get_hardware
 from layout_planner.choices import ScaleChoice, plan_transformer
 from layout_planner.scale_search import _Stage, _Stages
-from mtf_core.models import TransformerConfig, build_lm
+from mtf_core.models import TransformerConfig, build_encoder_decoder, build_lm
 from mtf_core.shapes import convert_to_shape
 
 CFG = TransformerConfig(
@@ -61,13 +61,22 @@ def test_search_on_representatives_returns_the_exhaustive_plan(memory_mib):
 
 
 @pytest.mark.parametrize(
-    "recompute,experts",
-    [(("none", "none"), 0), (("block", "block"), 0), (("scores", "none"), 4)],
+    "recompute,experts,builder",
+    [
+        (("none", "none"), 0, build_lm),
+        (("block", "block"), 0, build_lm),
+        (("scores", "none"), 4, build_lm),
+        # Its decoder layers read the encoder output each through an identity
+        # of their own, so its layers stack too.
+        (("scores", "block"), 0, build_encoder_decoder),
+    ],
 )
-def test_representative_prices_layouts_as_the_full_stage_graph(recompute, experts):
+def test_representative_prices_layouts_as_the_full_stage_graph(
+    recompute, experts, builder
+):
     hw = get_hardware("h100-nvlink-ib")
     cfg = CFG.replace(shardable_weights=True, shardable_slots=True, experts=experts)
-    stages = _Stages(cfg, build_lm, "adam")
+    stages = _Stages(cfg, builder, "adam")
     # Three meshes priced by one search's stages, so units priced on one mesh
     # are reused on the others (the shared unit costs): each must still price
     # as its own full stage graph does.  6 layers a stage.
@@ -132,7 +141,7 @@ print(json.dumps({"one": out(one), "two": out(two), "seen": seen}))
 """
 
 
-def test_first_pass_on_two_processes_gives_the_same_plan_and_trials():
+def test_two_processes_give_the_same_plan_and_trials():
     # In a fresh interpreter: forking needs a process without TensorFlow,
     # which a test worker may have loaded.
     import dataclasses
@@ -146,8 +155,8 @@ def test_first_pass_on_two_processes_gives_the_same_plan_and_trials():
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.splitlines()[-1])
     assert got["one"] == got["two"]  # plan and every trial, to the last bit
-    laid_out = [p for p, _ in got["seen"] if p.startswith("laid out ")]
-    assert laid_out and laid_out[-1].endswith("on 2 processes")
+    meshes = [p for p, _ in got["seen"] if p.startswith("mesh ")]
+    assert meshes and all(p.endswith("(on 2 processes)") for p in meshes)
     fractions = [f for _, f in got["seen"]]
     assert fractions == sorted(fractions)
 

@@ -443,6 +443,15 @@ def build_encoder_decoder(
             mesh, cfg.length_dim, cfg.memory_length_dim
         )
         for i in range(cfg.num_layers):
+            if i:
+                # Each decoder layer reads the encoder output through its own
+                # identity (free: it aliases the buffer), so the backward pass
+                # sums that output's gradient layer by layer as it meets the
+                # layers, as frameworks accumulate it, instead of holding every
+                # layer's part for one sum at the end; and every layer is the
+                # same ops (layout_planner.stacked prices deep stages from a
+                # few layers).
+                memory = ew.identity(memory, name=f"decoder_{i:03d}/encoder_output")
             y = _attend(cfg, y, f"decoder_{i:03d}/self_attention", causal)
             y = _attend(cfg, y, f"decoder_{i:03d}/encdec_attention", padding, memory)
             y = _feed_forward(cfg, y, f"decoder_{i:03d}/ffn")

@@ -1,0 +1,140 @@
+"""The scale search's forked workers (layout_planner.scale_workers): each keeps
+its state between jobs, a job's exception comes back, a dead worker is named.
+Each case runs in a fresh interpreter: forking needs a process without
+TensorFlow, which a test worker may have loaded."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+_PRELUDE = """
+import json, os
+from layout_planner.scale_workers import WorkerError, Workers
+made = []
+def make_state():
+    return {"pid": os.getpid(), "jobs": 0}
+def job(state, item):
+    state["jobs"] += 1
+    if item == "boom":
+        raise ValueError("item 'boom' is not a number")
+    if item == "die":
+        os._exit(3)
+    if item == "lambda":
+        return lambda: 1
+    return (state["pid"], state["jobs"], item * 2)
+def run(pool, w, items):
+    out = []
+    for k, item in enumerate(items):
+        pool.submit(w, k, item)
+        got = pool.finished()
+        out.append(got)
+    return out
+"""
+
+
+def _run(body: str) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-c", _PRELUDE + body],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict = json.loads(done.stdout.splitlines()[-1])
+    return result
+
+
+def test_each_worker_keeps_its_state_between_jobs():
+    got = _run(
+        """
+with Workers(job, make_state, 2) as pool:
+    a = run(pool, 0, [1, 2, 3])
+    b = run(pool, 1, [10])
+    pool.submit(0, "x", 4)
+    pool.submit(1, "y", 5)
+    both = []
+    while pool.busy():
+        both += pool.finished()
+print(json.dumps({"a": a, "b": b, "both": sorted(both), "me": os.getpid()}))
+"""
+    )
+    a = [r[0] for r in got["a"]]
+    pid = a[0][1][0]
+    assert pid != got["me"]  # a forked process
+    assert [k for k, _ in a] == [0, 1, 2]
+    assert [v for _, v in a] == [[pid, 1, 2], [pid, 2, 4], [pid, 3, 6]]
+    ((key, (other, jobs, value)),) = got["b"][0]
+    assert other not in (pid, got["me"]) and jobs == 1 and value == 20
+    assert got["both"] == [["x", [pid, 4, 8]], ["y", [other, 2, 10]]]
+
+
+def test_a_jobs_exception_is_raised_in_the_parent():
+    got = _run(
+        """
+with Workers(job, make_state, 1) as pool:
+    pool.submit(0, "k", "boom")
+    try:
+        pool.finished()
+        raised = None
+    except ValueError as e:
+        raised = str(e)
+    after = run(pool, 0, [7])  # the worker goes on
+    pool.submit(0, "f", "lambda")
+    try:
+        pool.finished()
+        unsent = None
+    except WorkerError as e:
+        unsent = str(e)
+print(json.dumps({"raised": raised, "after": after, "unsent": unsent}))
+"""
+    )
+    assert got["raised"] == "item 'boom' is not a number"
+    assert got["after"][0][0][1][1:] == [2, 14]
+    assert got["unsent"].startswith("a search job's result: ")
+
+
+def test_a_dead_worker_and_misuse_are_named():
+    got = _run(
+        """
+errors = []
+with Workers(job, make_state, 1) as pool:
+    try:
+        pool.finished()
+    except WorkerError as e:
+        errors.append(str(e))
+    pool.submit(0, "first", 1)
+    try:
+        pool.submit(0, "second", 2)
+    except WorkerError as e:
+        errors.append(str(e))
+    pool.finished()
+    pool.submit(0, "fatal", "die")
+    try:
+        pool.finished()
+    except WorkerError as e:
+        errors.append(str(e))
+print(json.dumps(errors))
+"""
+    )
+    assert got == [
+        "no job is running",
+        "worker 0 is still running 'first'",
+        "search worker 0 died running 'fatal'",
+    ]
+
+
+def test_no_workers_where_a_fork_is_unsafe():
+    got = _run(
+        """
+import sys
+sys.modules["tensorflow"] = object()
+try:
+    Workers(job, make_state, 2)
+    print(json.dumps("forked"))
+except WorkerError as e:
+    print(json.dumps(str(e)))
+"""
+    )
+    assert got == "this process cannot fork workers safely"
