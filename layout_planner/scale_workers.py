@@ -8,9 +8,10 @@ micro-batch size to the process that already holds its graphs.
 
 Forking is safe only in a process that has not loaded TensorFlow (whose
 threads a fork would copy half-held, and beside which CP-SAT runs in a
-solver process whose pipe the children would share), solves in this process
-and runs no other thread (:func:`fork_is_safe`); elsewhere the search runs
-in this process, whatever was asked.
+solver process whose pipe the children would share), solves in this process,
+runs no other thread and is not itself a daemonic worker
+(:func:`fork_is_safe`); elsewhere the search runs in this process, whatever
+was asked.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ def fork_is_safe() -> bool:
     inherit it instead of each importing it (half a second apiece)."""
     return (
         "fork" in multiprocessing.get_all_start_methods()
+        # A daemonic process (a pool's worker) may not have children.
+        and not multiprocessing.current_process().daemon
         and "tensorflow" not in sys.modules
         and threading.active_count() == 1
         and solver_process.solver_location() == "inprocess"

@@ -138,3 +138,22 @@ except WorkerError as e:
 """
     )
     assert got == "this process cannot fork workers safely"
+
+
+def test_no_workers_in_a_daemonic_process():
+    got = _run(
+        """
+import multiprocessing
+from layout_planner.scale_workers import fork_is_safe
+def child(q):
+    q.put(fork_is_safe())
+ctx = multiprocessing.get_context("fork")
+q = ctx.Queue()
+p = ctx.Process(target=child, args=(q,), daemon=True)
+p.start()
+inside = q.get(timeout=60)
+p.join()
+print(json.dumps([fork_is_safe(), inside]))
+"""
+    )
+    assert got == [True, False]
