@@ -669,7 +669,10 @@ def search(
     if verify:
         if progress is not None:
             progress(f"checking {choice} on its full stage graph", 1.0)
-        plan, priced = _verified(new_stages(), choice, plan, priced, hw)
+        # Where the search ran in this process, its graphs (a stage of up to
+        # 4 layers is one of them) are reused.
+        on = source.stages if isinstance(source, _InProcess) else new_stages()
+        plan, priced = _verified(on, choice, plan, priced, hw)
     sharded, slots_only = weight_sharding(plan.layout_rules)
     return ScalePlan(
         config=cfg,
@@ -790,15 +793,15 @@ class _InProcess(_Source):
 
     def __init__(self, run: _Run, stages: _Stages) -> None:
         self._run = run
-        self._stages = stages
+        self.stages = stages
 
     def free(self, i: int) -> _Free:
-        got = self._run(self._stages, ("free", i))
+        got = self._run(self.stages, ("free", i))
         assert isinstance(got, _Free)
         return got
 
     def joint(self, i: int) -> _Outcome | str:
-        got = self._run(self._stages, ("joint", i))
+        got = self._run(self.stages, ("joint", i))
         assert not isinstance(got, _Free)
         return got
 

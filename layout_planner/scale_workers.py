@@ -156,7 +156,8 @@ def _serve(
             return
         try:
             reply: tuple[bool, Any] = (True, job(state, item))
-        except Exception as e:  # raised again in the parent
+        except Exception as e:  # raised again in the parent, with where it was
+            e.add_note("in a search worker:\n" + traceback.format_exc().rstrip())
             reply = (False, e)
         try:
             conn.send(reply)

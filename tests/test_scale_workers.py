@@ -79,7 +79,7 @@ with Workers(job, make_state, 1) as pool:
         pool.finished()
         raised = None
     except ValueError as e:
-        raised = str(e)
+        raised = [str(e), e.__notes__[0]]
     after = run(pool, 0, [7])  # the worker goes on
     pool.submit(0, "f", "lambda")
     try:
@@ -90,7 +90,12 @@ with Workers(job, make_state, 1) as pool:
 print(json.dumps({"raised": raised, "after": after, "unsent": unsent}))
 """
     )
-    assert got["raised"] == "item 'boom' is not a number"
+    message, note = got["raised"]
+    assert message == "item 'boom' is not a number"
+    # The worker's traceback comes along for whoever reads the error's log.
+    assert note.startswith("in a search worker:\nTraceback")
+    assert ", in job\n" in note
+    assert note.endswith("ValueError: item 'boom' is not a number")
     assert got["after"][0][0][1][1:] == [2, 14]
     assert got["unsent"].startswith("a search job's result: ")
 
