@@ -10,7 +10,7 @@ docs/benchmarks.md, section ``scale``) the plan, predicted step time, MFU
 planning time.
 
     .venv/bin/python bench/scale.py [--write] [--only gpt3,llama64,...]
-        [--quick] [--exhaustive]
+        [--quick] [--exhaustive] [--timeline]
 
 The planning time is ``plan_transformer``'s wall clock: the full mesh search
 on representative stage graphs and the winner's check on its full stage
@@ -163,7 +163,12 @@ def _row(plan, planning: float | None) -> list[str]:
     ]
 
 
-def run(cases: list[Case], quick: bool = False, exhaustive: bool = False) -> str:
+def run(
+    cases: list[Case],
+    quick: bool = False,
+    exhaustive: bool = False,
+    timeline: bool = False,
+) -> str:
     header = (
         "| model | layout | mesh (pp x dp x tp, micro-batches) | recompute "
         "attn/ffn | ZeRO-sharded classes | slots-only sharded classes | step s | "
@@ -192,6 +197,7 @@ def run(cases: list[Case], quick: bool = False, exhaustive: bool = False) -> str
                 case.hardware,
                 encoder_decoder=case.encoder_decoder,
                 exhaustive=exhaustive,
+                progress=_timeline(start) if timeline else None,
                 **narrow,
             )
             planning = time.perf_counter() - start
@@ -230,6 +236,16 @@ def run(cases: list[Case], quick: bool = False, exhaustive: bool = False) -> str
     return "\n".join(rows) + "\n\n" + "\n".join(notes)
 
 
+def _timeline(start: float):
+    """A progress callback printing each phase with the seconds since
+    ``start``: the passes report a mesh when they take its result."""
+
+    def report(phase: str, fraction: float) -> None:
+        print(f"  {time.perf_counter() - start:6.2f} s  {phase}", flush=True)
+
+    return report
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
@@ -244,11 +260,16 @@ def main() -> None:
         action="store_true",
         help="plan every trial on its full stage graph (the slow search)",
     )
+    ap.add_argument(
+        "--timeline",
+        action="store_true",
+        help="print each phase of the search with the seconds since its start",
+    )
     args = ap.parse_args()
     keys = [k for k in args.only.split(",") if k]
     cases = [c for c in CASES if not keys or c.key in keys]
     load_start = os.getloadavg()[0]
-    table = run(cases, args.quick, args.exhaustive)
+    table = run(cases, args.quick, args.exhaustive, args.timeline)
     load = f"load average {load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
     print(table)
     print(load)
