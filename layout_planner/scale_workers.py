@@ -19,6 +19,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
+import signal
 import sys
 import threading
 import traceback
@@ -81,8 +82,11 @@ class Workers:
         self._busy: dict[int, Hashable] = {}
         for _ in range(count):
             mine, theirs = ctx.Pipe()
+            # The child closes its copies of the parent's ends, or a parent
+            # that dies would leave it waiting on a pipe it holds open itself.
+            parents = [*self._conns, mine]
             proc = ctx.Process(
-                target=_serve, args=(theirs, job, make_state), daemon=True
+                target=_serve, args=(theirs, job, make_state, parents), daemon=True
             )
             proc.start()
             theirs.close()
@@ -146,8 +150,15 @@ class Workers:
 
 
 def _serve(
-    conn: Connection, job: Callable[[Any, Any], Any], make_state: Callable[[], Any]
+    conn: Connection,
+    job: Callable[[Any, Any], Any],
+    make_state: Callable[[], Any],
+    parents: list[Connection],
 ) -> None:
+    for end in parents:
+        end.close()
+    # Ctrl-C reaches the whole process group: the parent stops the workers.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     state = make_state()
     while True:
         try:
@@ -161,6 +172,8 @@ def _serve(
             reply = (False, e)
         try:
             conn.send(reply)
+        except (BrokenPipeError, ConnectionResetError):
+            return  # the parent is gone
         except (pickle.PicklingError, TypeError, AttributeError) as e:
             what = "".join(traceback.format_exception_only(e)).strip()
             conn.send((False, WorkerError(f"a search job's result: {what}")))

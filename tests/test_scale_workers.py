@@ -23,6 +23,9 @@ def job(state, item):
         os._exit(3)
     if item == "lambda":
         return lambda: 1
+    if item == "slow":
+        import time
+        time.sleep(1.0)
     return (state["pid"], state["jobs"], item * 2)
 def run(pool, w, items):
     out = []
@@ -162,3 +165,58 @@ print(json.dumps([fork_is_safe(), inside]))
 """
     )
     assert got == [True, False]
+
+
+def test_a_worker_whose_parent_died_ends_quietly():
+    # The parent exits while its worker runs a job; the worker finishes,
+    # finds no one to answer and ends without a traceback.  Its stderr is
+    # the parent's, which the run below reads to its end.
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _PRELUDE
+            + """
+pool = Workers(job, make_state, 1)
+pool.submit(0, "k", "slow")
+os._exit(0)
+""",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0
+    assert "Traceback" not in done.stderr, done.stderr
+
+
+def test_ctrl_c_stops_the_parent_and_its_workers_without_their_tracebacks():
+    # SIGINT to the whole process group, as a terminal's Ctrl-C sends it.
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _PRELUDE
+            + """
+import signal, time
+with Workers(job, make_state, 2) as pool:
+    run(pool, 0, [1])  # both workers up and serving
+    run(pool, 1, [1])
+    pool.submit(0, "a", "slow")
+    pool.submit(1, "b", "slow")
+    try:
+        os.killpg(os.getpgrp(), signal.SIGINT)
+        time.sleep(5)
+        print(json.dumps("not interrupted"))
+    except KeyboardInterrupt:
+        print(json.dumps("interrupted"))
+""",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        start_new_session=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == '"interrupted"'
+    assert "Traceback" not in done.stderr, done.stderr
