@@ -116,6 +116,10 @@ def check_request(cfg: TransformerConfig, hw: HardwareProfile, devices: int) -> 
             )
 
 
+# The search builds and walks graphs of thousands of ops, allocating millions
+# of small objects and few cycles: a paused collector saves a quarter of the
+# time (cost_models.gc_pause).
+@gc_paused()
 def plan_transformer(
     config: TransformerConfig,
     devices: int,
@@ -152,35 +156,6 @@ def plan_transformer(
     safely, :func:`layout_planner.scale_workers.default_workers`); the plan
     is the same for any number.
     """
-    # The search builds and walks graphs of thousands of ops, allocating
-    # millions of small objects and few cycles: a paused collector saves a
-    # quarter of the time (cost_models.gc_pause).
-    with gc_paused():
-        return _plan_transformer(
-            config, devices, hardware, optimizer, encoder_decoder, stages,
-            tensor, micro_batches, schedule, recompute, time_limit_s,
-            memory_limit, exhaustive, verify, progress, workers,
-        )  # fmt: skip
-
-
-def _plan_transformer(
-    config: TransformerConfig,
-    devices: int,
-    hardware: str | HardwareProfile,
-    optimizer: str,
-    encoder_decoder: bool,
-    stages: Sequence[int] | None,
-    tensor: Sequence[int] | None,
-    micro_batches: int | None,
-    schedule: str,
-    recompute: Sequence[tuple[str, str]],
-    time_limit_s: float,
-    memory_limit: int | None,
-    exhaustive: bool,
-    verify: bool,
-    progress: Callable[[str, float], None] | None,
-    workers: int | None,
-) -> ScalePlan:
     start = time.perf_counter()
     hw = (
         get_hardware(hardware)

@@ -208,3 +208,28 @@ def test_a_free_layouts_bound_is_below_every_trial_on_its_mesh():
             assert bound <= joint.priced.step_time_s * (1 + 1e-9)
             checked += 1
     assert checked >= 4
+
+
+def test_the_collector_is_paused_for_the_search_and_restored(monkeypatch):
+    import gc
+
+    from layout_planner import scale_search
+
+    seen = []
+    search = scale_search.search
+
+    def spy(*args, **kwargs):
+        seen.append(gc.isenabled())
+        return search(*args, **kwargs)
+
+    monkeypatch.setattr(scale_search, "search", spy)
+    small = CFG.replace(num_layers=4, d_model=64, d_ff=128, batch=8)
+    assert gc.isenabled()
+    plan = plan_transformer(small, 8, workers=1)
+    assert seen == [False] and gc.isenabled() and plan.fits
+    gc.disable()  # a caller that paused it keeps it paused
+    try:
+        plan_transformer(small, 8, workers=1)
+        assert seen == [False, False] and not gc.isenabled()
+    finally:
+        gc.enable()
