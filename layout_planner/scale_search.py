@@ -644,8 +644,7 @@ def search(
     else:
         source = _InProcess(run, new_stages())
     with source:
-        found = _passes(meshes, mesh_options, source, progress)
-    trials, best = found
+        trials, best = _passes(meshes, mesh_options, source, progress)
     if best is None:
         smallest = min(
             (t for t in trials if t.peak_memory_bytes is not None),
@@ -776,9 +775,16 @@ class _Source:
     suffix = ""
 
     def free(self, i: int) -> _Free:
-        raise NotImplementedError
+        got = self._result(("free", i))
+        assert isinstance(got, _Free)
+        return got
 
     def joint(self, i: int) -> _Outcome | str:
+        got = self._result(("joint", i))
+        assert not isinstance(got, _Free)
+        return got
+
+    def _result(self, task: tuple[str, int]) -> _Free | _Outcome | str:
         raise NotImplementedError
 
     def __enter__(self) -> _Source:
@@ -795,15 +801,8 @@ class _InProcess(_Source):
         self._run = run
         self.stages = stages
 
-    def free(self, i: int) -> _Free:
-        got = self._run(self.stages, ("free", i))
-        assert isinstance(got, _Free)
-        return got
-
-    def joint(self, i: int) -> _Outcome | str:
-        got = self._run(self.stages, ("joint", i))
-        assert not isinstance(got, _Free)
-        return got
+    def _result(self, task: tuple[str, int]) -> _Free | _Outcome | str:
+        return self._run(self.stages, task)
 
 
 class _Ahead(_Source):
@@ -837,20 +836,10 @@ class _Ahead(_Source):
         #: (step, mesh, first pass?) of each fitting trial.
         self._fits: list[tuple[float, int, bool]] = []
 
-    def free(self, i: int) -> _Free:
-        got = self._wait(("free", i))
-        assert isinstance(got, _Free)
-        return got
-
-    def joint(self, i: int) -> _Outcome | str:
-        got = self._wait(("joint", i))
-        assert not isinstance(got, _Free)
-        return got
-
     def __exit__(self, *exc: object) -> None:
         self._pool.close()
 
-    def _wait(self, task: tuple[str, int]) -> _Free | _Outcome | str:
+    def _result(self, task: tuple[str, int]) -> _Free | _Outcome | str:
         while task not in self._done:
             self._feed(task)
             for key, got in self._pool.finished():
@@ -898,9 +887,8 @@ class _Ahead(_Source):
         best = min((s for s, _, _ in self._fits), default=None)
         joints = [
             i
-            for _, i in sorted(self._joint_bounds())
-            if ("joint", i) not in self._sent
-            and (best is None or self._joint_bound(i) < best)
+            for bound, i in sorted(self._joint_bounds())
+            if ("joint", i) not in self._sent and (best is None or bound < best)
         ]
         if not joints:
             return None
@@ -911,11 +899,6 @@ class _Ahead(_Source):
     def _beaten_before(self, i: int) -> bool:
         bound = self._meshes[i].bound_s
         return any(step <= bound and t < i and free for step, t, free in self._fits)
-
-    def _joint_bound(self, i: int) -> float:
-        got = self._done[("free", i)]
-        assert isinstance(got, _Free)
-        return max(got.bound_s, self._meshes[i].bound_s)
 
     def _joint_bounds(self) -> list[tuple[float, int]]:
         """(bound, mesh) of each mesh the second pass may lay out, as far as
@@ -929,7 +912,7 @@ class _Ahead(_Source):
                 continue
             if got.outcome is not None and got.outcome.trial.fits:
                 continue
-            out.append((self._joint_bound(i), i))
+            out.append((max(got.bound_s, self._meshes[i].bound_s), i))
         return out
 
 

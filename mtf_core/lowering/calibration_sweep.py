@@ -174,11 +174,7 @@ def _assign(n: int) -> tuple[Graph, list[Tensor], list[Operation]]:
 def _random(n: int) -> tuple[Graph, list[Tensor], list[Operation]]:
     g = Graph()
     m = mtf.Mesh(g, "m")
-    total = None
-    for i in range(4):
-        r = mtf.random_uniform(m, f"batch:{64 * n},d:512", seed=i)
-        total = r if total is None else total + r
-    assert total is not None
+    total = _summed(4, lambda i: mtf.random_uniform(m, f"batch:{64 * n},d:512", seed=i))
     return g, _scalar(total), []
 
 
