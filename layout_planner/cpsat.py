@@ -481,6 +481,7 @@ class SolveLoop:
         prm.log_search_progress = False
         for name, value in TUNING.items():
             setattr(prm, name, value)
+        prm.cp_model_presolve = self.params.presolve
         model.clear_hints()  # type: ignore[no-untyped-call]
         if hint is not None:
             for i, v in enumerate(hint):

@@ -151,7 +151,7 @@ def solve_problem(
         # Nothing fits: find the layout with the smallest peak, to say by how much.
         fallback, _ = solver_process.solve(
             problem.program(Objective.MEMORY, capacity),
-            SolveParams(params.time_limit_s, params.num_workers, params.seed, 1),
+            replace(params, top_k=1),
         )
         wall += fallback.wall_time_s
         assignment = (

@@ -232,7 +232,7 @@ def _nothing_fits(
         left = max(deadline - time.monotonic(), 0.05)
         got, _ = solver_process.solve(
             problem.program(Objective.MEMORY, problem.hw.memory_bytes),
-            SolveParams(left, params.num_workers, params.seed, 1),
+            replace(params, time_limit_s=left, top_k=1),
         )
         wall += got.wall_time_s
         asg = problem.assignment_from_x(got.solutions[0].x) if got.solutions else {}

@@ -271,6 +271,8 @@ class _Stages:
         self._graphs: dict[tuple[int, str, str, int], _Graph] = {}
         self._stacked: dict[tuple[int, str, str, int], StackedAnalysis | None] = {}
         self._stacks: dict[tuple[int, str, str, int], LayerStack | None] = {}
+        # The first stack made of each recomputation option.
+        self._references: dict[tuple[str, str], LayerStack] = {}
         self._pricers: dict[tuple[str, str], _SignaturePricer] = {}
         # Unit costs shared by every mesh's pricer, per profile (kept alive
         # beside its id).
@@ -352,12 +354,27 @@ class _Stages:
     def _stack(self, choice: ScaleChoice) -> LayerStack | None:
         key = self._key(choice, 0)
         if key not in self._stacks:
-            two, three, four = (self.graph(choice, k).analysis for k in (2, 3, 4))
-            try:
-                self._stacks[key] = LayerStack(two, three, four)
-            except StackingError:
-                self._stacks[key] = None  # planned on its own graph
+            self._stacks[key] = self._new_stack(choice)
         return self._stacks[key]
+
+    def _new_stack(self, choice: ScaleChoice) -> LayerStack | None:
+        """The stack of ``choice``'s stage; from the stack of another
+        micro-batch size with its recomputation where one was made
+        (:meth:`LayerStack.resized`: no 4-layer graph)."""
+        two, three = (self.graph(choice, k).analysis for k in (2, 3))
+        recompute = (choice.recompute_attention, choice.recompute_ffn)
+        like = self._references.get(recompute)
+        if like is not None:
+            try:
+                return like.resized(two, three)
+            except StackingError:
+                pass  # stacked afresh below
+        try:
+            stack = LayerStack(two, three, self.graph(choice, 4).analysis)
+        except StackingError:
+            return None  # planned on its own graph
+        self._references.setdefault(recompute, stack)
+        return stack
 
 
 def _solve(stage: _Stage, limit: int, params: SolveParams) -> LayoutPlan:
@@ -610,7 +627,7 @@ def search(
     the trials and the plan are the same for any number of workers.
     """
     start = time.perf_counter()
-    params = SolveParams(time_limit_s, 0, 0, 1)
+    params = SolveParams(time_limit_s, 0, 0, 1, presolve=False)
 
     def new_stages() -> _Stages:
         return _Stages(cfg, builder, optimizer, direct=exhaustive)
@@ -938,7 +955,7 @@ def price_given(
     parts, cost = stage.evaluated(rules)
     priced = _price(parts, rules, choice, spec, stages.stage_config(choice, 1), hw)
     table = problem.table_cost(problem.assignment_from_rules(rules))
-    solved = _solve(stage, hw.memory_bytes, SolveParams(5.0, 0, 0, 1))
+    solved = _solve(stage, hw.memory_bytes, SolveParams(5.0, 0, 0, 1, presolve=False))
     plan = dataclasses.replace(
         solved,
         layout_rules=rules,

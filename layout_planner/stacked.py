@@ -27,6 +27,16 @@ same ``p``) pairs ops of equal role, and the rows of all those alignments
 are kept (the extra ones are rows of inner layers: real, and never above
 the maximum).  The tests compare the extrapolated tables and peaks with the
 ``n``-layer graph's, under many layouts.
+
+Stages of another micro-batch size are the same graphs with a larger batch
+dim (:meth:`LayerStack.resized`): when their 2- and 3-layer graphs repeat
+the reference's op for op (which ops share a signature, which unit classes
+there are and how many units each has), the alignment and the rows it keeps
+carry over, and the 4-layer graph is not built again.  That is exact: every
+tensor of one class has the same dim names, so the same number of elements,
+and a class's bytes in a row are that number times the itemsizes of its
+live tensors; a different batch size scales each column of every row by one
+factor, so each check of affinity has the reference's answer.
 """
 
 from __future__ import annotations
@@ -126,16 +136,69 @@ class LayerStack:
     def __init__(
         self, two: GraphAnalysis, three: GraphAnalysis, four: GraphAnalysis
     ) -> None:
+        tensor_classes = list(two.tensor_classes)
+        if {*three.tensor_classes, *four.tensor_classes} != set(tensor_classes):
+            raise StackingError("the stage graphs' tensor classes differ")
+        unit_steps = _unit_steps(two, three, four)
+        k2, k3, k4 = _op_keys((two, three, four))
+        r2, r3, r4 = (per_op_rows(a, tensor_classes) for a in (two, three, four))
+        kept = _kept_rows(k2, k3, k4, r2, r3, r4)
+        self._made(two, unit_steps, kept, (k2, k3), r2, r3)
+
+    def _made(
+        self,
+        two: GraphAnalysis,
+        unit_steps: list[int],
+        kept: tuple[np.ndarray, np.ndarray],
+        keys: tuple[list[int], list[int]],
+        r2: np.ndarray,
+        r3: np.ndarray,
+    ) -> None:
         self.two = two
         self.tensor_classes = list(two.tensor_classes)
-        if {*three.tensor_classes, *four.tensor_classes} != set(self.tensor_classes):
-            raise StackingError("the stage graphs' tensor classes differ")
-        self.unit_steps = _unit_steps(two, three, four)
-        base, step = _row_steps(two, three, four, self.tensor_classes)
+        self.unit_steps = unit_steps
+        #: What :meth:`resized` compares and carries over.
+        self._keys = keys
+        self._kept = kept
+        self._shapes = (_primitive(r2), _primitive(r3))
+        self._counts = [(c.unit.dim_names, c.count) for c in two.unit_classes]
+        i2, i3 = kept
+        base, step = r2[i2], r3[i3] - r2[i2]
         # Rows whose base and step are equal are one row for every n.
         pairs = np.unique(np.concatenate([base, step], axis=1), axis=0)
         width = len(self.tensor_classes)
         self.row_base, self.row_step = pairs[:, :width], pairs[:, width:]
+
+    def resized(self, two: GraphAnalysis, three: GraphAnalysis) -> LayerStack:
+        """The stack of ``two`` and ``three``, the 2- and 3-layer graphs of
+        this stack's stage at another micro-batch size, without their
+        4-layer graph (see the module docstring).  Raises
+        :class:`StackingError` when they do not repeat this stack's graphs
+        op for op (build the 4-layer graph and stack them afresh)."""
+        if list(two.tensor_classes) != self.tensor_classes or set(
+            three.tensor_classes
+        ) != set(self.tensor_classes):
+            raise StackingError("the stage graphs' tensor classes differ")
+        if [(c.unit.dim_names, c.count) for c in two.unit_classes] != self._counts:
+            raise StackingError("the 2-layer graph's cost-unit classes differ")
+        k2, k3 = _op_keys((two, three))
+        if (k2, k3) != self._keys:
+            raise StackingError("the stage graphs' ops differ from the reference's")
+        c3 = {_unit_key(c): c.count for c in three.unit_classes}
+        if len(c3) != len(two.unit_classes) or any(
+            c3.get(_unit_key(c)) != c.count + step
+            for c, step in zip(two.unit_classes, self.unit_steps)
+        ):
+            raise StackingError("the 3-layer graph's cost-unit counts differ")
+        r2, r3 = (per_op_rows(a, self.tensor_classes) for a in (two, three))
+        for rows, shape in zip((r2, r3), self._shapes):
+            if not np.array_equal(_primitive(rows), shape):
+                raise StackingError(
+                    "the stage graphs' memory rows are not the reference's scaled"
+                )
+        out = LayerStack.__new__(LayerStack)
+        out._made(two, list(self.unit_steps), self._kept, (k2, k3), r2, r3)
+        return out
 
     def analysis(self, n: int) -> StackedAnalysis:
         """The analysis of the ``n``-layer stage."""
@@ -171,6 +234,15 @@ class StackedAnalysis(GraphAnalysis):
         self.live_rows = np.unique(rows, axis=0)
 
 
+def _primitive(rows: np.ndarray) -> np.ndarray:
+    """Each column of ``rows`` divided by the gcd of its entries: equal for
+    two row sets (of non-negative bytes) exactly when each column of one is
+    the other's times a positive rational (all-zero columns stay zero)."""
+    g = np.gcd.reduce(rows, axis=0)
+    out: np.ndarray = rows // np.where(g == 0, 1, g)
+    return out
+
+
 def _unit_key(c: UnitClass) -> tuple[object, ...]:
     return (c.unit.dim_names, c.unit.signature)
 
@@ -197,15 +269,17 @@ def _unit_steps(
     return out
 
 
-def _row_steps(
-    two: GraphAnalysis,
-    three: GraphAnalysis,
-    four: GraphAnalysis,
-    classes: Sequence[tuple[str, ...]],
+def _kept_rows(
+    k2: list[int],
+    k3: list[int],
+    k4: list[int],
+    r2: np.ndarray,
+    r3: np.ndarray,
+    r4: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The kept rows as (2-layer row, what a layer adds), one pair a row."""
-    k2, k3, k4 = _op_keys((two, three, four))
-    r2, r3, r4 = (per_op_rows(a, classes) for a in (two, three, four))
+    """The kept rows, as the ops of the 2-layer graph whose rows they are
+    and the ops of the 3-layer graph that are the same ops (one pair a row;
+    a row is ``r2[i2] + (n - 2) * (r3[i3] - r2[i2])``)."""
     ins3 = _insertions(k2, k3)
     ins4 = _insertions(k2, k4)
     if len(ins3) != len(ins4) or any(
@@ -223,7 +297,7 @@ def _row_steps(
     m3 = _image(len(k3), lows, lengths3)
     m4 = _image(len(k4), [p + o for p, o in zip(lows, offset)], lengths4)
     ok = np.all(r2 + 2 * (r3[m3] - r2) == r4[m4], axis=1)
-    bases, steps = [r2[ok]], [(r3[m3] - r2)[ok]]
+    twos, threes = [np.nonzero(ok)[0]], [m3[ok]]
     covered = ok.copy()
     for k in range(len(ins3)):
         # Moving insertion k from lows[k] to p moves the ops of the 2-layer
@@ -245,9 +319,9 @@ def _row_steps(
             )
         top = int(consistent.max())
         moved = window[:top]
-        bases.append(r2[moved])
-        steps.append(r3[s3[:top]] - r2[moved])
+        twos.append(moved)
+        threes.append(s3[:top])
         covered[moved] = True
     if not covered.all():
         raise StackingError("the stage graphs' memory rows are not affine in layers")
-    return np.concatenate(bases), np.concatenate(steps)
+    return np.concatenate(twos), np.concatenate(threes)

@@ -47,6 +47,43 @@ def test_phase_by_phase_fallback_ranks_like_the_single_objective(
     assert all(s.status is SolveStatus.OPTIMAL for s in split.solutions)
 
 
+@pytest.mark.parametrize("objective", [Objective.TIME, Objective.MEMORY])
+def test_without_presolve_every_rank_is_the_same(
+    objective: Objective, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from layout_planner import cpsat
+
+    model = transformer(batch=16)
+    problem = LayoutProblem(
+        model.graph,
+        mtf.convert_to_shape("x:2;y:4"),
+        get_hardware("cpu-host"),
+        [model.loss],
+    )
+    program = problem.program(objective, problem.hw.memory_bytes)
+    seen: list[bool] = []
+    solve = cpsat.cp_model.CpSolver.solve
+
+    def spy(self, model, *args, **kwargs):
+        seen.append(self.parameters.cp_model_presolve)
+        return solve(self, model, *args, **kwargs)
+
+    monkeypatch.setattr(cpsat.cp_model.CpSolver, "solve", spy)
+    with_it = cpsat.solve_program(program, SolveParams(60, 1, 0, 4))
+    assert seen and all(seen)
+    seen.clear()
+    without = cpsat.solve_program(program, SolveParams(60, 1, 0, 4, presolve=False))
+    assert seen and not any(seen)
+    assert [s.x for s in without.solutions] == [s.x for s in with_it.solutions]
+    assert [s.time_ps for s in without.solutions] == [
+        s.time_ps for s in with_it.solutions
+    ]
+    assert [s.peak_bytes for s in without.solutions] == [
+        s.peak_bytes for s in with_it.solutions
+    ]
+    assert all(s.status is SolveStatus.OPTIMAL for s in without.solutions)
+
+
 def test_memory_rows_are_added_only_when_an_answer_breaks_them() -> None:
     model = transformer(**PRESSURE_SIZES)
     free = mtf.auto_layout(

@@ -233,3 +233,23 @@ def test_the_collector_is_paused_for_the_search_and_restored(monkeypatch):
         assert seen == [False, False] and not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_the_search_solves_without_cp_sat_presolve(monkeypatch):
+    # Without it the search's many small programs solve in about half the
+    # time (bench/cpsat_presolve.py), and the planner's settings make
+    # presolve call some feasible tie-break programs infeasible.
+    from layout_planner import cpsat
+
+    seen = []
+    solve = cpsat.cp_model.CpSolver.solve
+
+    def spy(self, model, *args, **kwargs):
+        seen.append(self.parameters.cp_model_presolve)
+        return solve(self, model, *args, **kwargs)
+
+    monkeypatch.setattr(cpsat.cp_model.CpSolver, "solve", spy)
+    small = CFG.replace(num_layers=4, d_model=64, d_ff=128, batch=8)
+    plan = plan_transformer(small, 8, workers=1)
+    assert plan.fits and len(seen) >= len(plan.trials)
+    assert not any(seen)

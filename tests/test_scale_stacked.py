@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import random
 
 import pytest
@@ -125,3 +127,56 @@ def test_stages_whose_layers_are_not_identical_are_refused_by_name():
         LayerStack(*small)
     with pytest.raises(StackingError, match="1 layers"):
         LayerStack(*[_analysis(BASE, k) for k in (2, 3, 4)]).analysis(1)
+
+
+@pytest.mark.parametrize(
+    "cfg,builder",
+    [
+        (BASE, build_lm),
+        (BASE.replace(recompute_attention="scores"), build_lm),
+        (BASE.replace(recompute_attention="block", recompute_ffn="block"), build_lm),
+        (BASE.replace(recompute_attention="scores"), build_encoder_decoder),
+        # The experts' capacity is not proportional to the batch.
+        (BASE.replace(experts=4, shardable_slots=True), build_lm),
+    ],
+)
+def test_a_stack_resized_to_another_batch_is_the_stack_made_afresh(cfg, builder):
+    reference = LayerStack(*[_analysis(cfg, k, builder) for k in (2, 3, 4)])
+    for batch in (8, 12):
+        other = cfg.replace(batch=batch)
+        two, three, four = (_analysis(other, k, builder) for k in (2, 3, 4))
+        resized = reference.resized(two, three)
+        fresh = LayerStack(two, three, four)
+        assert resized.tensor_classes == fresh.tensor_classes
+        assert resized.unit_steps == fresh.unit_steps
+        assert (resized.row_base == fresh.row_base).all()
+        assert (resized.row_step == fresh.row_step).all()
+        # Another batch: other bytes, so the rows are really the new graphs'.
+        assert not (resized.row_base == reference.row_base).all()
+        got, want = resized.analysis(7), _analysis(other, 7, builder)
+        assert {(c.unit.signature, c.count) for c in got.unit_classes} == {
+            (c.unit.signature, c.count) for c in want.unit_classes
+        }
+
+
+def test_resizing_refuses_graphs_that_are_not_the_reference_at_another_batch():
+    reference = LayerStack(*[_analysis(BASE, k) for k in (2, 3, 4)])
+    # Another recomputation: other ops.
+    scores = BASE.replace(batch=8, recompute_attention="scores")
+    with pytest.raises(StackingError, match="cost-unit classes differ"):
+        reference.resized(*[_analysis(scores, k) for k in (2, 3)])
+    # The same ops, one buffer alive one op longer: a row that is not the
+    # reference's scaled (liveness the signatures do not see).
+    two, three = (_analysis(BASE.replace(batch=8), k) for k in (2, 3))
+    longer = copy.copy(two)
+    end = list(two.memory.end)
+    i = next(i for i, e in enumerate(end) if e + 1 < len(two.graph.operations))
+    end[i] += 1
+    longer.memory = dataclasses.replace(two.memory, end=tuple(end))
+    with pytest.raises(StackingError, match="rows are not the reference's scaled"):
+        reference.resized(longer, three)
+    assert reference.resized(two, three).unit_steps == reference.unit_steps
+    # The 3-layer graph of another stage.
+    deeper = BASE.replace(batch=8)
+    with pytest.raises(StackingError):
+        reference.resized(_analysis(deeper, 2), _analysis(deeper, 4))
