@@ -49,6 +49,7 @@ from layout_planner.program import (
     IntegerProgram,
     Objective,
 )
+from mtf_core import dtypes
 from mtf_core.comm import LayoutContext
 from mtf_core.errors import LayoutError
 from mtf_core.graph import Graph, Tensor
@@ -142,6 +143,11 @@ class LayoutProblem:
                 f"per_batch_weight must be an integer >= 1, got {per_batch_weight!r}"
             )
         self.per_batch_weight = per_batch_weight
+        #: Bytes every live set holds besides the graph's own, as (unsplit
+        #: bytes per memory-row column, bytes no layout splits): a
+        #: pipeline's other micro-batches in flight (:meth:`row_vector`).
+        #: The program's memory rows count them; the tables' peak does not.
+        self.also_held: tuple[np.ndarray, int] | None = None
         self._given_pricer = pricer
         self.graph = graph
         self.mesh_shape = mesh_shape
@@ -411,6 +417,25 @@ class LayoutProblem:
         self.rows = matrix[:, :n]
         self.row_constants = matrix[:, n]
 
+    def row_vector(
+        self, counts: Mapping[tuple[Shape, str], int]
+    ) -> tuple[np.ndarray, int]:
+        """Buffers counted per (shape, dtype) (``MemoryModel.counts_by_class``)
+        as a memory row: unsplit bytes per column (``row_classes``) and the
+        bytes no layout splits.  Per device under an assignment, it is what
+        the counted buffers' slices take, like every row."""
+        column = {t: c for c, t in enumerate(self.row_classes)}
+        out = np.zeros(len(self.row_classes), dtype=np.int64)
+        constant = 0
+        for (shape, dtype), n in counts.items():
+            nbytes = n * shape.size * dtypes.size_bytes(dtype)
+            dims = self.free(shape.dimension_names)
+            if dims:
+                out[column[self.table_of[dims]]] += nbytes
+            else:
+                constant += nbytes
+        return out, constant
+
     # -- the integer program -------------------------------------------------------------
     def program(self, objective: Objective, capacity_bytes: int) -> IntegerProgram:
         """The integer program for ``objective`` under ``capacity_bytes``.
@@ -476,6 +501,10 @@ class LayoutProblem:
                         if (e, first) in self.x_index
                     )
                     precedence.append((self.x_index[(name, second)], earlier))
+        rows, constants = self.rows, self.row_constants
+        if self.also_held is not None:
+            held, held_constant = self.also_held
+            rows, constants = rows + held, constants + held_constant
         return IntegerProgram(
             num_x=len(self.x_index),
             x_labels=tuple(labels),
@@ -483,8 +512,8 @@ class LayoutProblem:
             conflicts=tuple(sorted(set(conflicts))),
             dimsets=tuple(dimsets),
             tensor_classes=tuple(tensor_classes),
-            row_bytes=self.rows,
-            row_constants=self.row_constants,
+            row_bytes=rows,
+            row_constants=constants,
             capacity_bytes=int(capacity_bytes),
             objective=objective,
             precedence=tuple(precedence),

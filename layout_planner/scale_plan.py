@@ -214,22 +214,6 @@ def weight_sharding(layout_rules: Any) -> tuple[tuple[str, ...], tuple[str, ...]
     return tuple(stored), tuple(slots)
 
 
-def slots_instead_of_stored(layout_rules: Any) -> Any:
-    """``layout_rules`` with every stored weight class (``d_model_stored_<c>``
-    on an axis) sharded slots-only on that axis instead (ZeRO-3 -> ZeRO-1);
-    None when no class is stored split."""
-    from mtf_core.layout import convert_to_layout_rules
-
-    named = dict(layout_rules)
-    stored = {d: a for d, a in named.items() if d.startswith("d_model_stored_")}
-    if not stored:
-        return None
-    for d, a in stored.items():
-        del named[d]
-        named[d.replace("_stored_", "_slots_", 1)] = a
-    return convert_to_layout_rules(";".join(f"{d}:{a}" for d, a in named.items()))
-
-
 def boundary_shape(cfg: TransformerConfig) -> Any:
     """The activation crossing a stage boundary for one micro-batch
     (``cfg.batch``)."""

@@ -68,7 +68,6 @@ from layout_planner.scale_plan import (
     ScalePlan,
     ScaleTrial,
     boundary_shape,
-    slots_instead_of_stored,
     weight_sharding,
 )
 from layout_planner.scale_workers import WorkerError, Workers, fork_is_safe
@@ -340,9 +339,20 @@ class _Stages:
             pricer=pricer,
             per_batch_weight=choice.micro_batches + choice.stages - 1,
         )
-        if stacked is None:
-            return _Stage(mesh, hw, [g], n, problem)
-        return _Stage(mesh, hw, [g, self.graph(choice, 3)], n, problem)
+        graphs = [g] if stacked is None else [g, self.graph(choice, 3)]
+        # The other micro-batches in flight hold their buffers through every
+        # live set: the program's memory rows count them, so its layout fits
+        # with them (the pipeline's peak, exactly as pipeline_cost adds it).
+        k = PipelineSpec(choice.stages, choice.micro_batches, choice.schedule).in_flight
+        if k > 1:
+            held = [problem.row_vector(gr.held.counts) for gr in graphs]
+            (v2, c2), (v3, c3) = held[0], held[-1]
+            more = n - 2 if len(held) > 1 else 0  # affine in the layers
+            problem.also_held = (
+                (k - 1) * (v2 + more * (v3 - v2)),
+                (k - 1) * (c2 + more * (c3 - c2)),
+            )
+        return _Stage(mesh, hw, graphs, n, problem)
 
     def _stacked_analysis(self, choice: ScaleChoice, n: int) -> StackedAnalysis | None:
         key = self._key(choice, n)
@@ -460,49 +470,26 @@ def _trial(
     spec: PipelineSpec,
     hw: HardwareProfile,
     params: SolveParams,
-    retry: bool = True,
     limit: int | None = None,
 ) -> _Outcome:
-    """The fastest fitting (option, layout) of ``options`` on their mesh.
+    """The fastest fitting (option, layout) of ``options`` on their mesh,
+    each under ``limit`` bytes per device (the hardware's capacity if None).
 
     The program's objective is the pipelined step (``m + p - 1`` times the
     per-micro-batch part, plus the once-per-step part), so it weighs a
     stored weight's gather in every micro-batch against a slots-only
-    weight's once per step itself.  Its memory rows see one micro-batch; the
-    ``k - 1`` others in flight are priced afterwards
-    (``cost_models.pipeline``), and when they break the capacity (``retry``)
-    it is solved once more, each option leaving room for what its own graph
-    holds per micro-batch under the first answer's layout.  That room is the
-    first answer's, not the second's, so the answer can miss a faster layout
-    that fits with its own micro-batches in flight: the stored weight
-    classes made slots-only (whole weights, no gather on read, more memory)
-    are priced too, and kept if faster and fitting."""
-    k = spec.in_flight
+    weight's once per step itself; its memory rows hold what the ``k - 1``
+    other micro-batches in flight keep (``LayoutProblem.also_held``), so its
+    answer fits exactly when some layout of the options does."""
     first = hw.memory_bytes if limit is None else limit
-    limits = {c: first for c in options}
-    for _attempt in range(2):
-        choice, plan = _solve_options(stages, options, hw, params, limits)
-        stage = stages.stage(choice, hw)
-        stage_cfg = stages.stage_config(choice, 1)
-        parts = stage.parts(plan.layout_rules)
-        priced = _price(parts, plan.layout_rules, choice, spec, stage_cfg, hw)
-        if not retry or priced.fits or k == 1:
-            break
-        rooms = _rooms(stages, options, plan.layout_rules, k, hw)
-        if not rooms or all(rooms[c] >= limits[c] for c in rooms):
-            break
-        options = [c for c in options if c in rooms]
-        limits = rooms
-    if spec.micro_batches > 1:
-        variant = slots_instead_of_stored(plan.layout_rules)
-        if variant is not None:
-            vparts = stage.parts(variant)
-            vpriced = _price(vparts, variant, choice, spec, stage_cfg, hw)
-            if vpriced.fits and (
-                not priced.fits or vpriced.step_time_s < priced.step_time_s
-            ):
-                plan = dataclasses.replace(plan, layout_rules=variant)
-                priced = vpriced
+    choice, plan = _solve_options(
+        stages, options, hw, params, {c: first for c in options}
+    )
+    stage = stages.stage(choice, hw)
+    parts = stage.parts(plan.layout_rules)
+    priced = _price(
+        parts, plan.layout_rules, choice, spec, stages.stage_config(choice, 1), hw
+    )
     trial = ScaleTrial(
         choice,
         priced.step_time_s,
@@ -511,28 +498,6 @@ def _trial(
         str(plan.layout_rules),
     )
     return _Outcome(trial, plan, priced)
-
-
-def _rooms(
-    stages: _Stages,
-    options: Sequence[ScaleChoice],
-    rules: LayoutRules,
-    in_flight: int,
-    hw: HardwareProfile,
-) -> dict[ScaleChoice, int]:
-    """Per option, the capacity left for one micro-batch's stage when the
-    ``in_flight - 1`` others hold what that option holds under ``rules``
-    (options with no room left are dropped)."""
-    rooms = {}
-    for c in options:
-        try:
-            held = stages.stage(c, hw).parts(rules).held_bytes
-        except LayoutError:
-            continue
-        room = hw.memory_bytes - (in_flight - 1) * held
-        if room > 0:
-            rooms[c] = room
-    return rooms
 
 
 def _least(options: Sequence[ScaleChoice]) -> ScaleChoice | None:
@@ -570,7 +535,7 @@ def _free_trial(
     least = _least(options)
     if least is None:
         return None, 0.0
-    free = _trial(stages, [least], spec, hw, params, retry=False, limit=_UNLIMITED)
+    free = _trial(stages, [least], spec, hw, params, limit=_UNLIMITED)
     assert free.plan is not None
     bound = free.plan.solver.best_bound
     return free, 0.0 if bound is None else bound

@@ -4,14 +4,18 @@ every trial as the full stage graph does."""
 
 from __future__ import annotations
 
+import copy
+import itertools
 import random
 import sys
 
 import pytest
 
+from cost_models.pipeline import PipelineSpec
 from cost_models.profiles import get_hardware
 from layout_planner.choices import ScaleChoice, plan_transformer
-from layout_planner.scale_search import _Stage, _Stages
+from layout_planner.program import Objective, SolveParams
+from layout_planner.scale_search import _price, _Stage, _Stages, _trial
 from mtf_core.models import TransformerConfig, build_encoder_decoder, build_lm
 from mtf_core.shapes import convert_to_shape
 
@@ -100,6 +104,15 @@ def test_representative_prices_layouts_as_the_full_stage_graph(
             assert got.once_s == pytest.approx(want.once_s, rel=1e-9)
             assert got.peak_bytes == want.peak_bytes == cost.peak_memory_bytes
             assert got.held_bytes == want.held_bytes
+            # The program's memory rows hold the other micro-batches in
+            # flight: its peak is the pipeline's.
+            program = rep.problem.program(Objective.TIME, hw.memory_bytes)
+            rows = copy.copy(rep.problem)
+            rows.rows, rows.row_constants = program.row_bytes, program.row_constants
+            k = PipelineSpec(pp, m, "1f1b").in_flight
+            assert rows.table_cost(asg).peak_bytes == (
+                want.peak_bytes + (k - 1) * want.held_bytes
+            )
             checked += 1
             if checked == 8:
                 break
@@ -253,3 +266,43 @@ def test_the_search_solves_without_cp_sat_presolve(monkeypatch):
     plan = plan_transformer(small, 8, workers=1)
     assert plan.fits and len(seen) >= len(plan.trials)
     assert not any(seen)
+
+
+def test_a_pipelined_trial_is_the_fastest_layout_that_fits_with_its_micro_batches():
+    # Every (recomputation, layout) of a 6-layer stage on dp:2;tp:2 with 2
+    # micro-batches in flight, priced as a trial prices it: under capacities
+    # that rule out some, the trial's answer is the fastest that fits.
+    hw = get_hardware("h100-nvlink-ib")
+    stages = _Stages(CFG, build_lm, "adam")
+    options = [
+        ScaleChoice(2, 2, 2, 8, "1f1b", a, f)
+        for a, f in (("none", "none"), ("scores", "none"), ("block", "block"))
+    ]
+    spec = PipelineSpec(2, 8, "1f1b")
+    assert spec.in_flight == 2
+    priced = []
+    for c in options:
+        stage = stages.stage(c, hw)
+        problem = stage.problem
+        dims = problem.free_dims
+        for axes in itertools.product(*[[None, *problem.allowed[d]] for d in dims]):
+            asg = dict(zip(dims, axes))
+            if problem.table_cost(asg).invalid is not None:
+                continue
+            rules = problem.rules_for(asg)
+            cfg1 = stages.stage_config(c, 1)
+            p = _price(stage.parts(rules), rules, c, spec, cfg1, hw)
+            priced.append((p.step_time_s, p.peak_memory_bytes))
+    assert len(priced) > 300
+    peaks = sorted({peak for _, peak in priced})
+    params = SolveParams(30.0, 1, 0, 1, presolve=False)
+    for limit in (peaks[len(peaks) // 8], peaks[len(peaks) // 2]):
+        best = min(step for step, peak in priced if peak <= limit)
+        fastest = min(step for step, _ in priced)
+        assert best > fastest  # the capacity binds
+        got = _trial(stages, options, spec, hw.with_memory(limit), params)
+        assert got.trial.fits and got.trial.peak_memory_bytes <= limit
+        assert got.trial.step_time_s == pytest.approx(best, rel=1e-9)
+    # Below every layout's peak: no answer fits.
+    got = _trial(stages, options, spec, hw.with_memory(peaks[0] - 1), params)
+    assert not got.trial.fits
