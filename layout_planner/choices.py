@@ -12,10 +12,9 @@ devices of ``hardware``:
 * recomputation per block class (keep all / attention scores / whole blocks);
 * the layout rules of a stage: one :func:`layout_planner.auto_layout` per
   (mesh, recomputation) trial, on the stage's graph (its ``L/pp`` layers at
-  one micro-batch), under the device memory; the other micro-batches a stage
-  holds at once are priced afterwards (``cost_models.pipeline``), and when
-  they break the capacity the stage is planned once more leaving room for
-  them.
+  one micro-batch), under the device memory, with what the other
+  micro-batches in flight hold counted in every memory row (the peak
+  ``cost_models.pipeline`` prices).
 
 How the choices are made: the mesh is enumerated in order of a lower bound
 (:mod:`layout_planner.scale_bounds`), stopping when no remaining mesh can
@@ -27,9 +26,9 @@ picked), unless the option that recomputes least, laid out with no memory
 limit, already fits: recomputation only adds work, so nothing beats it
 there (:mod:`layout_planner.scale_search`).  The best mesh that fits wins
 (fastest step; ties: fewer stages, then less recomputation).  Each trial's
-layout is optimal for its stage's step; the pipeline time is not the CP-SAT
-objective itself (it weighs per-micro-batch and once-per-step work
-differently).
+layout is optimal for its pipelined step without the stage-to-stage sends
+(the CP-SAT objective weighs the per-micro-batch work ``m + p - 1`` times
+and the once-per-step work once).
 """
 
 from __future__ import annotations

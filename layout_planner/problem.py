@@ -39,7 +39,7 @@ from cost_models.gc_pause import gc_paused
 from cost_models.hardware import HardwareProfile, LinkSpec
 from cost_models.layout_cache import CachedLayoutContext
 from cost_models.memory import MemoryModel
-from cost_models.units import CostUnit, UnitClass, UnitPricer
+from cost_models.units import CostUnit, UnitClass, UnitCost, UnitPricer
 from layout_planner.analysis import GraphAnalysis
 from layout_planner.dim_graph import Assignment
 from layout_planner.errors import PlannerError
@@ -245,6 +245,12 @@ class LayoutProblem:
         self._num_signatures = sum(len(g) for g in groups.values())
         self._num_pricings = 0
         self._pricer = self._given_pricer or UnitPricer(self.mesh_shape, self.hw)
+        # Entries of different tables that split the same dims over the same
+        # axes price under one context (and its memoized slices).
+        self._contexts: dict[tuple[tuple[str, int], ...], LayoutContext] = {}
+        # Per unit cost (by identity, kept alive beside it): its largest
+        # collective buffer and how many of its collectives change a layout.
+        self._buffers: dict[int, tuple[UnitCost, int, int]] = {}
         perms = self._axis_permutations()
         for dims in sorted(groups):
             table = self._table(dims)
@@ -263,12 +269,18 @@ class LayoutProblem:
     ) -> None:
         """Prices assignment ``k`` of ``table``: every signature's unit, times
         its count."""
-        ctx = self.context(dict(zip(table.dims, table.assignments[k])))
+        split = tuple(
+            (d, a) for d, a in zip(table.dims, table.assignments[k]) if a is not None
+        )
+        ctx = self._contexts.get(split)
+        if ctx is None:
+            ctx = self._contexts[split] = self.context(dict(split))
         comm: dict[str, float] = {}
         compute = 0.0
         once = 0.0
         buffer = 0
         ordered = False
+        buffers = self._buffers
         try:
             for unit, count in by_sig:
                 uc = self._pricer.cost(unit, ctx)
@@ -277,14 +289,14 @@ class LayoutProblem:
                 once += count * uc.once_s
                 for axis, sec in uc.comm_s_by_axis:
                     comm[axis] = comm.get(axis, 0.0) + count * sec
-                moves = 0
-                for c in uc.collectives:
-                    buffer = max(buffer, collective_buffer_bytes(c, self.mesh_shape))
-                    moves += c.kind in _LAYOUT_CHANGES
+                known = buffers.get(id(uc))
+                if known is None or known[0] is not uc:
+                    known = buffers[id(uc)] = (uc, *self._buffer_and_moves(uc))
+                buffer = max(buffer, known[1])
                 # A layout change of several steps goes axis by axis in mesh
                 # order, and each step's bytes depend on the steps before: its
                 # cost is not the same under a permutation of the axes.
-                ordered = ordered or moves > 1
+                ordered = ordered or known[2] > 1
         except LayoutError as e:
             table.invalid[k] = str(e)
             return
@@ -296,6 +308,15 @@ class LayoutProblem:
         table.time_s[k] = compute + sum(comm.values())
         table.once_s[k] = once
         table.buffer_bytes[k] = buffer
+
+    def _buffer_and_moves(self, uc: UnitCost) -> tuple[int, int]:
+        """``uc``'s largest collective buffer and how many of its collectives
+        change a layout."""
+        buffer = moves = 0
+        for c in uc.collectives:
+            buffer = max(buffer, collective_buffer_bytes(c, self.mesh_shape))
+            moves += c.kind in _LAYOUT_CHANGES
+        return buffer, moves
 
     def _axis_permutations(self) -> list[tuple[int, ...]]:
         """The permutations of mesh axes (other than the identity) that only

@@ -116,6 +116,7 @@ class _SignaturePricer(UnitPricer):
     ) -> None:
         super().__init__(mesh_shape, hw)
         self._known: dict[tuple[object, ...], UnitCost | LayoutError] = {}
+        self._sorted: dict[frozenset[str], tuple[str, ...]] = {}
         self._shared = {} if shared is None else shared
         self._axes = [
             (d.name, d.size, hw.link_for_axis(d.name, mesh_shape)) for d in mesh_shape
@@ -125,7 +126,10 @@ class _SignaturePricer(UnitPricer):
         if unit.signature is None:
             return super().cost(unit, ctx)
         wrapped = CachedLayoutContext.wrap(ctx)
-        split = tuple(wrapped.split_axes.get(d) for d in sorted(unit.dim_names))
+        names = self._sorted.get(unit.dim_names)
+        if names is None:
+            names = self._sorted[unit.dim_names] = tuple(sorted(unit.dim_names))
+        split = tuple(map(wrapped.split_axes.get, names))
         key = (unit.signature, unit.dim_names, split)
         got = self._known.get(key)
         if got is None:
