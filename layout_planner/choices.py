@@ -45,7 +45,7 @@ from cost_models.pipeline import (
 )
 from cost_models.profiles import get_hardware
 from layout_planner import scale_search
-from layout_planner.scale_bounds import StepBound
+from layout_planner.scale_bounds import flops_bound_s
 from layout_planner.scale_plan import (
     ScaleChoice,
     ScaleError,
@@ -191,7 +191,6 @@ def plan_transformer(
         build_encoder_decoder if encoder_decoder else build_lm
     )
     flops = model_flops(cfg, encoder_decoder)
-    bounds = StepBound(cfg, builder, optimizer, hw, flops)
     meshes = []
     for pp in stage_sizes:
         for tp in tensor_sizes:
@@ -205,9 +204,9 @@ def plan_transformer(
             spec.check(layers, cfg.batch)
             if (cfg.batch // m) % dp:
                 continue  # a micro-batch must split over the data axis
-            # No step beats the stage's roofline spread over dp x tp devices,
+            # No step beats the model's flops at peak on every device,
             # stretched by the bubble (layout_planner.scale_bounds).
-            bound = bounds.bound_s(pp, dp, tp, m)
+            bound = flops_bound_s(flops, hw, pp * dp * tp, m, pp)
             meshes.append((bound, pp, tp, dp, m, spec))
     meshes.sort(key=lambda t: (t[0], t[1], t[2]))
     found = scale_search.search(

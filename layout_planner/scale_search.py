@@ -584,7 +584,7 @@ def search(
     fitting step found (both bounds are valid, so the answer is the fastest
     fitting trial of all meshes):
 
-    1. in order of the roofline bound (:mod:`layout_planner.scale_bounds`),
+    1. in order of the flops bound (:mod:`layout_planner.scale_bounds`),
        each mesh's free trial (:func:`_free_trial`): its layout is the mesh's
        best if it fits, and its objective bounds the mesh from below if not;
     2. in order of those bounds, the meshes whose free layout did not fit:
@@ -800,7 +800,7 @@ class _Ahead(_Source):
     of, else of one no worker holds, else any; then, once every free layout
     is out, the joint program of the not-fitting mesh of lowest bound, its
     own sizes first among the next few.  A task that cannot beat the best
-    fitting step known is left out: a free layout whose roofline bound a
+    fitting step known is left out: a free layout whose flops bound a
     mesh before it already reaches, a joint program whose bound any fitting
     trial reaches.  The passes would skip such a mesh too (the bounds are
     valid and sorted); should they ask for one anyway (two bounds equal to
