@@ -23,10 +23,8 @@ def test_every_cp_sat_status_maps_to_one_of_ours() -> None:
     assert {s.name for s in _STATUS.values()} == names == {s.name for s in SolveStatus}
 
 
-@pytest.mark.parametrize("objective", [Objective.TIME, Objective.MEMORY])
-def test_phase_by_phase_fallback_ranks_like_the_single_objective(
-    objective: Objective,
-) -> None:
+def _small_program(objective: Objective):
+    """The test Transformer's program (batch 16) on ``x:2;y:4`` of the CPU host."""
     model = transformer(batch=16)
     problem = LayoutProblem(
         model.graph,
@@ -34,7 +32,14 @@ def test_phase_by_phase_fallback_ranks_like_the_single_objective(
         get_hardware("cpu-host"),
         [model.loss],
     )
-    program = problem.program(objective, problem.hw.memory_bytes)
+    return problem.program(objective, problem.hw.memory_bytes)
+
+
+@pytest.mark.parametrize("objective", [Objective.TIME, Objective.MEMORY])
+def test_phase_by_phase_fallback_ranks_like_the_single_objective(
+    objective: Objective,
+) -> None:
+    program = _small_program(objective)
     one, _ = solver_process.solve(program, SolveParams(60, 2, 0, 4))
     # A tiny weight limit forces time, then each tie-break dim, to be solved
     # one after the other.
@@ -53,14 +58,7 @@ def test_without_presolve_every_rank_is_the_same(
 ) -> None:
     from layout_planner import cpsat
 
-    model = transformer(batch=16)
-    problem = LayoutProblem(
-        model.graph,
-        mtf.convert_to_shape("x:2;y:4"),
-        get_hardware("cpu-host"),
-        [model.loss],
-    )
-    program = problem.program(objective, problem.hw.memory_bytes)
+    program = _small_program(objective)
     seen: list[bool] = []
     solve = cpsat.cp_model.CpSolver.solve
 
