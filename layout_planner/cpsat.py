@@ -487,6 +487,15 @@ class SolveLoop:
             for i, v in enumerate(hint):
                 model.add_hint(model.get_int_var_from_proto_index(i), v)
         code = solver.solve(model)
+        if code == cp_model.INFEASIBLE and prm.cp_model_presolve:
+            # With these settings (probing off) CP-SAT's presolve has called
+            # feasible programs infeasible (bench/cpsat_presolve.py;
+            # tests/test_planner_cpsat.py): an infeasible answer is checked
+            # without it.
+            prm.cp_model_presolve = False
+            left = self.deadline - time.monotonic()
+            prm.max_time_in_seconds = max(left, _MIN_PHASE_S)
+            code = solver.solve(model)
         status = _STATUS.get(code)
         if status is None:  # pragma: no cover - a status CP-SAT may add later
             raise SolverError(f"CP-SAT returned an unmapped status {code!r}")

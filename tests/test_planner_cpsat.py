@@ -3,6 +3,9 @@ added memory rows, and the worker process."""
 
 from __future__ import annotations
 
+import gzip
+from pathlib import Path
+
 import pytest
 from test_planner_graphs import PRESSURE_HW, PRESSURE_MESH, PRESSURE_SIZES, transformer
 
@@ -13,6 +16,7 @@ from layout_planner.problem import LayoutProblem
 from layout_planner.program import Objective, SolveParams, SolveStatus
 
 pytestmark = pytest.mark.solver
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
 def test_every_cp_sat_status_maps_to_one_of_ours() -> None:
@@ -212,3 +216,65 @@ def test_the_worker_pipe_carries_a_request_and_rejects_anything_else() -> None:
         solver_process.read_request(pipe)
     with pytest.raises(EOFError):
         solver_process.read_request(pipe)
+
+
+def _satisfied(proto, values) -> bool:
+    """Whether ``values`` meet every constraint of ``proto`` (a
+    ``CpModelProto`` of linear, exactly-one and at-most-one constraints)."""
+
+    def lit(v: int) -> int:
+        return values[v] if v >= 0 else 1 - values[-v - 1]
+
+    for c in proto.constraints:
+        if not all(lit(e) for e in c.enforcement_literal):
+            continue
+        kind = c.WhichOneof("constraint")
+        if kind == "linear":
+            total = sum(values[v] * k for v, k in zip(c.linear.vars, c.linear.coeffs))
+            d = list(c.linear.domain)
+            if not any(d[i] <= total <= d[i + 1] for i in range(0, len(d), 2)):
+                return False
+        elif kind == "exactly_one":
+            if sum(lit(v) for v in c.exactly_one.literals) != 1:
+                return False
+        elif kind == "at_most_one":
+            if sum(lit(v) for v in c.at_most_one.literals) > 1:
+                return False
+        else:
+            raise AssertionError(f"unchecked constraint kind {kind}")
+    return True
+
+
+def test_an_infeasible_answer_of_presolve_is_checked_without_it() -> None:
+    # A tie-break program of the scale search of Llama-2-70B on 512 H100
+    # (bench/scale.py), as the planner gave it to CP-SAT: the answer before
+    # the tie-break satisfies it by construction, yet with the planner's
+    # settings (probing off) CP-SAT's presolve calls it infeasible.
+    from google.protobuf import text_format
+    from ortools.sat import cp_model_pb2
+
+    from layout_planner import cpsat
+
+    text = gzip.open(FIXTURES / "cpsat_presolve_says_infeasible.pbtxt.gz", "rt").read()
+    model = cpsat.cp_model.CpModel()
+    model.proto.parse_text_format(text)
+    proto = text_format.Parse(text, cp_model_pb2.CpModelProto())
+
+    def solve(presolve: bool):
+        solver = cpsat.cp_model.CpSolver()
+        solver.parameters.num_workers = 1
+        for name, value in cpsat.TUNING.items():
+            setattr(solver.parameters, name, value)
+        solver.parameters.cp_model_presolve = presolve
+        return solver.solve(model), solver
+
+    code, _ = solve(True)
+    assert code == cpsat.cp_model.INFEASIBLE
+    code, solver = solve(False)
+    assert code == cpsat.cp_model.OPTIMAL
+    assert _satisfied(proto, list(solver.response_proto.solution))
+    # The planner's solve loop checks the infeasible answer without presolve.
+    loop = cpsat.SolveLoop(None, SolveParams(30.0, 1, 0, 1))  # type: ignore[arg-type]
+    run = loop._solve_once(model, "tiebreak", 1, None)
+    assert run.status is SolveStatus.OPTIMAL
+    assert _satisfied(proto, run.values)
