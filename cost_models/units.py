@@ -281,19 +281,27 @@ class UnitClass:
 
 
 def cost_unit_classes(
-    graph: Graph, outputs: Sequence[Tensor] = (), once_from: int | None = None
+    graph: Graph,
+    outputs: Sequence[Tensor] = (),
+    once_from: int | None = None,
+    op_signatures: dict[Operation, Signature] | None = None,
 ) -> list[UnitClass]:
     """:func:`cost_units` grouped into classes of equal signature and dims, in
     order of their first unit; without making one ``CostUnit`` per op (a deep
-    graph has tens of thousands of ops and a few hundred classes)."""
+    graph has tens of thousands of ops and a few hundred classes).
+    ``op_signatures``, if given, receives each step op's signature
+    (:meth:`Signer.op`'s, whether or not the op runs once per step)."""
     with gc_paused():
-        return _unit_classes(graph, outputs, once_from)
+        return _unit_classes(graph, outputs, once_from, op_signatures)
 
 
 def _unit_classes(
-    graph: Graph, outputs: Sequence[Tensor], once_from: int | None
+    graph: Graph,
+    outputs: Sequence[Tensor],
+    once_from: int | None,
+    op_signatures: dict[Operation, Signature] | None = None,
 ) -> list[UnitClass]:
-    ops, sigs, signer, once = _signed_ops(graph, outputs, once_from)
+    ops, sigs, signer, once = _signed_ops(graph, outputs, once_from, op_signatures)
     firsts: dict[tuple[frozenset[str], Signature], Operation] = {}
     counts: dict[tuple[frozenset[str], Signature], int] = {}
     for op in ops:
@@ -322,13 +330,19 @@ def _unit_classes(
 
 
 def _signed_ops(
-    graph: Graph, outputs: Sequence[Tensor], once_from: int | None = None
+    graph: Graph,
+    outputs: Sequence[Tensor],
+    once_from: int | None = None,
+    op_signatures: dict[Operation, Signature] | None = None,
 ) -> tuple[list[Operation], dict[Operation, Signature], Signer, set[Operation]]:
     """The step's ops, their signatures, the signer, and the ops that run
-    once per step (their signatures say so)."""
+    once per step (their signatures say so); ``op_signatures`` receives the
+    signatures before that."""
     ops = list(step_operations(graph, outputs))  # raises for a foreign output
     signer = Signer()
     sigs = {op: signer.op(op) for op in ops}
+    if op_signatures is not None:
+        op_signatures.update(sigs)
     once: set[Operation] = set()
     if once_from is not None:
         if not 0 <= once_from <= len(graph.operations):

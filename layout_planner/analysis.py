@@ -15,9 +15,10 @@ import numpy as np
 
 from cost_models.gc_pause import gc_paused
 from cost_models.memory import MemoryModel, memory_model
+from cost_models.signatures import Signature
 from cost_models.units import UnitClass, cost_unit_classes
 from layout_planner.dim_graph import DimensionGraph
-from mtf_core.graph import Graph, Tensor
+from mtf_core.graph import Graph, Operation, Tensor
 from mtf_core.shapes import Shape
 
 
@@ -45,8 +46,10 @@ class GraphAnalysis:
         self.once_from = once_from
         with gc_paused():
             self.dim_graph = DimensionGraph.from_graph(graph)
+            #: Each step op's signature (:class:`cost_models.signatures.Signer`).
+            self.op_signatures: dict[Operation, Signature] = {}
             self.unit_classes: list[UnitClass] = cost_unit_classes(
-                graph, self.outputs, once_from
+                graph, self.outputs, once_from, self.op_signatures
             )
             self.memory: MemoryModel = memory_model(graph, self.outputs)
             self._live_rows()

@@ -84,12 +84,20 @@ def per_op_rows(
 def _op_keys(
     analyses: Sequence[GraphAnalysis],
 ) -> list[list[int]]:
+    """Each graph's ops as small integers, equal where their signatures are
+    (the analyses' own, signed here for ops outside the step)."""
     signer = Signer()
     ids: dict[object, int] = {}
-    return [
-        [ids.setdefault(signer.op(op), len(ids)) for op in a.graph.operations]
-        for a in analyses
-    ]
+    out = []
+    for a in analyses:
+        known = a.op_signatures
+        out.append(
+            [
+                ids.setdefault(known.get(op) or signer.op(op), len(ids))
+                for op in a.graph.operations
+            ]
+        )
+    return out
 
 
 @dataclass(frozen=True)
@@ -223,6 +231,7 @@ class StackedAnalysis(GraphAnalysis):
         self.once_from = two.once_from
         self.dim_graph = two.dim_graph
         self.memory = two.memory
+        self.op_signatures = two.op_signatures
         self.seconds = 0.0
         self.layers = n
         self.unit_classes = [

@@ -180,3 +180,19 @@ def test_resizing_refuses_graphs_that_are_not_the_reference_at_another_batch():
     deeper = BASE.replace(batch=8)
     with pytest.raises(StackingError):
         reference.resized(_analysis(deeper, 2), _analysis(deeper, 4))
+
+
+def test_op_keys_reuse_the_analyses_signatures_as_a_fresh_signer_gives_them():
+    from cost_models.signatures import Signer
+    from layout_planner.stacked import _op_keys
+
+    analyses = [
+        _analysis(BASE.replace(recompute_attention="scores"), k) for k in (2, 3)
+    ]
+    assert all(a.op_signatures for a in analyses)
+    signer, ids = Signer(), {}
+    fresh = [
+        [ids.setdefault(signer.op(op), len(ids)) for op in a.graph.operations]
+        for a in analyses
+    ]
+    assert _op_keys(analyses) == fresh
