@@ -67,13 +67,7 @@ def _captured(case) -> list[cp_model.CpModel]:
 
 
 def _solve(model: cp_model.CpModel, presolve: bool) -> Run:
-    solver = cp_model.CpSolver()
-    prm = solver.parameters
-    prm.num_workers = 1
-    prm.random_seed = 0
-    for name, value in cpsat.TUNING.items():
-        setattr(prm, name, value)
-    prm.cp_model_presolve = presolve
+    solver = cpsat.tuned_solver(1, 0, presolve)
     t0 = time.perf_counter()
     code = solver.solve(model)
     seconds = time.perf_counter() - t0

@@ -433,6 +433,19 @@ class LazyRows(Protocol):
         ...
 
 
+def tuned_solver(workers: int, seed: int, presolve: bool = True) -> cp_model.CpSolver:
+    """A CP-SAT solver with the planner's settings (:data:`TUNING`)."""
+    solver = cp_model.CpSolver()
+    prm = solver.parameters
+    prm.num_workers = workers
+    prm.random_seed = seed
+    prm.log_search_progress = False
+    for name, value in TUNING.items():
+        setattr(prm, name, value)
+    prm.cp_model_presolve = presolve
+    return solver
+
+
 class SolveLoop:
     """Runs the phases of :func:`solve_program` against one deadline."""
 
@@ -473,15 +486,9 @@ class SolveLoop:
         workers: int,
         hint: Sequence[int] | None,
     ) -> _Run:
-        solver = cp_model.CpSolver()
+        solver = tuned_solver(workers, self.params.seed, self.params.presolve)
         prm = solver.parameters
-        prm.num_workers = workers
-        prm.random_seed = self.params.seed
         prm.max_time_in_seconds = max(self.deadline - time.monotonic(), _MIN_PHASE_S)
-        prm.log_search_progress = False
-        for name, value in TUNING.items():
-            setattr(prm, name, value)
-        prm.cp_model_presolve = self.params.presolve
         model.clear_hints()  # type: ignore[no-untyped-call]
         if hint is not None:
             for i, v in enumerate(hint):

@@ -40,6 +40,7 @@ import functools
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from cost_models.costs import Cost, evaluate
 from cost_models.hardware import HardwareProfile
@@ -205,6 +206,15 @@ class _Parts:
     held_bytes: int
 
 
+def _in_layers(values: Sequence[Any], layers: int) -> Any:
+    """A stage's value from its own graph's (``[v]``), or from its 2- and
+    3-layer graphs' (``[v2, v3]``: affine in the layers)."""
+    if len(values) == 1:
+        return values[0]
+    two, three = values
+    return two + (layers - 2) * (three - two)
+
+
 class _Stage:
     """One trial's stage on ``mesh_shape``: pricing a layout from the tables
     of ``problem`` (the stacked program of ``layers`` layers, with
@@ -236,10 +246,8 @@ class _Stage:
         if table.invalid is not None:
             raise LayoutError(table.invalid)
         ctx = LayoutContext.make(self.mesh_shape, rules)
-        held = [g.held(ctx) for g in self.graphs]
-        if len(held) > 1:
-            held = [held[0] + (self.layers - 2) * (held[1] - held[0])]
-        return _Parts(table.time_s, table.once_s, table.peak_bytes, held[0])
+        held = _in_layers([g.held(ctx) for g in self.graphs], self.layers)
+        return _Parts(table.time_s, table.once_s, table.peak_bytes, held)
 
     def evaluated(self, rules: LayoutRules) -> tuple[_Parts, Cost]:
         """The layout's parts from ``evaluate`` of the stage's own graph (the
@@ -350,12 +358,9 @@ class _Stages:
         k = PipelineSpec(choice.stages, choice.micro_batches, choice.schedule).in_flight
         if k > 1:
             held = [problem.row_vector(gr.held.counts) for gr in graphs]
-            (v2, c2), (v3, c3) = held[0], held[-1]
-            more = n - 2 if len(held) > 1 else 0  # affine in the layers
-            problem.also_held = (
-                (k - 1) * (v2 + more * (v3 - v2)),
-                (k - 1) * (c2 + more * (c3 - c2)),
-            )
+            columns = _in_layers([v for v, _ in held], n)
+            constant = _in_layers([c for _, c in held], n)
+            problem.also_held = ((k - 1) * columns, (k - 1) * constant)
         return _Stage(mesh, hw, graphs, n, problem)
 
     def _stacked_analysis(self, choice: ScaleChoice, n: int) -> StackedAnalysis | None:

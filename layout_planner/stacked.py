@@ -151,7 +151,8 @@ class LayerStack:
         k2, k3, k4 = _op_keys((two, three, four))
         r2, r3, r4 = (per_op_rows(a, tensor_classes) for a in (two, three, four))
         kept = _kept_rows(k2, k3, k4, r2, r3, r4)
-        self._made(two, unit_steps, kept, (k2, k3), r2, r3)
+        shapes = (_primitive(r2), _primitive(r3))
+        self._made(two, unit_steps, kept, (k2, k3), r2, r3, shapes)
 
     def _made(
         self,
@@ -161,6 +162,7 @@ class LayerStack:
         keys: tuple[list[int], list[int]],
         r2: np.ndarray,
         r3: np.ndarray,
+        shapes: tuple[np.ndarray, np.ndarray],
     ) -> None:
         self.two = two
         self.tensor_classes = list(two.tensor_classes)
@@ -168,8 +170,8 @@ class LayerStack:
         #: What :meth:`resized` compares and carries over.
         self._keys = keys
         self._kept = kept
-        self._shapes = (_primitive(r2), _primitive(r3))
-        self._counts = [(c.unit.dim_names, c.count) for c in two.unit_classes]
+        self._shapes = shapes  # _primitive(r2), _primitive(r3)
+        self._counts = _class_counts(two)
         i2, i3 = kept
         base, step = r2[i2], r3[i3] - r2[i2]
         # Rows whose base and step are equal are one row for every n.
@@ -187,7 +189,7 @@ class LayerStack:
             three.tensor_classes
         ) != set(self.tensor_classes):
             raise StackingError("the stage graphs' tensor classes differ")
-        if [(c.unit.dim_names, c.count) for c in two.unit_classes] != self._counts:
+        if _class_counts(two) != self._counts:
             raise StackingError("the 2-layer graph's cost-unit classes differ")
         k2, k3 = _op_keys((two, three))
         if (k2, k3) != self._keys:
@@ -205,7 +207,8 @@ class LayerStack:
                     "the stage graphs' memory rows are not the reference's scaled"
                 )
         out = LayerStack.__new__(LayerStack)
-        out._made(two, list(self.unit_steps), self._kept, (k2, k3), r2, r3)
+        keys, steps = self._keys, list(self.unit_steps)
+        out._made(two, steps, self._kept, keys, r2, r3, self._shapes)
         return out
 
     def analysis(self, n: int) -> StackedAnalysis:
@@ -241,6 +244,10 @@ class StackedAnalysis(GraphAnalysis):
         self.tensor_classes = list(stack.tensor_classes)
         rows = stack.row_base + (n - 2) * stack.row_step
         self.live_rows = np.unique(rows, axis=0)
+
+
+def _class_counts(analysis: GraphAnalysis) -> list[tuple[frozenset[str], int]]:
+    return [(c.unit.dim_names, c.count) for c in analysis.unit_classes]
 
 
 def _primitive(rows: np.ndarray) -> np.ndarray:

@@ -261,11 +261,7 @@ def test_an_infeasible_answer_of_presolve_is_checked_without_it() -> None:
     proto = text_format.Parse(text, cp_model_pb2.CpModelProto())
 
     def solve(presolve: bool):
-        solver = cpsat.cp_model.CpSolver()
-        solver.parameters.num_workers = 1
-        for name, value in cpsat.TUNING.items():
-            setattr(solver.parameters, name, value)
-        solver.parameters.cp_model_presolve = presolve
+        solver = cpsat.tuned_solver(1, 0, presolve)
         return solver.solve(model), solver
 
     code, _ = solve(True)
