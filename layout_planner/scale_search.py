@@ -40,7 +40,7 @@ import functools
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 from cost_models.costs import Cost, evaluate
 from cost_models.hardware import HardwareProfile
@@ -80,7 +80,7 @@ from layout_planner.stacked import (
 )
 from mtf_core.comm import LayoutContext
 from mtf_core.errors import LayoutError
-from mtf_core.layout import LayoutRules
+from mtf_core.layout import LayoutRules, convert_to_layout_rules
 from mtf_core.models import TransformerConfig
 from mtf_core.models.base import ModelGraph
 from mtf_core.shapes import Shape, convert_to_shape
@@ -625,17 +625,34 @@ def search(
         except (PlannerError, SolverError) as e:
             return str(e)
 
-    def run(stages: _Stages, task: tuple[str, int]) -> _Free | _Outcome | str:
-        kind, i = task
-        return lay_out(stages, i) if kind == "free" else joint(stages, i)
+    def check(stages: _Stages, task: tuple[ScaleChoice, str]) -> _Checked | str:
+        choice, rules = task
+        try:
+            return _full_evaluation(stages, choice, convert_to_layout_rules(rules), hw)
+        except Exception as e:  # a guess's failure is the parent's to find again
+            return f"{type(e).__name__}: {e}"
+
+    def run(stages: _Stages, task: tuple[str, Any]) -> _Result:
+        kind, what = task
+        if kind == "check":
+            return check(stages, what)
+        return lay_out(stages, what) if kind == "free" else joint(stages, what)
 
     source: _Source
     if workers > 1 and len(meshes) > 1 and fork_is_safe():
-        source = _Ahead(meshes, run, new_stages, workers)
+        source = _Ahead(meshes, run, new_stages, workers, check_ahead=verify)
     else:
         source = _InProcess(run, new_stages())
+    checked: _Checked | None = None
     with source:
         trials, best = _passes(meshes, mesh_options, source, progress)
+        if verify and best is not None:
+            if progress is not None:
+                progress(f"checking {best.trial.choice} on its full stage graph", 1.0)
+            if isinstance(source, _Ahead):
+                # A worker left idle near the end priced the fastest fitting
+                # trial on its full stage graph, if it is the winner.
+                checked = source.checked(best.trial.choice, best.trial.layout_rules)
     if best is None:
         smallest = min(
             (t for t in trials if t.peak_memory_bytes is not None),
@@ -657,12 +674,14 @@ def search(
     plan, priced = best.plan, best.priced
     choice = best.trial.choice
     if verify:
-        if progress is not None:
-            progress(f"checking {choice} on its full stage graph", 1.0)
         # Where the search ran in this process, its graphs (a stage of up to
         # 4 layers is one of them) are reused.
         on = source.stages if isinstance(source, _InProcess) else new_stages()
-        plan, priced = _verified(on, choice, plan, priced, hw)
+        if checked is None:
+            checked = _full_evaluation(on, choice, plan.layout_rules, hw)
+        plan, priced = _verified(
+            choice, plan, priced, hw, checked, on.stage_config(choice, 1)
+        )
     sharded, slots_only = weight_sharding(plan.layout_rules)
     return ScalePlan(
         config=cfg,
@@ -756,8 +775,10 @@ class _Free:
 
 
 #: What a source runs: ("free", i) lays mesh i out free, ("joint", i) runs
-#: its joint recomputation program, on a process's stages.
-_Run = Callable[[_Stages, tuple[str, int]], "_Free | _Outcome | str"]
+#: its joint recomputation program, on a process's stages; ("check", (choice,
+#: rules)) prices a layout on its full stage graph.
+_Result: TypeAlias = "_Free | _Outcome | _Checked | str"
+_Run = Callable[[_Stages, tuple[str, Any]], _Result]
 
 
 class _Source:
@@ -772,10 +793,10 @@ class _Source:
 
     def joint(self, i: int) -> _Outcome | str:
         got = self._result(("joint", i))
-        assert not isinstance(got, _Free)
+        assert isinstance(got, (_Outcome, str))
         return got
 
-    def _result(self, task: tuple[str, int]) -> _Free | _Outcome | str:
+    def _result(self, task: tuple[str, Any]) -> _Result:
         raise NotImplementedError
 
     def __enter__(self) -> _Source:
@@ -792,7 +813,7 @@ class _InProcess(_Source):
         self._run = run
         self.stages = stages
 
-    def _result(self, task: tuple[str, int]) -> _Free | _Outcome | str:
+    def _result(self, task: tuple[str, Any]) -> _Result:
         return self._run(self.stages, task)
 
 
@@ -809,7 +830,10 @@ class _Ahead(_Source):
     mesh before it already reaches, a joint program whose bound any fitting
     trial reaches.  The passes would skip such a mesh too (the bounds are
     valid and sorted); should they ask for one anyway (two bounds equal to
-    the last bit), it is computed then."""
+    the last bit), it is computed then.  With nothing of that left
+    (``check_ahead``), an idle worker prices the fastest fitting trial so
+    far on its full stage graph, the winner's check if no later result
+    beats it (:meth:`checked`)."""
 
     def __init__(
         self,
@@ -817,12 +841,14 @@ class _Ahead(_Source):
         run: _Run,
         new_stages: Callable[[], _Stages],
         workers: int,
+        check_ahead: bool = False,
     ) -> None:
         self._meshes = meshes
         self._pool = Workers(run, new_stages, min(workers, len(meshes)))
         self.suffix = f" (on {self._pool.count} processes)"
-        self._done: dict[tuple[str, int], _Free | _Outcome | str] = {}
-        self._sent: set[tuple[str, int]] = set()
+        self._check_ahead = check_ahead
+        self._done: dict[tuple[str, Any], _Result] = {}
+        self._sent: set[tuple[str, Any]] = set()
         self._holds: dict[int, set[int]] = {w: set() for w in range(self._pool.count)}
         #: (step, mesh, first pass?) of each fitting trial.
         self._fits: list[tuple[float, int, bool]] = []
@@ -830,14 +856,26 @@ class _Ahead(_Source):
     def __exit__(self, *exc: object) -> None:
         self._pool.close()
 
-    def _result(self, task: tuple[str, int]) -> _Free | _Outcome | str:
+    def _result(self, task: tuple[str, Any]) -> _Result:
         while task not in self._done:
             self._feed(task)
             for key, got in self._pool.finished():
                 self._record(key, got)
         return self._done[task]
 
-    def _record(self, task: Hashable, got: _Free | _Outcome | str) -> None:
+    def checked(self, choice: ScaleChoice, rules: str) -> _Checked | None:
+        """``rules`` of ``choice`` on its full stage graph, if a worker was
+        given that (waiting for it to finish), else None."""
+        task = ("check", (choice, rules))
+        if task not in self._sent:
+            return None
+        while task not in self._done:
+            for key, got in self._pool.finished():
+                self._record(key, got)
+        got = self._done[task]
+        return None if isinstance(got, str) else got  # type: ignore[return-value]
+
+    def _record(self, task: Hashable, got: _Result) -> None:
         assert isinstance(task, tuple)
         self._done[task] = got
         outcome = got.outcome if isinstance(got, _Free) else got
@@ -846,18 +884,19 @@ class _Ahead(_Source):
             assert step is not None
             self._fits.append((step, task[1], task[0] == "free"))
 
-    def _feed(self, needed: tuple[str, int]) -> None:
+    def _feed(self, needed: tuple[str, Any]) -> None:
         for w in self._pool.idle():
             task = needed if needed not in self._sent else self._next(w)
             if task is None:
                 break
             self._sent.add(task)
-            self._holds[w].add(self._meshes[task[1]].micro_batches)
+            if task[0] != "check":
+                self._holds[w].add(self._meshes[task[1]].micro_batches)
             self._pool.submit(w, task, task)
         if not self._pool.busy():  # pragma: no cover - needed is always sent
             raise WorkerError(f"nothing is running and {needed!r} is not done")
 
-    def _next(self, w: int) -> tuple[str, int] | None:
+    def _next(self, w: int) -> tuple[str, Any] | None:
         meshes = self._meshes
         mine = self._holds[w]
         held = set().union(*self._holds.values())
@@ -882,10 +921,26 @@ class _Ahead(_Source):
             if ("joint", i) not in self._sent and (best is None or bound < best)
         ]
         if not joints:
-            return None
+            return self._check() if self._check_ahead else None
         near = joints[: self._pool.count]
         own = next((i for i in near if meshes[i].micro_batches in mine), near[0])
         return ("joint", own)
+
+    def _check(self) -> tuple[str, Any] | None:
+        """With nothing else to run: the full stage graph's price of the
+        fastest fitting trial so far (fewest stages on a tie), which is the
+        plan unless a result still to come beats it."""
+        fitting = []
+        for got in self._done.values():
+            outcome = got.outcome if isinstance(got, _Free) else got
+            if isinstance(outcome, _Outcome) and outcome.trial.fits:
+                trial = outcome.trial
+                fitting.append((trial.step_time_s, trial.choice.stages, trial))
+        if not fitting:
+            return None
+        trial = min(fitting, key=lambda f: f[:2])[2]
+        task = ("check", (trial.choice, trial.layout_rules))
+        return None if task in self._sent else task
 
     def _beaten_before(self, i: int) -> bool:
         bound = self._meshes[i].bound_s
@@ -958,25 +1013,38 @@ def price_given(
     )
 
 
+#: A layout's parts and ``evaluate``'s price on a full stage graph.
+_Checked = tuple[_Parts, Cost]
+
+
+def _full_evaluation(
+    stages: _Stages, choice: ScaleChoice, rules: LayoutRules, hw: HardwareProfile
+) -> _Checked:
+    """``rules`` on ``choice``'s full stage graph (built here)."""
+    n = stages.cfg.num_layers // choice.stages
+    full = stages.graph(choice, n)
+    stage = _Stage(convert_to_shape(choice.stage_mesh), hw, [full], n)
+    return stage.evaluated(rules)
+
+
 def _verified(
-    stages: _Stages,
     choice: ScaleChoice,
     plan: LayoutPlan,
     priced: PipelineCost,
     hw: HardwareProfile,
+    checked: _Checked,
+    stage_cfg: TransformerConfig,
 ) -> tuple[LayoutPlan, PipelineCost]:
-    """The chosen layout priced on the full stage graph; raises
-    :class:`ScaleVerificationError` unless the representative said the same."""
-    n = stages.cfg.num_layers // choice.stages
-    full = stages.graph(choice, n)
-    stage = _Stage(convert_to_shape(choice.stage_mesh), hw, [full], n)
-    parts, cost = stage.evaluated(plan.layout_rules)
+    """The chosen layout priced from its full stage graph's evaluation
+    ``checked`` (``stage_cfg``: one layer of its stage); raises :class:`ScaleVerificationError` unless the
+    representative said the same."""
+    parts, cost = checked
     exact = _price(
         parts,
         plan.layout_rules,
         choice,
         priced.spec,
-        stages.stage_config(choice, 1),
+        stage_cfg,
         hw,
     )
     same = (

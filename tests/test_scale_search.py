@@ -146,8 +146,9 @@ kw = dict(hardware="h100-nvlink-ib", memory_limit=30 * 2**20, time_limit_s=30.0)
 one = plan_transformer(cfg, 8, workers=1, **kw)
 two = plan_transformer(cfg, 8, workers=2, progress=lambda p, f: seen.append((p, f)), **kw)
 def out(plan):
+    ev = plan.stage_plan.evaluation
     return [str(plan.choice), plan.layout_rules,
-            plan.step_time_s, plan.peak_memory_bytes,
+            plan.step_time_s, plan.peak_memory_bytes, ev.time_s, ev.peak_memory_bytes,
             [(str(t.choice), t.step_time_s, t.peak_memory_bytes, t.fits, t.layout_rules)
              for t in plan.trials]]
 print(json.dumps({"one": out(one), "two": out(two), "seen": seen}))
@@ -172,6 +173,54 @@ def test_two_processes_give_the_same_plan_and_trials():
     assert meshes and all(p.endswith("(on 2 processes)") for p in meshes)
     fractions = [f for _, f in got["seen"]]
     assert fractions == sorted(fractions)
+
+
+_CHECK_AHEAD = """
+import json, time
+from cost_models.pipeline import PipelineSpec
+from layout_planner.scale_plan import ScaleChoice, ScaleTrial
+from layout_planner.scale_search import Mesh, _Ahead, _Free, _Outcome
+
+spec = PipelineSpec(1, 4, "1f1b")
+meshes = [Mesh(1.0, 1, 1, 8, 4, spec), Mesh(2.0, 1, 2, 4, 4, spec)]
+choices = [ScaleChoice(1, m.data, m.tensor, 4, "1f1b", "none", "none") for m in meshes]
+
+def run(stages, task):
+    kind, what = task
+    if kind == "check":
+        choice, rules = what
+        return ("priced", str(choice), rules)
+    if what == 1:
+        time.sleep(0.5)  # mesh 0's worker goes idle meanwhile
+    trial = ScaleTrial(choices[what], 10.0 + what, 100, True, f"batch:dp;r:{what}")
+    return _Free(_Outcome(trial, None, None), 0.0, None)
+
+with _Ahead(meshes, run, lambda: None, 2, check_ahead=True) as source:
+    source.free(0)
+    source.free(1)
+    hit = source.checked(choices[0], "batch:dp;r:0")
+    miss = source.checked(choices[1], "batch:dp;r:1")
+print(json.dumps({"hit": hit, "miss": miss}))
+"""
+
+
+def test_an_idle_worker_prices_the_fastest_fitting_trial_ahead():
+    """While the search waits for a slow mesh, the idle worker prices the
+    fastest fitting trial so far on its full stage graph; the search takes
+    that price if the trial wins (here mesh 0's), and prices a winner that
+    was not checked ahead itself."""
+    import json
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-c", _CHECK_AHEAD], capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.splitlines()[-1])
+    mesh0 = ScaleChoice(1, 8, 1, 4, "1f1b", "none", "none")
+    assert got["hit"] == ["priced", str(mesh0), "batch:dp;r:0"]
+    assert got["miss"] is None
 
 
 def test_first_pass_stays_in_this_process_where_a_fork_is_unsafe(monkeypatch):
