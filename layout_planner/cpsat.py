@@ -491,8 +491,11 @@ class SolveLoop:
         prm.max_time_in_seconds = max(self.deadline - time.monotonic(), _MIN_PHASE_S)
         model.clear_hints()  # type: ignore[no-untyped-call]
         if hint is not None:
-            for i, v in enumerate(hint):
-                model.add_hint(model.get_int_var_from_proto_index(i), v)
+            # Every variable's value, written into the proto at once
+            # (add_hint per variable took 19 ms for 3,000 of them).
+            given = model.proto.solution_hint
+            given.vars.extend(range(len(hint)))
+            given.values.extend(int(v) for v in hint)
         code = solver.solve(model)
         if code == cp_model.INFEASIBLE and prm.cp_model_presolve:
             # With these settings (probing off) CP-SAT's presolve has called
