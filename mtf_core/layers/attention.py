@@ -45,7 +45,8 @@ def attention_bias_causal(
 ) -> Tensor:
     """``[length, memory_length]``: 0 where key position <= query position,
     -1e9 elsewhere (added to attention logits)."""
-    bias = _causal_bias(length_dim.size, memory_length_dim.size)
+    # Made when first lowered: a graph that is only planned never needs it.
+    bias = functools.partial(_causal_bias, length_dim.size, memory_length_dim.size)
     return constant(mesh, bias, Shape([length_dim, memory_length_dim]), "float32")
 
 

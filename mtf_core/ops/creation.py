@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -10,7 +11,7 @@ from mtf_core import dtypes
 from mtf_core.errors import GraphError, LoweringError
 from mtf_core.graph import Mesh, Operation, Tensor
 from mtf_core.seams import LoweringContext
-from mtf_core.shapes import convert_to_shape
+from mtf_core.shapes import Shape, convert_to_shape
 
 
 class ImportTensor(Operation):
@@ -103,7 +104,12 @@ def placeholder(
 
 
 class Constant(Operation):
-    """A tensor filled with one scalar value (or a small array) known at build time."""
+    """A tensor filled with one scalar value (or an array) known at build time.
+
+    ``value`` may also be a function of no arguments that makes the array:
+    it is called when the value is first needed (lowering, serializing), so
+    graphs that are only planned never make it (a causal attention bias at
+    length 4096 is 64 MiB)."""
 
     op_type = "Constant"
 
@@ -112,13 +118,21 @@ class Constant(Operation):
     ) -> None:
         super().__init__([], mesh=mesh, name=name or "constant")
         shape = convert_to_shape(shape)
-        arr = np.asarray(value)
-        if arr.ndim and list(arr.shape) != shape.to_integer_list():
-            raise GraphError(
-                f"constant: value of shape {list(arr.shape)} does not match [{shape}]"
-            )
-        self.value = arr
+        self._make: Callable[[], Any] | None = None
+        self._value: np.ndarray | None = None
+        if callable(value):
+            self._make = value
+        else:
+            self._value = _checked_value(value, shape)
         self._add_output(shape, dtypes.as_dtype_name(dtype))
+
+    @property
+    def value(self) -> np.ndarray:
+        if self._value is None:
+            assert self._make is not None
+            self._value = _checked_value(self._make(), self.outputs[0].shape)
+            self._make = None
+        return self._value
 
     def flops(self) -> float:
         return 0.0
@@ -148,6 +162,15 @@ class Constant(Operation):
 
     def attrs(self) -> dict[str, Any]:
         return {"value": self.value.tolist()}
+
+
+def _checked_value(value: Any, shape: Shape) -> np.ndarray:
+    arr = np.asarray(value)
+    if arr.ndim and list(arr.shape) != shape.to_integer_list():
+        raise GraphError(
+            f"constant: value of shape {list(arr.shape)} does not match [{shape}]"
+        )
+    return arr
 
 
 def constant(
