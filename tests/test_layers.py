@@ -241,3 +241,41 @@ def test_conv2d_refuses_a_layout_that_splits_spatial_dims(devices):
     graph, mesh, *_ = _conv_graph()
     with pytest.raises(LayoutError, match="spatial dimension 'h'"):
         _lower(graph, mesh, devices, "all:2", "h:all")
+
+
+def test_a_constant_made_by_a_function_is_made_only_when_its_value_is_read():
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "m")
+    calls = []
+
+    def make():
+        calls.append(1)
+        return np.arange(6, dtype=np.float32).reshape(2, 3)
+
+    t = mtf.constant(mesh, make, "a:2;b:3", "float32")
+    op = t.operation
+    assert calls == [] and t.shape == mtf.Shape("a:2;b:3")
+    np.testing.assert_array_equal(op.value, np.arange(6).reshape(2, 3))
+    np.testing.assert_array_equal(op.value, np.arange(6).reshape(2, 3))
+    assert calls == [1]  # made once
+    wrong = mtf.constant(mesh, lambda: np.zeros((3, 2)), "a:2;b:3", "float32")
+    with pytest.raises(mtf.GraphError, match=r"value of shape \[3, 2\] does not match"):
+        wrong.operation.value
+
+
+def test_planning_a_causal_model_never_makes_its_attention_bias():
+    from layout_planner.choices import plan_transformer
+    from mtf_core.layers.attention import _causal_bias
+    from mtf_core.models import TransformerConfig
+
+    cfg = TransformerConfig(
+        num_layers=2, d_model=64, heads=4, d_kv=16, d_ff=128, vocab=128,
+        length=4093, batch=8,
+    )  # fmt: skip
+    before = _causal_bias.cache_info().misses
+    plan_transformer(cfg, 8, "h100-nvlink-ib", workers=1)
+    assert _causal_bias.cache_info().misses == before
+    graph, mesh = _graph()
+    bias = layers.attention_bias_causal(mesh, D("length", 3), D("memory_length", 3))
+    want = np.where(np.arange(3)[None, :] <= np.arange(3)[:, None], 0.0, -1e9)
+    np.testing.assert_array_equal(bias.operation.value, want)
