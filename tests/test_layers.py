@@ -260,7 +260,7 @@ def test_a_constant_made_by_a_function_is_made_only_when_its_value_is_read():
     assert calls == [1]  # made once
     wrong = mtf.constant(mesh, lambda: np.zeros((3, 2)), "a:2;b:3", "float32")
     with pytest.raises(mtf.GraphError, match=r"value of shape \[3, 2\] does not match"):
-        wrong.operation.value
+        _ = wrong.operation.value
 
 
 def test_planning_a_causal_model_never_makes_its_attention_bias():
