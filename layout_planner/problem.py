@@ -40,7 +40,7 @@ from cost_models.hardware import HardwareProfile, LinkSpec
 from cost_models.layout_cache import CachedLayoutContext
 from cost_models.memory import MemoryModel
 from cost_models.units import CostUnit, UnitClass, UnitCost, UnitPricer
-from layout_planner.analysis import GraphAnalysis
+from layout_planner.analysis import GraphAnalysis, unique_rows
 from layout_planner.dim_graph import Assignment
 from layout_planner.errors import PlannerError
 from layout_planner.program import (
@@ -433,7 +433,7 @@ class LayoutProblem:
         for c, col in enumerate(target):
             mapping[c, n if col < 0 else col] = 1
         matrix = a.live_rows @ mapping
-        matrix = np.unique(matrix, axis=0) if len(matrix) else matrix
+        matrix = unique_rows(matrix) if len(matrix) else matrix
         self.row_classes = sorted(columns, key=columns.__getitem__)
         self.rows = matrix[:, :n]
         self.row_constants = matrix[:, n]

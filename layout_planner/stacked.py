@@ -49,7 +49,7 @@ import numpy as np
 
 from cost_models.signatures import Signer
 from cost_models.units import UnitClass
-from layout_planner.analysis import GraphAnalysis
+from layout_planner.analysis import GraphAnalysis, unique_rows
 from layout_planner.errors import PlannerError
 
 #: Stages of at most this many layers are analysed as they are.
@@ -175,7 +175,7 @@ class LayerStack:
         i2, i3 = kept
         base, step = r2[i2], r3[i3] - r2[i2]
         # Rows whose base and step are equal are one row for every n.
-        pairs = np.unique(np.concatenate([base, step], axis=1), axis=0)
+        pairs = unique_rows(np.concatenate([base, step], axis=1))
         width = len(self.tensor_classes)
         self.row_base, self.row_step = pairs[:, :width], pairs[:, width:]
 
@@ -243,7 +243,7 @@ class StackedAnalysis(GraphAnalysis):
         ]
         self.tensor_classes = list(stack.tensor_classes)
         rows = stack.row_base + (n - 2) * stack.row_step
-        self.live_rows = np.unique(rows, axis=0)
+        self.live_rows = unique_rows(rows)
 
 
 def _class_counts(analysis: GraphAnalysis) -> list[tuple[frozenset[str], int]]:

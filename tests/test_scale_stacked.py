@@ -7,6 +7,7 @@ import copy
 import dataclasses
 import random
 
+import numpy as np
 import pytest
 
 from cost_models.costs import evaluate
@@ -196,3 +197,17 @@ def test_op_keys_reuse_the_analyses_signatures_as_a_fresh_signer_gives_them():
         for a in analyses
     ]
     assert _op_keys(analyses) == fresh
+
+
+@pytest.mark.parametrize("shape", [(0, 3), (1, 4), (5, 0), (40, 3), (300, 12)])
+def test_unique_rows_is_numpys_unique_over_rows(shape):
+    from layout_planner.analysis import unique_rows
+
+    rng = np.random.default_rng(sum(shape))
+    # Few distinct values, negative ones too (a stack's per-layer steps), so
+    # rows repeat and tie on their first columns.
+    a = rng.integers(-3, 3, size=shape, dtype=np.int64) * 2**40
+    got = unique_rows(a)
+    want = np.unique(a, axis=0)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
