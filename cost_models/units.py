@@ -144,8 +144,17 @@ class UnitPricer:
         # The units of one layout are priced one after the other.
         self._sizes: tuple[LayoutContext | None, LayoutSizes | None] = (None, None)
 
-    def cost(self, unit: CostUnit, ctx: LayoutContext) -> UnitCost:
-        """What ``unit`` costs under ``ctx`` (a layout of this pricer's mesh)."""
+    def cost(
+        self,
+        unit: CostUnit,
+        ctx: LayoutContext,
+        split: tuple[tuple[str, int], ...] | None = None,
+    ) -> UnitCost:
+        """What ``unit`` costs under ``ctx`` (a layout of this pricer's mesh).
+        ``split``: the (dim name, mesh axis) pairs of ``ctx`` for the unit's
+        dims that it splits, in name order, where the caller has them (a
+        pricer that remembers costs may key them by it; this one ignores
+        it)."""
         if ctx.mesh_shape is not self.mesh_shape and ctx.mesh_shape != self.mesh_shape:
             raise CostModelError(
                 f"layout for mesh [{ctx.mesh_shape}] given to a pricer of mesh "

@@ -283,7 +283,7 @@ class LayoutProblem:
         buffers = self._buffers
         try:
             for unit, count in by_sig:
-                uc = self._pricer.cost(unit, ctx)
+                uc = self._pricer.cost(unit, ctx, split)
                 self._num_pricings += 1
                 compute += count * uc.compute_s
                 once += count * uc.once_s

@@ -123,14 +123,22 @@ class _SignaturePricer(UnitPricer):
             (d.name, d.size, hw.link_for_axis(d.name, mesh_shape)) for d in mesh_shape
         ]
 
-    def cost(self, unit: CostUnit, ctx: LayoutContext) -> UnitCost:
+    def cost(
+        self,
+        unit: CostUnit,
+        ctx: LayoutContext,
+        split: tuple[tuple[str, int], ...] | None = None,
+    ) -> UnitCost:
         if unit.signature is None:
             return super().cost(unit, ctx)
-        wrapped = CachedLayoutContext.wrap(ctx)
-        names = self._sorted.get(unit.dim_names)
-        if names is None:
-            names = self._sorted[unit.dim_names] = tuple(sorted(unit.dim_names))
-        split = tuple(map(wrapped.split_axes.get, names))
+        if split is None:
+            wrapped = CachedLayoutContext.wrap(ctx)
+            names = self._sorted.get(unit.dim_names)
+            if names is None:
+                names = self._sorted[unit.dim_names] = tuple(sorted(unit.dim_names))
+            split = tuple(
+                (n, wrapped.split_axes[n]) for n in names if n in wrapped.split_axes
+            )
         key = (unit.signature, unit.dim_names, split)
         got = self._known.get(key)
         if got is None:
@@ -138,12 +146,14 @@ class _SignaturePricer(UnitPricer):
             shared_key = (
                 unit.signature,
                 unit.dim_names,
-                tuple(None if a is None else axes[a] for a in split),
+                tuple((n, axes[a]) for n, a in split),
             )
             got = self._shared.get(shared_key)
             if got is None:
                 try:
-                    got = self._shared[shared_key] = super().cost(unit, wrapped)
+                    got = self._shared[shared_key] = super().cost(
+                        unit, CachedLayoutContext.wrap(ctx)
+                    )
                 except LayoutError as e:  # its message names this mesh
                     got = e
             self._known[key] = got
