@@ -55,6 +55,11 @@ from layout_planner.program import (
 K = TypeVar("K", bound=Hashable)
 
 
+class NothingFitsError(PlannerError):
+    """No option fits under any layout (raised instead of finding each
+    option's smallest peak, where the caller asked not to)."""
+
+
 @dataclass(frozen=True)
 class RecomputePlan(Generic[K]):
     """The chosen option and its layout.
@@ -96,6 +101,7 @@ def solve_with_recomputation(
     verify: bool = False,
     extras: bool = False,
     jointly: bool | None = None,
+    smallest_peak: bool = True,
 ) -> RecomputePlan[K]:
     """The fastest (option, layout) pair of ``problems`` that fits.
 
@@ -113,7 +119,9 @@ def solve_with_recomputation(
 
     Nothing fits: the plan (status ``infeasible``) is the smallest-peak
     layout of the option with the smallest peak, and its ``reason`` names
-    that peak and every option's.
+    that peak and every option's; with ``smallest_peak=False``,
+    :class:`NothingFitsError` is raised instead, and no smallest peak is
+    solved for (one memory-objective program per option).
     """
     keys = list(problems)
     if not keys:
@@ -134,9 +142,15 @@ def solve_with_recomputation(
             "jointly=True needs CP-SAT in this process, and this process solves "
             "in the worker (solver_process.solver_location()); pass jointly=None"
         )
-    if jointly:
-        return _joint(chosen, params, verify, extras)
-    return _separate(chosen, params, verify, extras)
+    got = (
+        _joint(chosen, params, verify, extras, smallest_peak)
+        if jointly
+        else _separate(chosen, params, verify, extras)
+    )
+    if not smallest_peak and got.smallest_peaks:
+        # Each option alone found them anyway (plan_mesh.solve_problem).
+        raise _nothing_fits_error(caps)
+    return got
 
 
 def choice_program(
@@ -157,7 +171,11 @@ def choice_program(
 
 # -- the joint solve --------------------------------------------------------------------
 def _joint(
-    problems: dict[K, LayoutProblem], params: SolveParams, verify: bool, extras: bool
+    problems: dict[K, LayoutProblem],
+    params: SolveParams,
+    verify: bool,
+    extras: bool,
+    smallest_peak: bool = True,
 ) -> RecomputePlan[K]:
     from layout_planner.recompute_cpsat import solve_choice
 
@@ -186,6 +204,10 @@ def _joint(
         return RecomputePlan(key, plan, True, excluded)
     empty = _program_result(res)
     if res.status is SolveStatus.INFEASIBLE:
+        if not smallest_peak:
+            raise _nothing_fits_error(
+                {k: p.hw.memory_bytes for k, p in problems.items()}
+            )
         return _nothing_fits(
             problems, params, empty, res.wall_time_s, True, excluded, t0
         )
@@ -242,6 +264,14 @@ def _nothing_fits(
     solved = Solved(result, where, params, asg, SolveStatus.INFEASIBLE, wall, None)
     plan = _plan(problems[key], solved, False, False, t0)
     return _none_fits(key, plan, [(k, p) for k, p, _ in peaks], jointly, excluded)
+
+
+def _nothing_fits_error(caps: Mapping[K, int]) -> NothingFitsError:
+    if len(set(caps.values())) == 1:
+        room = f"in {fmt_bytes(next(iter(caps.values())))} per device"
+    else:
+        room = "in " + ", ".join(f"{fmt_bytes(c)} ({k})" for k, c in caps.items())
+    return NothingFitsError(f"no recomputation option fits {room} under any layout")
 
 
 def _none_fits(

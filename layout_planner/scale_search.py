@@ -464,11 +464,14 @@ def _solve_options(
     hw: HardwareProfile,
     params: SolveParams,
     limits: Mapping[ScaleChoice, int],
+    smallest_peak: bool = True,
 ) -> tuple[ScaleChoice, LayoutPlan]:
     """The fastest (option, layout) of ``options`` (one mesh), each option
     under its ``limits`` bytes per device: one CP-SAT solve, the option a
     decision of the program
-    (:func:`~layout_planner.recompute_program.solve_with_recomputation`)."""
+    (:func:`~layout_planner.recompute_program.solve_with_recomputation`;
+    ``smallest_peak=False``: where no option fits, it raises
+    ``NothingFitsError`` instead of finding the smallest peak)."""
     if len(options) == 1:
         c = options[0]
         return c, _solve(stages.stage(c, hw), limits[c], params)
@@ -478,7 +481,10 @@ def _solve_options(
         assert problem is not None
         problems[c] = problem
     got = solve_with_recomputation(
-        problems, params, capacity_bytes={c: limits[c] for c in options}
+        problems,
+        params,
+        capacity_bytes={c: limits[c] for c in options},
+        smallest_peak=smallest_peak,
     )
     return got.key, got.plan
 
@@ -490,9 +496,11 @@ def _trial(
     hw: HardwareProfile,
     params: SolveParams,
     limit: int | None = None,
+    smallest_peak: bool = True,
 ) -> _Outcome:
     """The fastest fitting (option, layout) of ``options`` on their mesh,
-    each under ``limit`` bytes per device (the hardware's capacity if None).
+    each under ``limit`` bytes per device (the hardware's capacity if None;
+    ``smallest_peak``: see :func:`_solve_options`).
 
     The program's objective is the pipelined step (``m + p - 1`` times the
     per-micro-batch part, plus the once-per-step part), so it weighs a
@@ -502,7 +510,7 @@ def _trial(
     answer fits exactly when some layout of the options does."""
     first = hw.memory_bytes if limit is None else limit
     choice, plan = _solve_options(
-        stages, options, hw, params, {c: first for c in options}
+        stages, options, hw, params, {c: first for c in options}, smallest_peak
     )
     stage = stages.stage(choice, hw)
     parts = stage.parts(plan.layout_rules)
@@ -631,7 +639,11 @@ def search(
     def joint(stages: _Stages, i: int) -> _Outcome | str:
         mesh = meshes[i]
         try:
-            return _trial(stages, mesh_options(mesh), mesh.spec, hw, params)
+            # Where nothing fits, the trial says so; the smallest peak (a
+            # memory-objective program per option) is not worth its time.
+            return _trial(
+                stages, mesh_options(mesh), mesh.spec, hw, params, smallest_peak=False
+            )
         except (PlannerError, SolverError) as e:
             return str(e)
 
@@ -883,7 +895,7 @@ class _Ahead(_Source):
             for key, got in self._pool.finished():
                 self._record(key, got)
         got = self._done[task]
-        return None if isinstance(got, str) else got  # type: ignore[return-value]
+        return got if isinstance(got, tuple) else None  # a str: it failed
 
     def _record(self, task: Hashable, got: _Result) -> None:
         assert isinstance(task, tuple)

@@ -29,7 +29,10 @@ from layout_planner.plan import LayoutPlan, fmt_bytes
 from layout_planner.plan_mesh import plan_problem
 from layout_planner.problem import LayoutProblem
 from layout_planner.program import Objective, SolveParams, SolveStatus
-from layout_planner.recompute_program import solve_with_recomputation
+from layout_planner.recompute_program import (
+    NothingFitsError,
+    solve_with_recomputation,
+)
 from mtf_core.models import TransformerConfig, build_lm
 
 pytestmark = pytest.mark.solver
@@ -302,3 +305,28 @@ def test_bad_requests_say_what_was_wrong() -> None:
         )
     with pytest.raises(PlannerError, match="capacity_bytes -5 for option"):
         solve_with_recomputation(problems, PARAMS, -5)
+
+
+def test_asked_not_to_nothing_fits_raises_without_finding_smallest_peaks(
+    monkeypatch,
+) -> None:
+    from layout_planner import cpsat
+
+    problems = lm_problems("dp:2;tp:2")
+    capacity = min(p[4] for p in every_pair(problems)) - 1
+    seen: list[str] = []
+    original = cpsat.solve_program
+
+    def counted(program, *args, **kwargs):
+        seen.append(program.objective.value)
+        return original(program, *args, **kwargs)
+
+    monkeypatch.setattr(cpsat, "solve_program", counted)
+    for jointly in (True, False):
+        with pytest.raises(NothingFitsError, match=rf"{fmt_bytes(capacity)} per"):
+            solve_with_recomputation(
+                problems, PARAMS, capacity, jointly=jointly, smallest_peak=False
+            )
+    # One joint model: no memory-objective program (each option alone finds
+    # its smallest peak on the way, plan_mesh.solve_problem).
+    assert seen.count("memory") == len(OPTIONS)
