@@ -46,9 +46,7 @@ def _captured(case) -> list[cp_model.CpModel]:
 
     def capture(self, model, phase, workers, hint):
         copy = model.clone()
-        copy.clear_hints()
-        for i, v in enumerate(hint or ()):
-            copy.add_hint(copy.get_int_var_from_proto_index(i), v)
+        cpsat.set_hint(copy, hint)
         models.append(copy)
         return solve_once(self, model, phase, workers, hint)
 

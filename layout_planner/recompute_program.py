@@ -142,15 +142,9 @@ def solve_with_recomputation(
             "jointly=True needs CP-SAT in this process, and this process solves "
             "in the worker (solver_process.solver_location()); pass jointly=None"
         )
-    got = (
-        _joint(chosen, params, verify, extras, smallest_peak)
-        if jointly
-        else _separate(chosen, params, verify, extras)
-    )
-    if not smallest_peak and got.smallest_peaks:
-        # Each option alone found them anyway (plan_mesh.solve_problem).
-        raise _nothing_fits_error(caps)
-    return got
+    if jointly:
+        return _joint(chosen, params, verify, extras, smallest_peak)
+    return _separate(chosen, params, verify, extras, smallest_peak)
 
 
 def choice_program(
@@ -205,9 +199,7 @@ def _joint(
     empty = _program_result(res)
     if res.status is SolveStatus.INFEASIBLE:
         if not smallest_peak:
-            raise _nothing_fits_error(
-                {k: p.hw.memory_bytes for k, p in problems.items()}
-            )
+            raise _nothing_fits_error(problems)
         return _nothing_fits(
             problems, params, empty, res.wall_time_s, True, excluded, t0
         )
@@ -266,7 +258,8 @@ def _nothing_fits(
     return _none_fits(key, plan, [(k, p) for k, p, _ in peaks], jointly, excluded)
 
 
-def _nothing_fits_error(caps: Mapping[K, int]) -> NothingFitsError:
+def _nothing_fits_error(problems: Mapping[K, LayoutProblem]) -> NothingFitsError:
+    caps = {k: p.hw.memory_bytes for k, p in problems.items()}
     if len(set(caps.values())) == 1:
         room = f"in {fmt_bytes(next(iter(caps.values())))} per device"
     else:
@@ -295,7 +288,11 @@ def _none_fits(
 
 # -- each option alone (the worker process, and the comparison) ----------------------------
 def _separate(
-    problems: dict[K, LayoutProblem], params: SolveParams, verify: bool, extras: bool
+    problems: dict[K, LayoutProblem],
+    params: SolveParams,
+    verify: bool,
+    extras: bool,
+    smallest_peak: bool = True,
 ) -> RecomputePlan[K]:
     """Each option's own optimum (``plan_mesh.solve_problem``), the fastest
     kept; optimal only if every option's solve was proven."""
@@ -322,6 +319,8 @@ def _separate(
         plan = _plan(problems[key], best, verify, extras, t0)
         return RecomputePlan(key, plan, False)
     if all(s.status is SolveStatus.INFEASIBLE for _, s in solves):
+        if not smallest_peak:
+            raise _nothing_fits_error(problems)
         # solve_problem found each option's smallest-peak layout already.
         peaks = [
             (key, problems[key].table_cost(s.assignment).peak_bytes, i)

@@ -117,7 +117,6 @@ class _SignaturePricer(UnitPricer):
     ) -> None:
         super().__init__(mesh_shape, hw)
         self._known: dict[tuple[object, ...], UnitCost | LayoutError] = {}
-        self._sorted: dict[frozenset[str], tuple[str, ...]] = {}
         self._shared = {} if shared is None else shared
         self._axes = [
             (d.name, d.size, hw.link_for_axis(d.name, mesh_shape)) for d in mesh_shape
@@ -131,13 +130,10 @@ class _SignaturePricer(UnitPricer):
     ) -> UnitCost:
         if unit.signature is None:
             return super().cost(unit, ctx)
-        if split is None:
-            wrapped = CachedLayoutContext.wrap(ctx)
-            names = self._sorted.get(unit.dim_names)
-            if names is None:
-                names = self._sorted[unit.dim_names] = tuple(sorted(unit.dim_names))
+        if split is None:  # the tables pass it; read it off the context
+            axes_of = CachedLayoutContext.wrap(ctx).split_axes
             split = tuple(
-                (n, wrapped.split_axes[n]) for n in names if n in wrapped.split_axes
+                (n, axes_of[n]) for n in sorted(unit.dim_names) if n in axes_of
             )
         key = (unit.signature, unit.dim_names, split)
         got = self._known.get(key)
@@ -872,8 +868,8 @@ class _Ahead(_Source):
         self._done: dict[tuple[str, Any], _Result] = {}
         self._sent: set[tuple[str, Any]] = set()
         self._holds: dict[int, set[int]] = {w: set() for w in range(self._pool.count)}
-        #: (step, mesh, first pass?) of each fitting trial.
-        self._fits: list[tuple[float, int, bool]] = []
+        #: (step, mesh, first pass?, trial) of each fitting trial.
+        self._fits: list[tuple[float, int, bool, ScaleTrial]] = []
 
     def __exit__(self, *exc: object) -> None:
         self._pool.close()
@@ -904,7 +900,7 @@ class _Ahead(_Source):
         if isinstance(outcome, _Outcome) and outcome.trial.fits:
             step = outcome.trial.step_time_s
             assert step is not None
-            self._fits.append((step, task[1], task[0] == "free"))
+            self._fits.append((step, task[1], task[0] == "free", outcome.trial))
 
     def _feed(self, needed: tuple[str, Any]) -> None:
         for w in self._pool.idle():
@@ -936,7 +932,7 @@ class _Ahead(_Source):
                     or (pick == "unheld" and size not in held)
                 ):
                     return ("free", i)
-        best = min((s for s, _, _ in self._fits), default=None)
+        best = min((s for s, _, _, _ in self._fits), default=None)
         joints = [
             i
             for bound, i in sorted(self._joint_bounds())
@@ -952,21 +948,15 @@ class _Ahead(_Source):
         """With nothing else to run: the full stage graph's price of the
         fastest fitting trial so far (fewest stages on a tie), which is the
         plan unless a result still to come beats it."""
-        fitting = []
-        for got in self._done.values():
-            outcome = got.outcome if isinstance(got, _Free) else got
-            if isinstance(outcome, _Outcome) and outcome.trial.fits:
-                trial = outcome.trial
-                fitting.append((trial.step_time_s, trial.choice.stages, trial))
-        if not fitting:
+        if not self._fits:
             return None
-        trial = min(fitting, key=lambda f: f[:2])[2]
+        trial = min(self._fits, key=lambda f: (f[0], f[3].choice.stages))[3]
         task = ("check", (trial.choice, trial.layout_rules))
         return None if task in self._sent else task
 
     def _beaten_before(self, i: int) -> bool:
         bound = self._meshes[i].bound_s
-        return any(step <= bound and t < i and free for step, t, free in self._fits)
+        return any(step <= bound and t < i and free for step, t, free, _ in self._fits)
 
     def _joint_bounds(self) -> list[tuple[float, int]]:
         """(bound, mesh) of each mesh the second pass may lay out, as far as
@@ -1058,8 +1048,9 @@ def _verified(
     stage_cfg: TransformerConfig,
 ) -> tuple[LayoutPlan, PipelineCost]:
     """The chosen layout priced from its full stage graph's evaluation
-    ``checked`` (``stage_cfg``: one layer of its stage); raises :class:`ScaleVerificationError` unless the
-    representative said the same."""
+    ``checked`` (``stage_cfg``: one layer of its stage); raises
+    :class:`ScaleVerificationError` unless the representative said the
+    same."""
     parts, cost = checked
     exact = _price(
         parts,
