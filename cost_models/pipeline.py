@@ -243,6 +243,18 @@ class PipelineCost:
         return self.peak_memory_bytes <= self.memory_capacity_bytes
 
 
+def send_time_s(
+    boundary_bytes: int,
+    send_link_axis: Sequence[str],
+    mesh_shape: object,
+    hw: HardwareProfile,
+) -> float:
+    """One stage-to-stage send of ``boundary_bytes`` per device: a shift
+    over the pipeline axis ``send_link_axis`` of ``mesh_shape``."""
+    link = hw.slowest_link(tuple(send_link_axis), mesh_shape)
+    return shift_time_s(boundary_bytes, link)
+
+
 def pipeline_cost(
     spec: PipelineSpec,
     split: StepSplit,
@@ -264,11 +276,11 @@ def pipeline_cost(
     """
     k = spec.in_flight
     t_mb = split.per_batch_s
-    if spec.stages > 1:
-        link = hw.slowest_link(tuple(send_link_axis), mesh_shape)
-        t_send = shift_time_s(boundary_bytes, link)
-    else:
-        t_send = 0.0
+    t_send = (
+        send_time_s(boundary_bytes, send_link_axis, mesh_shape, hw)
+        if spec.stages > 1
+        else 0.0
+    )
     per = t_mb + 2 * t_send
     steps = spec.micro_batches + spec.stages - 1
     return PipelineCost(

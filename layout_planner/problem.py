@@ -29,7 +29,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -93,6 +93,9 @@ class TableCost:
     #: The part of ``time_s`` that runs once per step (the rest runs once per
     #: micro-batch); 0 unless the analysis was made with ``once_from``.
     once_s: float = 0.0
+    #: Seconds the time objective counts besides the tables' own
+    #: (:meth:`LayoutProblem.add_time`); not part of ``time_s``.
+    extra_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -148,6 +151,10 @@ class LayoutProblem:
         #: pipeline's other micro-batches in flight (:meth:`row_vector`).
         #: The program's memory rows count them; the tables' peak does not.
         self.also_held: tuple[np.ndarray, int] | None = None
+        #: A term of the time objective besides the tables' times, as
+        #: (table index, seconds per assignment of that table): see
+        #: :meth:`add_time`.
+        self.extra_time: tuple[int, np.ndarray] | None = None
         self._given_pricer = pricer
         self.graph = graph
         self.mesh_shape = mesh_shape
@@ -413,6 +420,30 @@ class LayoutProblem:
             (d, self.mesh_shape[a].name) for d, a in assignment.items() if a is not None
         )
 
+    def add_time(
+        self, names: Iterable[str], seconds: Callable[[LayoutContext], float]
+    ) -> None:
+        """Counts ``seconds(ctx)`` in the time objective: a cost outside the
+        graph that reads the layout of ``names`` only (a pipeline's
+        stage-to-stage sends).  It is priced under every assignment of the
+        free dims among ``names`` and added to the program's times and to
+        :meth:`weighted_time_s` (as :attr:`TableCost.extra_s`), not to the
+        tables' own times.  Where no layout splits any of ``names`` it is the
+        same for every layout and is left out.  Replaces an earlier term."""
+        dims = self.free(names)
+        if not dims:
+            self.extra_time = None
+            return
+        table = self._table(dims)
+        priced = [seconds(self.context(dict(zip(dims, a)))) for a in table.assignments]
+        for s in priced:
+            if not (math.isfinite(s) and s >= 0):
+                raise PlannerError(
+                    f"an objective term over {dims} costs {s!r} s; expected a "
+                    "finite number of seconds >= 0"
+                )
+        self.extra_time = (self.table_of[dims], np.asarray(priced, dtype=float))
+
     # -- phase 3 ---------------------------------------------------------------------
     def _memory_rows(self) -> None:
         """The analysis's live-set rows, with tensor classes merged by free
@@ -483,6 +514,8 @@ class LayoutProblem:
             for t, proj in h.members:
                 table = self.tables[t]
                 time_s += self._weighted(table)[proj]
+                if self.extra_time is not None and self.extra_time[0] == t:
+                    time_s += self.extra_time[1][proj]
                 buffer = np.maximum(buffer, np.asarray(table.buffer_bytes)[proj])
                 invalid |= np.asarray([r is not None for r in table.invalid])[proj]
             dimsets.append(
@@ -553,11 +586,12 @@ class LayoutProblem:
 
     def weighted_time_s(self, cost: TableCost) -> float:
         """``cost``'s time as the time objective counts it: the per-micro-batch
-        part ``per_batch_weight`` times, the once-per-step part once."""
+        part ``per_batch_weight`` times, the once-per-step part once, and the
+        term of :meth:`add_time`."""
         w = self.per_batch_weight
         if w == 1:
-            return cost.time_s
-        return (cost.time_s - cost.once_s) * w + cost.once_s
+            return cost.time_s + cost.extra_s
+        return (cost.time_s - cost.once_s) * w + cost.once_s + cost.extra_s
 
     def _hosts(self) -> list[_Host]:
         """The maximal tables, each with the tables it hosts (itself included)
@@ -685,6 +719,10 @@ class LayoutProblem:
             else 0
         )
         comm_items = tuple(sorted(comm.items()))
+        extra = 0.0
+        if self.extra_time is not None:
+            t, seconds = self.extra_time
+            extra = float(seconds[picks[t]])
         return TableCost(
             time_s=compute + sum(s for _, s in comm_items),
             compute_s=compute,
@@ -692,6 +730,7 @@ class LayoutProblem:
             peak_bytes=peak + buffer,
             invalid=None,
             once_s=once,
+            extra_s=extra,
         )
 
     def largest_tensors(

@@ -52,6 +52,7 @@ from cost_models.pipeline import (
     PipelineSpec,
     StepSplit,
     pipeline_cost,
+    send_time_s,
     split_step,
 )
 from cost_models.units import CostUnit, UnitCost, UnitPricer
@@ -357,6 +358,20 @@ class _Stages:
             pricer=pricer,
             per_batch_weight=choice.micro_batches + choice.stages - 1,
         )
+        if choice.stages > 1:
+            # Each slot also sends the boundary activation forward and its
+            # gradient back (pipeline_cost): with them the objective is the
+            # whole pipelined step, and a free layout's bound bounds it.
+            slots = choice.micro_batches + choice.stages - 1
+            cfg1 = self.stage_config(choice, 1)
+            boundary = boundary_shape(cfg1)
+            full_mesh = choice.full_mesh
+
+            def sends(ctx: LayoutContext) -> float:
+                nbytes = ctx.slice_bytes(boundary, cfg1.activation_dtype)
+                return slots * 2 * send_time_s(nbytes, ("pp",), full_mesh, hw)
+
+            problem.add_time(boundary.dimension_names, sends)
         graphs = [g] if stacked is None else [g, self.graph(choice, 3)]
         # The other micro-batches in flight hold their buffers through every
         # live set: the program's memory rows count them, so its layout fits

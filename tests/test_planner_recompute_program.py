@@ -330,3 +330,65 @@ def test_asked_not_to_nothing_fits_raises_without_finding_smallest_peaks(
     # One joint model: no memory-objective program (each option alone finds
     # its smallest peak on the way, plan_mesh.solve_problem).
     assert seen.count("memory") == len(OPTIONS)
+
+
+def test_a_term_added_to_the_time_objective_counts_in_every_option() -> None:
+    """``LayoutProblem.add_time`` (a pipeline's sends): a cost outside the
+    graph that reads the layout of some names.  The joint program picks
+    the (option, layout) that is fastest with it; the tables' own time
+    leaves it out, ``weighted_time_s`` counts it."""
+    problems = {k: copy.copy(p) for k, p in lm_problems("dp:2;tp:2").items()}
+    shape = mtf.Shape([mtf.Dimension("batch", 4), mtf.Dimension("d_model", 8)])
+
+    def term(ctx) -> float:
+        # Leaving the activation whole is dearest: 0.2 ms a byte.
+        return 2e-4 * ctx.slice_bytes(shape, "float32")
+
+    for problem in problems.values():
+        problem.add_time(["batch", "d_model", "no_such_name"], term)
+    pairs = []
+    for rank, (key, problem) in enumerate(problems.items()):
+        dims = problem.free_dims
+        for axes in itertools.product(*([None, *problem.allowed[d]] for d in dims)):
+            asg = dict(zip(dims, axes))
+            cost = problem.table_cost(asg)
+            if cost.invalid is None:
+                extra = term(problem.context(asg))
+                assert cost.extra_s == extra
+                assert problem.weighted_time_s(cost) == cost.time_s + extra
+                pairs.append((rank, key, asg, cost.time_s + extra, cost.peak_bytes))
+    plain = best_fitting(every_pair(lm_problems("dp:2;tp:2")), HW.memory_bytes)
+    want = best_fitting(pairs, HW.memory_bytes)
+    assert plain is not None and want is not None
+    # The term moves the answer: the plain optimum leaves batch or d_model
+    # less split than the optimum with the term.
+    assert plain[2] != want[2]
+    got = solve_with_recomputation(problems, PARAMS, verify=True)
+    assert got.key == want[1]
+    assert problems[got.key].assignment_from_rules(got.plan.layout_rules) == {
+        **dict.fromkeys(problems[got.key].free_dims),
+        **want[2],
+    }
+    # The plan's cost is the graph's (what evaluate checks), without the term.
+    assert got.plan.cost.time_s == pytest.approx(
+        want[3] - term(problems[got.key].context(want[2])), rel=1e-9
+    )
+    one = plan_problem(problems[("none", "none")], Objective.TIME, PARAMS)
+    assert one.solver.objective_value == pytest.approx(
+        min(p[3] for p in pairs if p[0] == 0), rel=1e-9
+    )
+
+
+def test_a_term_of_the_time_objective_is_checked() -> None:
+    problem = copy.copy(lm_problems("dp:2;tp:2")[("none", "none")])
+    for bad in (float("nan"), float("inf"), -1.0):
+        with pytest.raises(PlannerError, match=f"costs {bad!r} s"):
+            problem.add_time(["batch"], lambda ctx, bad=bad: bad)
+    assert problem.extra_time is None
+    # Names no layout splits cost the same under every layout: left out.
+    problem.add_time(["length", "no_such_name"], lambda ctx: 1.0)
+    assert problem.extra_time is None
+    problem.add_time(["batch"], lambda ctx: 1.0)
+    assert problem.extra_time is not None
+    problem.add_time(["length"], lambda ctx: 1.0)
+    assert problem.extra_time is None

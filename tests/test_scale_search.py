@@ -355,3 +355,45 @@ def test_a_pipelined_trial_is_the_fastest_layout_that_fits_with_its_micro_batche
     # Below every layout's peak: no answer fits.
     got = _trial(stages, options, spec, hw.with_memory(peaks[0] - 1), params)
     assert not got.trial.fits
+
+
+def test_a_pipelined_layout_is_chosen_with_its_stage_to_stage_sends():
+    # A slow pipeline link makes the boundary activation's slice matter: the
+    # free layout is the fastest pipelined step of every layout, sends
+    # included (not the fastest stage plus whatever its sends cost), and
+    # the program's proven bound is that step, so it bounds the mesh.
+    import dataclasses
+
+    from cost_models.hardware import LinkSpec
+    from layout_planner.scale_search import _free_trial
+
+    slow = LinkSpec("slow pipeline link", 2e8, 1e-5)
+    hw = dataclasses.replace(get_hardware("h100-nvlink-ib"), axis_links=(("pp", slow),))
+    stages = _Stages(CFG, build_lm, "adam")
+    choice = ScaleChoice(2, 2, 2, 16, "1f1b", "none", "none")
+    spec = PipelineSpec(2, 16, "1f1b")
+    stage = stages.stage(choice, hw)
+    problem = stage.problem
+    cfg1 = stages.stage_config(choice, 1)
+    priced = []
+    for axes in itertools.product(
+        *[[None, *problem.allowed[d]] for d in problem.free_dims]
+    ):
+        asg = dict(zip(problem.free_dims, axes))
+        table = problem.table_cost(asg)
+        if table.invalid is not None:
+            continue
+        rules = problem.rules_for(asg)
+        step = _price(stage.parts(rules), rules, choice, spec, cfg1, hw).step_time_s
+        without_sends = problem.weighted_time_s(table) - table.extra_s
+        priced.append((step, without_sends))
+    assert len(priced) > 100
+    best = min(step for step, _ in priced)
+    # Chosen by the stage's time alone, the step would be slower.
+    _, first = min(priced, key=lambda p: p[1])
+    assert min(step for step, w in priced if w == first) > best * 1.2
+    params = SolveParams(30.0, 0, 0, 1, presolve=False)
+    free, bound = _free_trial(stages, [choice], spec, hw, params)
+    assert free is not None and free.trial.fits
+    assert free.trial.step_time_s == pytest.approx(best, rel=1e-9)
+    assert bound == pytest.approx(best, rel=1e-9)
