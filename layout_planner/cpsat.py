@@ -488,7 +488,9 @@ class SolveLoop:
                 return run
             self.rows_added += len(rows)
             lm.add_rows(rows, clone=None if model is lm.model else model)
-            hint = None  # the old answer breaks the new rows
+            # The old answer breaks the new rows, but the new one is most
+            # often near it: as a hint it takes CP-SAT there first.
+            hint = run.values
 
     def _solve_once(
         self,

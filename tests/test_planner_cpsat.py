@@ -102,6 +102,42 @@ def test_memory_rows_are_added_only_when_an_answer_breaks_them() -> None:
     assert plan.ok and plan.evaluation.peak_memory_bytes <= limit
 
 
+def test_a_solve_again_after_rows_are_added_starts_from_the_old_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The answer that broke the new rows is a hint for the solve with them:
+    # most often the new answer is near it (docs/scale.md, "Planning time").
+    from layout_planner import cpsat
+
+    calls: list[tuple[str, list[int] | None, list[int]]] = []
+    once = cpsat.SolveLoop._solve_once
+
+    def spy(self, model, phase, workers, hint):  # type: ignore[no-untyped-def]
+        run = once(self, model, phase, workers, hint)
+        calls.append((phase, None if hint is None else list(hint), run.values))
+        return run
+
+    monkeypatch.setattr(cpsat.SolveLoop, "_solve_once", spy)
+    model = transformer(**PRESSURE_SIZES)
+    free = mtf.auto_layout(
+        model.graph, PRESSURE_MESH, [model.loss], PRESSURE_HW, top_k=1, verify=False
+    )
+    calls.clear()
+    limit = free.cost.peak_memory_bytes * 3 // 4
+    plan = mtf.auto_layout(
+        model.graph, PRESSURE_MESH, [model.loss], PRESSURE_HW, memory_limit=limit
+    )
+    assert plan.solver.memory_rows_added > 0 and plan.ok
+    again = [
+        (prev, now)
+        for prev, now in zip(calls, calls[1:])
+        if now[0] == prev[0] and prev[2]
+    ]
+    assert again
+    for (_, _, answer), (_, hint, _) in again:
+        assert hint == answer
+
+
 def test_worker_process_solves_the_same_plan(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MTF_PLANNER_SOLVER", "subprocess")
     model = transformer(batch=16)
