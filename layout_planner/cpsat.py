@@ -566,7 +566,7 @@ def solve_program(
         if rank and time.monotonic() >= run.deadline:
             complete = False
             break
-        sol = _solve_one(lm, run, rank, secondary)
+        sol = _solve_one(lm, run, rank, secondary, program.x_hint if not rank else None)
         if rank == 0:
             first_status = sol.status if isinstance(sol, Solution) else sol
         if not isinstance(sol, Solution):
@@ -597,11 +597,17 @@ def solve_program(
 
 
 def _solve_one(
-    lm: LayoutModel, run: SolveLoop, rank: int, secondary: Terms | None
+    lm: LayoutModel,
+    run: SolveLoop,
+    rank: int,
+    secondary: Terms | None,
+    x_hint: Sequence[bool] | None = None,
 ) -> Solution | SolveStatus:
     workers = max(run.params.num_workers, 1)
     time_terms = lm.time_terms()
-    first = run.solve(lm.model, f"rank{rank}:primary", workers, None)
+    # The x variables come first in the model: a hint of them alone.
+    hint = None if x_hint is None else [int(v) for v in x_hint]
+    first = run.solve(lm.model, f"rank{rank}:primary", workers, hint)
     if not first.status.has_solution:
         return first.status
     status = first.status

@@ -155,6 +155,9 @@ class LayoutProblem:
         #: (table index, seconds per assignment of that table): see
         #: :meth:`add_time`.
         self.extra_time: tuple[int, np.ndarray] | None = None
+        #: A layout for the solver to try first (:attr:`IntegerProgram.x_hint`:
+        #: each rule whose dim and mesh axis this problem has), or None.
+        self.hint: LayoutRules | None = None
         self._given_pricer = pricer
         self.graph = graph
         self.mesh_shape = mesh_shape
@@ -571,7 +574,16 @@ class LayoutProblem:
             capacity_bytes=int(capacity_bytes),
             objective=objective,
             precedence=tuple(precedence),
+            x_hint=None if self.hint is None else self._x_hint(self.hint),
         )
+
+    def _x_hint(self, rules: LayoutRules) -> tuple[bool, ...]:
+        names = self.mesh_shape.dimension_names
+        axis_of = dict(rules)
+        hint = [False] * len(self.x_index)
+        for (d, a), i in self.x_index.items():
+            hint[i] = axis_of.get(d) == names[a]
+        return tuple(hint)
 
     def _weighted(self, table: DimsetTable) -> np.ndarray:
         """The table's time as the objective counts it (per-micro-batch part

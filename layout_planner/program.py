@@ -101,6 +101,10 @@ class IntegerProgram:
     objective: Objective
     time_offset_ps: int = 0
     precedence: tuple[tuple[int, tuple[int, ...]], ...] = ()
+    #: A layout to try first (a value per x variable), or None: the first
+    #: solve starts its search there.  It changes no answer, only how soon
+    #: CP-SAT finds it.
+    x_hint: tuple[bool, ...] | None = None
 
     @property
     def num_rows(self) -> int:

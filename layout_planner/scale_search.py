@@ -298,6 +298,8 @@ class _Stages:
             int, tuple[HardwareProfile, dict[tuple[object, ...], UnitCost]]
         ] = {}
         self.built_layers = 0
+        #: The layout of the last stage solved alone, a hint for the next.
+        self.last_layout: LayoutRules | None = None
 
     def stage_config(self, choice: ScaleChoice, layers: int) -> TransformerConfig:
         return self.cfg.replace(
@@ -417,16 +419,19 @@ class _Stages:
         return stack
 
 
-def _solve(stage: _Stage, limit: int, params: SolveParams) -> LayoutPlan:
+def _solve(
+    stage: _Stage, limit: int, params: SolveParams, hint: LayoutRules | None = None
+) -> LayoutPlan:
     """The stage's layout under ``limit`` bytes per device (what
-    ``auto_layout`` would return for the stage graph, unverified)."""
+    ``auto_layout`` would return for the stage graph, unverified); CP-SAT
+    starts from ``hint``, if given (the answer is the same)."""
     problem = stage.problem
     assert problem is not None
-    if limit != problem.hw.memory_bytes:
-        # The tables do not depend on the capacity: the same problem, another
-        # limit (its program reads hw.memory_bytes).
-        problem = copy.copy(problem)
-        problem.hw = problem.hw.with_memory(limit)
+    # The tables do not depend on the capacity or the hint: the same
+    # problem, another limit (its program reads hw.memory_bytes) and hint.
+    problem = copy.copy(problem)
+    problem.hw = problem.hw.with_memory(limit)
+    problem.hint = hint
     return plan_problem(problem, Objective.TIME, params, verify=False, extras=False)
 
 
@@ -485,7 +490,12 @@ def _solve_options(
     ``NothingFitsError`` instead of finding the smallest peak)."""
     if len(options) == 1:
         c = options[0]
-        return c, _solve(stages.stage(c, hw), limits[c], params)
+        # The last layout this process found (most often of a mesh with
+        # the same axes) takes CP-SAT near this one's: a third faster on
+        # GPT-3's free layouts (docs/scale.md, "Planning time").
+        plan = _solve(stages.stage(c, hw), limits[c], params, stages.last_layout)
+        stages.last_layout = plan.layout_rules
+        return c, plan
     problems = {}
     for c in options:
         problem = stages.stage(c, hw).problem

@@ -138,6 +138,41 @@ def test_a_solve_again_after_rows_are_added_starts_from_the_old_answer(
         assert hint == answer
 
 
+@pytest.mark.parametrize("hint", ["b:b;d_ff:m", "heads:b;d_model:m", "batch:b;heads:m"])
+def test_a_layout_hint_changes_where_cp_sat_starts_not_the_answer(
+    monkeypatch: pytest.MonkeyPatch, hint: str
+) -> None:
+    from layout_planner import cpsat
+    from layout_planner.plan_mesh import plan_problem
+    from mtf_core.layout import convert_to_layout_rules
+
+    model = transformer(**PRESSURE_SIZES)
+    mesh = mtf.convert_to_shape(PRESSURE_MESH)
+    problem = LayoutProblem(model.graph, mesh, PRESSURE_HW, [model.loss])
+    params = SolveParams(time_limit_s=60, num_workers=1, seed=0)
+    plain = plan_problem(problem, Objective.TIME, params, verify=False, extras=False)
+    hints: list[list[int] | None] = []
+    once = cpsat.SolveLoop._solve_once
+
+    def spy(self, model, phase, workers, given):  # type: ignore[no-untyped-def]
+        hints.append(None if given is None else list(given))
+        return once(self, model, phase, workers, given)
+
+    monkeypatch.setattr(cpsat.SolveLoop, "_solve_once", spy)
+    problem.hint = convert_to_layout_rules(hint)
+    hinted = plan_problem(problem, Objective.TIME, params, verify=False, extras=False)
+    assert hinted.layout_rules == plain.layout_rules
+    assert hinted.cost == plain.cost
+    # The first solve starts from the hint: each rule whose dim and axis
+    # the problem has (a dim the graph lacks, such as "b", is left out).
+    want = [0] * len(problem.x_index)
+    for d, m in convert_to_layout_rules(hint):
+        key = (d, mesh.dimension_names.index(m))
+        if key in problem.x_index:
+            want[problem.x_index[key]] = 1
+    assert hints[0] == want and any(want)
+
+
 def test_worker_process_solves_the_same_plan(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MTF_PLANNER_SOLVER", "subprocess")
     model = transformer(batch=16)

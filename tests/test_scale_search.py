@@ -397,3 +397,27 @@ def test_a_pipelined_layout_is_chosen_with_its_stage_to_stage_sends():
     assert free is not None and free.trial.fits
     assert free.trial.step_time_s == pytest.approx(best, rel=1e-9)
     assert bound == pytest.approx(best, rel=1e-9)
+
+
+def test_each_free_layout_starts_from_the_last_one_this_process_found(monkeypatch):
+    from layout_planner import scale_search
+
+    seen = []
+    solve = scale_search._solve
+
+    def spy(stage, limit, params, hint=None):
+        plan = solve(stage, limit, params, hint)
+        seen.append((hint, plan.layout_rules))
+        return plan
+
+    monkeypatch.setattr(scale_search, "_solve", spy)
+    small = CFG.replace(num_layers=4, d_model=64, d_ff=128, batch=8)
+    hinted = plan_transformer(small, 8, workers=1)
+    assert len(seen) >= 3 and seen[0][0] is None
+    for (_, before), (hint, _) in zip(seen, seen[1:]):
+        assert hint == before
+    # The hints change how soon CP-SAT finds each answer, not the answers.
+    monkeypatch.setattr(
+        scale_search, "_solve", lambda s, lim, p, hint=None: solve(s, lim, p)
+    )
+    _same_plan(hinted, plan_transformer(small, 8, workers=1))
