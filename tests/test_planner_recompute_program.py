@@ -348,16 +348,12 @@ def test_a_term_added_to_the_time_objective_counts_in_every_option() -> None:
     for problem in problems.values():
         problem.add_time(["batch", "d_model", "no_such_name"], term)
     pairs = []
-    for rank, (key, problem) in enumerate(problems.items()):
-        dims = problem.free_dims
-        for axes in itertools.product(*([None, *problem.allowed[d]] for d in dims)):
-            asg = dict(zip(dims, axes))
-            cost = problem.table_cost(asg)
-            if cost.invalid is None:
-                extra = term(problem.context(asg))
-                assert cost.extra_s == extra
-                assert problem.weighted_time_s(cost) == cost.time_s + extra
-                pairs.append((rank, key, asg, cost.time_s + extra, cost.peak_bytes))
+    for rank, key, asg, time_s, peak in every_pair(problems):
+        cost = problems[key].table_cost(asg)
+        extra = term(problems[key].context(asg))
+        assert cost.time_s == time_s and cost.extra_s == extra
+        assert problems[key].weighted_time_s(cost) == time_s + extra
+        pairs.append((rank, key, asg, time_s + extra, peak))
     plain = best_fitting(every_pair(lm_problems("dp:2;tp:2")), HW.memory_bytes)
     want = best_fitting(pairs, HW.memory_bytes)
     assert plain is not None and want is not None
