@@ -400,15 +400,8 @@ def _stage_model(plan: ScalePlan, spec: ScaleSpec) -> ModelGraph:
     """The chosen trial's stage graph: its ``L/pp`` layers at one
     micro-batch, with the chosen recomputation, weights stored shardable (the
     graph the planner laid out)."""
-    c = plan.choice
-    cfg = plan.config.replace(
-        num_layers=plan.config.num_layers // c.stages,
-        batch=plan.config.batch // c.micro_batches,
-        recompute_attention=c.recompute_attention,
-        recompute_ffn=c.recompute_ffn,
-    )
     build = build_encoder_decoder if spec.encoder_decoder else build_lm
-    return build(cfg, optimizer=spec.optimizer)
+    return build(plan.stage_config, optimizer=spec.optimizer)
 
 
 def weight_classes(plan: ScalePlan, spec: ScaleSpec) -> list[dict[str, Any]]:

@@ -112,14 +112,18 @@ def fit_rates(
     rows: Sequence[tuple[Mapping[str, float], float]],
     prior: Mapping[str, float],
     prior_weight: float = PRIOR_WEIGHT,
+    weights: Sequence[float] | None = None,
 ) -> dict[str, float]:
     """Non-negative rates minimizing the squared relative error of ``rows``
     (``(features, seconds)``) plus ``prior_weight`` times the squared relative
     distance to ``prior`` (which names every feature to fit) scaled by the
-    one factor that fits the rows best."""
+    one factor that fits the rows best.  ``weights`` (one per row, finite,
+    >= 0, normalized to mean 1) weigh the rows' squared errors: by default
+    each row counts the same."""
     names = sorted(prior)
     if not rows:
         return dict(prior)
+    w = _row_weights(weights, len(rows))
     for feats, seconds in rows:
         if not (isinstance(seconds, (int, float)) and math.isfinite(seconds)):
             raise CostModelError(f"measured seconds {seconds!r}; expected a number")
@@ -133,16 +137,18 @@ def fit_rates(
     a = np.array([[feats.get(f, 0.0) for f in names] for feats, _ in rows])
     y = np.array([s for _, s in rows])
     a = a * scale / y[:, None]
+    # Weighted least squares: each row (and its target of 1) times sqrt(w).
+    b = np.sqrt(w)
+    a = a * b[:, None]
     # First one common factor (closed form): a prior that is off by the same
     # factor everywhere (a roofline on a slower machine) is then pulled
     # towards the right magnitude, not towards its own.
     p = a.sum(axis=1)
     if float(p @ p) > 0:
-        common = float(p.sum() / (p @ p))
+        common = float(p @ b / (p @ p))
         if common > 0:
             scale = scale * common
             a = a * common
-    b = np.ones(len(rows))
     reg = math.sqrt(prior_weight) * np.eye(len(names))
     sol = lsq_linear(
         np.vstack([a, reg]),
@@ -151,6 +157,27 @@ def fit_rates(
         method="bvls",
     )
     return {f: float(m * s) for f, m, s in zip(names, sol.x, scale)}
+
+
+def _row_weights(weights: Sequence[float] | None, n: int) -> np.ndarray:
+    if weights is None:
+        return np.ones(n)
+    w = np.array(
+        [
+            x if isinstance(x, (int, float)) and not isinstance(x, bool) else np.nan
+            for x in weights
+        ],
+        dtype=float,
+    )
+    if len(w) != n:
+        raise CostModelError(f"{len(w)} weights for {n} rows; expected one per row")
+    bad = [x for x, ok in zip(weights, np.isfinite(w) & (w >= 0)) if not ok]
+    if bad:
+        raise CostModelError(f"row weight {bad[0]!r}; expected a finite number >= 0")
+    if not w.sum() > 0:
+        raise CostModelError("row weights are all 0; expected some > 0")
+    normalized: np.ndarray = w / float(w.mean())
+    return normalized
 
 
 @dataclass(frozen=True)

@@ -114,6 +114,18 @@ class ScalePlan:
         )
 
     @property
+    def stage_config(self) -> TransformerConfig:
+        """The config of one stage's graph as the search laid it out: its
+        ``L/pp`` layers at one micro-batch, with the chosen recomputation."""
+        c = self.choice
+        return self.config.replace(
+            num_layers=self.config.num_layers // c.stages,
+            batch=self.config.batch // c.micro_batches,
+            recompute_attention=c.recompute_attention,
+            recompute_ffn=c.recompute_ffn,
+        )
+
+    @property
     def boundary_bytes(self) -> int:
         """Per device, the activation slice one micro-batch sends across a
         stage boundary (what ``pipeline.send_s`` is the shift time of)."""

@@ -147,6 +147,43 @@ def test_fit_moves_an_unexercised_feature_only_by_the_common_factor() -> None:
     assert got["random_bytes"] == pytest.approx(7e-9, rel=1e-6)
 
 
+def test_row_weights_decide_which_rows_an_inconsistent_fit_follows() -> None:
+    # One rate cannot fit both rows: 1 us per op in the first, 3 us in the
+    # second.  Equal weights meet in between; a heavy row wins.
+    rows = [({"ops": 100.0}, 1e-4), ({"ops": 100.0}, 3e-4)]
+    prior = {"ops": 1e-6}
+    even = fit_rates(rows, prior, prior_weight=1e-12)["ops"]
+    assert 1e-6 < even < 3e-6
+    first = fit_rates(rows, prior, prior_weight=1e-12, weights=[1000.0, 1.0])["ops"]
+    second = fit_rates(rows, prior, prior_weight=1e-12, weights=[1.0, 1000.0])["ops"]
+    assert first == pytest.approx(1e-6, rel=1e-2)
+    assert second == pytest.approx(3e-6, rel=1e-2)
+    # Equal weights, whatever their scale, are the unweighted fit.
+    same = fit_rates(rows, prior, prior_weight=1e-12, weights=[5.0, 5.0])["ops"]
+    assert same == pytest.approx(even, rel=1e-12)
+    # A zero weight drops its row.
+    only = fit_rates(rows, prior, prior_weight=1e-12, weights=[0.0, 2.0])["ops"]
+    assert only == pytest.approx(3e-6, rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    "weights, match",
+    [
+        ([1.0], "1 weights for 2 rows"),
+        ([1.0, -1.0], "row weight -1.0"),
+        ([1.0, float("nan")], "row weight nan"),
+        ([1.0, "2"], "row weight '2'"),
+        ([0.0, 0.0], "all 0"),
+    ],
+)
+def test_fit_rejects_bad_row_weights(weights, match) -> None:
+    from cost_models.hardware import CostModelError
+
+    rows = [({"ops": 1.0}, 1e-6), ({"ops": 2.0}, 2e-6)]
+    with pytest.raises(CostModelError, match=match):
+        fit_rates(rows, {"ops": 1e-6}, weights=weights)
+
+
 def test_fit_rejects_bad_seconds() -> None:
     from cost_models.hardware import CostModelError
 

@@ -1,0 +1,611 @@
+"""Do the H100 preset's compute predictions hold on an H100?
+
+The scale plans (``bench/scale.py``) price each op of a stage step by the
+``h100-nvlink-ib`` preset's roofline: ``max(flops / 989 TFLOP/s, bytes /
+3.35 TB/s)``.  This script checks that against the chip, in three steps:
+
+``export`` (here): plans the reference models that ``bench/scale.py`` puts
+on H100s, builds each plan's stage graph (one micro-batch, recomputation and
+optimizer included) and writes every op of its step, at the per-device slice
+shapes and dtypes the layout gives, once per distinct signature, with its
+cost-model features and roofline seconds, and each case's ops in step order.
+
+``bench/torch_kernels.py`` (on the GPU machine, PyTorch only) times each
+distinct kernel alone and each case's step replayed in order, one unfused
+kernel per op as the placement lowering runs them.
+
+``report`` (here): predicted against measured, per case and per op class; a
+profile fitted from the measured kernels (``bench/profiles/h100-kernels.json``:
+``cost_models.calibration.fit_rates`` on one (features, seconds) row per
+distinct kernel, weighted by its share of the steps' time); and the reference
+models planned again on that profile.
+
+    .venv/bin/python bench/gpu_kernels.py export             # bench/gpu/kernels.json
+    python3 bench/torch_kernels.py bench/gpu/kernels.json bench/gpu/measured-h100-a.json
+    .venv/bin/python bench/gpu_kernels.py report bench/gpu/measured-h100-?.json \
+        --no-replan                                          # writes the profile
+    .venv/bin/python bench/gpu_kernels.py export --hardware \
+        bench/profiles/h100-kernels.json -o bench/gpu/kernels-fitted.json
+    python3 bench/torch_kernels.py bench/gpu/kernels-fitted.json \
+        bench/gpu/measured-fitted-h100-a.json
+    .venv/bin/python bench/gpu_kernels.py report bench/gpu/measured-h100-?.json \
+        --held-out bench/gpu/kernels-fitted.json \
+        --held-out-measured bench/gpu/measured-fitted-h100-?.json --write
+
+The plans made on the fitted profile are the held-out check: the fit never
+saw their steps.  (The torch_kernels.py runs happen on a GPU machine; their
+JSON is committed under bench/gpu/.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.common import ROOT, replace_section  # noqa: E402
+from mtf_core import dtypes  # noqa: E402
+
+KERNELS_JSON = ROOT / "bench" / "gpu" / "kernels.json"
+PROFILE_JSON = ROOT / "bench" / "profiles" / "h100-kernels.json"
+#: The cases of bench/scale.py that run on H100s (the preset measured here).
+H100_CASES = ("llama64", "llama512", "moe")
+#: Op types torch_kernels.py mirrors kernel for kernel; any other op that
+#: makes GPU work runs as a stand-in of the same bytes (``proxy``).
+MIRRORED = frozenset(
+    {
+        "Einsum",
+        "Binary",
+        "Unary",
+        "Cast",
+        "Reduce",
+        "AddN",
+        "Broadcast",
+        "Assign",
+        "Where",
+    }
+)
+#: Ops that make no TensorFlow work (class None) or are fed, not computed.
+SKIPPED = frozenset({"ImportTensor"})
+
+
+def _tensor(ctx: Any, t: Any) -> dict[str, Any]:
+    return {
+        "dims": list(t.shape.dimension_names),
+        "shape": ctx.slice_shape(t.shape),
+        "dtype": str(t.dtype),
+    }
+
+
+def _fn(op: Any) -> str | None:
+    for attr in ("fn_name", "reduction", "mode"):
+        got = getattr(op, attr, None)
+        if isinstance(got, str):
+            return got
+    return None
+
+
+def describe(op: Any, ctx: Any, hw: Any, sizes: Any) -> dict[str, Any] | None:
+    """The kernel record of ``op`` under ``ctx`` (None: the step runs no
+    kernel for it)."""
+    from cost_models.op_classes import op_class, op_features
+    from cost_models.op_costs import flops_per_device, op_compute
+
+    cls = op_class(op)
+    if cls is None or op.op_type in SKIPPED:
+        return None
+    flops = flops_per_device(op, ctx, sizes)
+    mirrored = op.op_type in MIRRORED and cls != "gather"
+    return {
+        "type": op.op_type,
+        "fn": _fn(op),
+        "class": cls,
+        "proxy": not mirrored and cls != "view",
+        "inputs": [_tensor(ctx, t) for t in op.inputs],
+        # An assignment has no output: it writes its variable (input 0).
+        "output": _tensor(ctx, op.outputs[0]) if op.outputs else None,
+        "flops": flops,
+        "features": dict(op_features(op, ctx, sizes, flops)),
+        "roofline_s": op_compute(op, ctx, hw, sizes, op.flops())[1],
+    }
+
+
+def _signature(rec: Mapping[str, Any]) -> str:
+    keep = {k: rec[k] for k in ("type", "fn", "class", "proxy", "inputs", "output")}
+    return json.dumps(keep, sort_keys=True)
+
+
+def stage_step(plan: Any) -> tuple[Any, list[Any], Any]:
+    """``(model, ops, ctx)``: the plan's stage graph for one micro-batch
+    (as the search prices it: its config, recomputation and optimizer), the
+    ops its step runs, and its layout."""
+    from mtf_core.comm import LayoutContext
+    from mtf_core.liveness import step_operations
+    from mtf_core.models import build_encoder_decoder, build_lm
+
+    builder = build_encoder_decoder if plan.encoder_decoder else build_lm
+    model = builder(plan.stage_config, optimizer=plan.optimizer)
+    ops = list(step_operations(model.graph, [model.loss]))
+    ctx = LayoutContext.make(plan.choice.stage_mesh, plan.stage_plan.layout_rules)
+    return model, ops, ctx
+
+
+def plans(keys: Sequence[str], hardware: Any = None) -> Iterable[tuple[str, str, Any]]:
+    """``(key, title, plan)`` for each case of ``keys``: the planner's plan
+    and the published layout, priced on the case's preset; or, given
+    ``hardware`` (a profile), only the plan made on it."""
+    from bench.scale import CASES
+    from cost_models.profiles import get_hardware
+    from layout_planner.choices import plan_transformer, price_layout
+
+    by_key = {c.key: c for c in CASES}
+    for key in keys:
+        case = by_key[key]
+        print(f"{key}: planning {case.title} ...", flush=True)
+        if hardware is not None:
+            hw = get_hardware(hardware)
+            yield (
+                f"{key}/planned-on-{hw.name}",
+                case.title,
+                plan_transformer(
+                    case.config, case.devices, hw, encoder_decoder=case.encoder_decoder
+                ),
+            )
+            continue
+        yield (
+            f"{key}/planned",
+            case.title,
+            plan_transformer(
+                case.config,
+                case.devices,
+                case.hardware,
+                encoder_decoder=case.encoder_decoder,
+            ),
+        )
+        yield (
+            f"{key}/published",
+            case.title,
+            price_layout(
+                case.config,
+                case.published,
+                case.published_rules,
+                case.hardware,
+                encoder_decoder=case.encoder_decoder,
+            ),
+        )
+
+
+def pool_bytes(kernels: Sequence[Mapping[str, Any]], order: Iterable[int]) -> int:
+    """Bytes of the buffers torch_kernels.py's replay allocates for ``order``:
+    one per distinct (shape, dtype, slot within an op)."""
+    pool = set()
+    for i in set(order):
+        seen: dict[tuple[tuple[int, ...], str], int] = defaultdict(int)
+        for t in kernels[i]["inputs"]:
+            key = (tuple(t["shape"]), t["dtype"])
+            pool.add((*key, seen[key]))
+            seen[key] += 1
+    return sum(math.prod(s) * dtypes.size_bytes(dt) for s, dt, _ in pool)
+
+
+def step_kernels(
+    ops: Sequence[Any],
+    ctx: Any,
+    hw: Any,
+    kernels: list[dict[str, Any]],
+    index: dict[str, int],
+) -> list[int]:
+    """The kernel numbers of ``ops``' step in order, adding each new
+    signature's record to ``kernels`` (``index``: signature to number)."""
+    from cost_models.layout_cache import LayoutSizes
+
+    sizes = LayoutSizes(ctx)
+    order = []
+    for op in ops:
+        rec = describe(op, ctx, hw, sizes)
+        if rec is None:
+            continue
+        sig = _signature(rec)
+        i = index.get(sig)
+        if i is None:
+            i = index[sig] = len(kernels)
+            kernels.append(rec)
+        order.append(i)
+    return order
+
+
+def export(keys: Sequence[str], path: Path, hardware: Any = None) -> dict[str, Any]:
+    """Plans ``keys``' cases (on ``hardware``, if given) and writes their
+    stage steps' kernels, each priced on the preset, to ``path``."""
+    from cost_models.hardware import PRESETS
+
+    preset = PRESETS["h100-nvlink-ib"]
+    kernels: list[dict[str, Any]] = []
+    index: dict[str, int] = {}
+    cases = []
+    for key, title, plan in plans(keys, hardware):
+        _, ops, ctx = stage_step(plan)
+        order = step_kernels(ops, ctx, preset, kernels, index)
+        p = plan.pipeline
+        cases.append(
+            {
+                "key": key,
+                "title": title,
+                "hardware": plan.hardware.name,
+                "choice": str(plan.choice),
+                "layout_rules": plan.layout_rules,
+                "stage_mesh": plan.choice.stage_mesh,
+                "step_time_s": plan.step_time_s,
+                "per_micro_batch_s": p.per_micro_batch_s,
+                "once_s": p.once_s,
+                "mfu": plan.mfu,
+                "order": order,
+                "pool_bytes": pool_bytes(kernels, order),
+            }
+        )
+        print(
+            f"  {key}: {len(order)} kernels in the step, {len(set(order))} "
+            f"distinct; roofline "
+            f"{sum(kernels[i]['roofline_s'] for i in order) * 1e3:.1f} ms; "
+            f"buffer pool {cases[-1]['pool_bytes'] / 2**30:.1f} GiB",
+            flush=True,
+        )
+    out = {"cases": cases, "kernels": kernels}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out))
+    print(f"wrote {path} ({len(kernels)} distinct kernels)")
+    return out
+
+
+def measured_seconds(
+    runs: Sequence[Mapping[str, Any]],
+) -> tuple[list[float | None], dict[str, float]]:
+    """Per kernel, the median over ``runs`` of its seconds alone (None: no
+    GPU work); per case, the median over runs of each run's median replay."""
+    n = len(runs[0]["kernel_seconds"])
+    alone: list[float | None] = []
+    for i in range(n):
+        got = [r["kernel_seconds"][i] for r in runs]
+        alone.append(None if got[0] is None else statistics.median(got))
+    replay = {
+        key: statistics.median(
+            statistics.median(r["replays"][key]["seconds"]) for r in runs
+        )
+        for key in runs[0]["replays"]
+        if "seconds" in runs[0]["replays"][key]
+    }
+    return alone, replay
+
+
+def fitted_profile(
+    spec: Mapping[str, Any], alone: Sequence[float | None], device: str, fit_on: str
+) -> dict[str, Any]:
+    """The ``h100-nvlink-ib`` preset with per-op-class rates fitted from the
+    measured kernels of the cases whose key ends with ``/fit_on``: one row per
+    distinct kernel that makes GPU work, weighted by its share of those
+    steps' measured time (its count times its seconds), so that the fit
+    favours the kernels a step spends its time in.  The same rates serve both
+    lowering backends (their kernels are the same ops)."""
+    from cost_models.calibration import SWEEP_PRIOR_WEIGHT, fit_rates
+    from cost_models.hardware import PRESETS
+    from cost_models.op_classes import FEATURES, roofline_rates
+
+    count: dict[int, int] = defaultdict(int)
+    mesh = {}
+    for c in spec["cases"]:
+        if c["key"].endswith("/" + fit_on):
+            for i in c["order"]:
+                count[i] += 1
+                mesh[i] = c
+    timed = {i: s for i in sorted(count) if (s := alone[i]) is not None}
+    used = list(timed)
+    rows = [(spec["kernels"][i]["features"], timed[i]) for i in used]
+    weights = [count[i] * timed[i] for i in used]
+    preset = PRESETS["h100-nvlink-ib"]
+    roof = roofline_rates(preset)
+    rates = fit_rates(rows, {f: roof[f] for f in FEATURES}, SWEEP_PRIOR_WEIGHT, weights)
+    base = preset.to_dict()
+    base["name"] = "h100-kernels"
+    base["calibration"] = {
+        "backend": "placement",
+        "coefficients": {"placement": rates, "spmd": rates},
+    }
+    base["measured"] = {
+        "source": (
+            f"bench/gpu_kernels.py: {len(rows)} distinct kernels of the {fit_on} "
+            f"stage steps of {', '.join(sorted({c['key'] for c in mesh.values()}))}, "
+            f"timed alone with PyTorch on {device}; rows weighted by their share "
+            "of those steps' time"
+        ),
+        "sweep": [
+            {
+                "kernel": " ".join(
+                    x for x in (k["type"], k["fn"] or "", k["class"]) if x
+                ),
+                "mesh_shape": mesh[i]["stage_mesh"],
+                "layout_rules": mesh[i]["layout_rules"],
+                "backend": "placement",
+                "seconds": timed[i],
+                "weight": w,
+                "features": k["features"],
+            }
+            for i, w in zip(used, weights)
+            for k in [spec["kernels"][i]]
+        ],
+    }
+    return base
+
+
+def _priced(
+    case: Mapping[str, Any],
+    kernels: Sequence[Mapping[str, Any]],
+    rates: Mapping[str, float],
+) -> tuple[list[int], float, float]:
+    """``(order, roofline seconds, seconds on rates)`` of a case's step."""
+    from cost_models.calibration import predict_s
+
+    order = case["order"]
+    roof = sum(kernels[i]["roofline_s"] for i in order)
+    return order, roof, sum(predict_s(kernels[i]["features"], rates) for i in order)
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:.1f}"
+
+
+def report(
+    spec: Mapping[str, Any],
+    runs: Sequence[Mapping[str, Any]],
+    held_out: tuple[Mapping[str, Any], Sequence[Mapping[str, Any]]] | None = None,
+    replan: bool = True,
+) -> tuple[str, dict[str, Any]]:
+    """The markdown section and the profile fitted on ``spec``'s planned
+    steps, checked on ``held_out`` (the kernels and runs of plans made on
+    that profile, which its fit never saw), if given."""
+    from cost_models.profiles import get_hardware
+
+    alone, replay = measured_seconds(runs)
+    device = runs[0]["device"]
+    profile = fitted_profile(spec, alone, device, "planned")
+    hw = get_hardware(profile)
+    rates = hw.rates or {}
+    kernels = spec["kernels"]
+    fit_set = {
+        i for c in spec["cases"] if c["key"].endswith("/planned") for i in c["order"]
+    }
+    lines = [
+        f"Device: {device} (PyTorch {runs[0]['torch']}, CUDA {runs[0]['cuda']}), "
+        f"{len(runs)} runs; its best rates in the same runs: "
+        + ", ".join(
+            f"{r['chip']['matmul_flops_per_s'] / 1e12:.0f} TFLOP/s (8192^3 bf16 matmul) "
+            f"and {r['chip']['copy_bytes_per_s'] / 1e9:.0f} GB/s (copy)"
+            for r in runs
+        )
+        + "; the preset says 989 TFLOP/s and 3,350 GB/s.",
+        "",
+        "Commands, in order (`G` is `python3 bench/torch_kernels.py`, run "
+        "twice on the GPU machine, PyTorch only; the rest run here): "
+        "`bench/gpu_kernels.py export`, `G bench/gpu/kernels.json "
+        "bench/gpu/measured-h100-a.json` (and `-b`), `bench/gpu_kernels.py "
+        "report bench/gpu/measured-h100-?.json --no-replan` (writes the "
+        "profile), `bench/gpu_kernels.py export --hardware "
+        "bench/profiles/h100-kernels.json -o bench/gpu/kernels-fitted.json`, "
+        "`G bench/gpu/kernels-fitted.json bench/gpu/measured-fitted-h100-a.json` "
+        "(and `-b`), then `.venv/bin/python bench/gpu_kernels.py report "
+        "bench/gpu/measured-h100-?.json --held-out bench/gpu/kernels-fitted.json "
+        "--held-out-measured bench/gpu/measured-fitted-h100-?.json --write`.",
+        "",
+        "One stage step's compute on one device (one micro-batch forward and "
+        "backward, recomputation and the Adam update included; no "
+        "communication), milliseconds.  *Roofline* is the preset's price "
+        "(what `bench/scale.py` plans with); *fitted* is the price on "
+        "`bench/profiles/h100-kernels.json`, fitted on the planned steps' "
+        "kernels only (each weighted by its share of their time); *replayed* is the measured step, its kernels run in "
+        "order, one unfused kernel per op.",
+        "",
+        "| case | kernels (distinct) | roofline | fitted | replayed | roofline / replayed | fitted / replayed | the step's kernel time the fit saw |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for c in spec["cases"]:
+        order, roof, fit = _priced(c, kernels, rates)
+        meas = replay.get(c["key"])
+        seen = sum(alone[i] or 0.0 for i in order if i in fit_set)
+        total = sum(alone[i] or 0.0 for i in order)
+        shown = "skipped" if meas is None else _ms(meas)
+        lines.append(
+            f"| {c['key']} | {len(order)} ({len(set(order))}) | {_ms(roof)} | "
+            f"{_ms(fit)} | {shown} | "
+            + ("" if meas is None else f"{roof / meas:.2f}")
+            + " | "
+            + ("" if meas is None else f"{fit / meas:.2f}")
+            + f" | {seen / total:.0%} |"
+        )
+    lines += [
+        "",
+        "By op class over all cases (kernels timed alone, times their count "
+        "in the steps), milliseconds:",
+        "",
+        "| class | roofline | measured alone | measured / roofline |",
+        "|---|---|---|---|",
+    ]
+    roof_c: dict[str, float] = defaultdict(float)
+    meas_c: dict[str, float] = defaultdict(float)
+    for c in spec["cases"]:
+        for i in c["order"]:
+            k = kernels[i]
+            roof_c[k["class"]] += k["roofline_s"]
+            meas_c[k["class"]] += alone[i] or 0.0
+    for cls in sorted(roof_c, key=lambda x: -roof_c[x]):
+        r, m = roof_c[cls], meas_c[cls]
+        lines.append(f"| {cls} | {_ms(r)} | {_ms(m)} | {m / r:.2f} |")
+    fitted = {
+        f: rates[f]
+        for f in (
+            "ops",
+            "matmul_flops",
+            "matmul_bytes",
+            "elementwise_bytes",
+            "transcendental_bytes",
+            "reduce_bytes",
+            "assign_bytes",
+        )
+    }
+    lines += [
+        "",
+        "Fitted rates: "
+        + f"{1 / fitted['matmul_flops'] / 1e12:.0f} TFLOP/s for matmul flops, "
+        + f"{fitted['ops'] * 1e6:.1f} us per op, and per GB "
+        + ", ".join(
+            f"{f.removesuffix('_bytes')} {v * 1e9 * 1e3:.3f} ms"
+            for f, v in fitted.items()
+            if f.endswith("_bytes")
+        )
+        + " (the preset's roofline: 0.299 ms per GB).",
+    ]
+    if held_out is not None:
+        lines += ["", *held_out_rows(hw, *held_out)]
+    if replan:
+        lines += ["", *replanned(hw)]
+    return "\n".join(lines), profile
+
+
+def held_out_rows(
+    hw: Any, spec: Mapping[str, Any], runs: Sequence[Mapping[str, Any]]
+) -> list[str]:
+    """Predicted against replayed for steps the fit never saw."""
+
+    _, replay = measured_seconds(runs)
+    rates = hw.rates or {}
+    kernels = spec["kernels"]
+    lines = [
+        "Held out: the stage steps of the plans made on the fitted profile "
+        "(`export --hardware bench/profiles/h100-kernels.json`), measured "
+        f"the same way ({len(runs)} runs), milliseconds:",
+        "",
+        "| case | kernels (distinct) | roofline | fitted | replayed | roofline / replayed | fitted / replayed |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for c in spec["cases"]:
+        order, roof, fit = _priced(c, kernels, rates)
+        meas = replay[c["key"]]
+        lines.append(
+            f"| {c['key']} | {len(order)} ({len(set(order))}) | {_ms(roof)} | "
+            f"{_ms(fit)} | {_ms(meas)} | {roof / meas:.2f} | {fit / meas:.2f} |"
+        )
+    return lines
+
+
+def replanned(hw: Any) -> list[str]:
+    """The H100 cases planned on the preset and on ``hw``, each plan priced
+    on both."""
+    from bench.scale import CASES
+    from layout_planner.choices import plan_transformer, price_layout
+
+    lines = [
+        "The H100 reference models planned on the preset and on the fitted "
+        "profile (`bench/scale.py`'s models and search), each plan priced on "
+        "both (whole pipelined step with communication, seconds; MFU on "
+        "989 TFLOP/s):",
+        "",
+        "| model | planned on | plan | step on preset | step on fitted | MFU on fitted |",
+        "|---|---|---|---|---|---|",
+    ]
+    for case in CASES:
+        if case.key not in H100_CASES:
+            continue
+        print(f"{case.key}: planning on the preset and on {hw.name} ...", flush=True)
+        for name, prof in (("preset", case.hardware), ("fitted", hw)):
+            plan = plan_transformer(case.config, case.devices, prof)
+            other = price_layout(
+                case.config,
+                plan.choice,
+                plan.layout_rules,
+                hw if name == "preset" else case.hardware,
+            )
+            on_preset, on_fitted = (plan, other) if name == "preset" else (other, plan)
+            c = plan.choice
+            lines.append(
+                f"| {case.title} | {name} | pp {c.stages} x dp {c.data} x tp "
+                f"{c.tensor}, m {c.micro_batches}, recompute "
+                f"{c.recompute_attention}/{c.recompute_ffn} | "
+                f"{on_preset.step_time_s:.2f} | {on_fitted.step_time_s:.2f} | "
+                f"{on_fitted.mfu:.1%} |"
+            )
+    return lines
+
+
+def _load(
+    ap: argparse.ArgumentParser, kernels: Path, measured: Sequence[Path]
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    spec = json.loads(kernels.read_text())
+    if not measured:
+        ap.error(f"no measurements given for {kernels}")
+    runs = [json.loads(p.read_text()) for p in measured]
+    for p, r in zip(measured, runs):
+        if len(r["kernel_seconds"]) != len(spec["kernels"]):
+            ap.error(
+                f"{p} has {len(r['kernel_seconds'])} kernels; {kernels} has "
+                f"{len(spec['kernels'])}: measure the kernels file it was "
+                "exported as"
+            )
+    return spec, runs
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    ex = sub.add_parser("export", help="plan the H100 cases and write their kernels")
+    ex.add_argument("-o", "--out", type=Path, default=KERNELS_JSON)
+    ex.add_argument("--only", default=",".join(H100_CASES))
+    ex.add_argument(
+        "--hardware",
+        help="plan on this profile (a preset name or .json) instead of the "
+        "cases' preset, and export only those plans",
+    )
+    rp = sub.add_parser("report", help="compare measured kernels with the model")
+    rp.add_argument("measured", nargs="+", type=Path)
+    rp.add_argument("--kernels", type=Path, default=KERNELS_JSON)
+    rp.add_argument(
+        "--held-out", type=Path, help="kernels of plans made on the profile"
+    )
+    rp.add_argument("--held-out-measured", nargs="+", type=Path, default=[])
+    rp.add_argument("--profile", type=Path, default=PROFILE_JSON)
+    rp.add_argument("--no-replan", action="store_true")
+    rp.add_argument("--write", action="store_true")
+    args = ap.parse_args(argv)
+    if args.cmd == "report":
+        spec, runs = _load(ap, args.kernels, args.measured)
+        held = None
+        if args.held_out is not None:
+            held = _load(ap, args.held_out, args.held_out_measured)
+        body, profile = report(spec, runs, held, not args.no_replan)
+        print(body)
+        args.profile.write_text(json.dumps(profile, indent=1) + "\n")
+        print(f"wrote {args.profile}")
+        if args.write:
+            replace_section(
+                "gpu-kernels",
+                body,
+                title="GPU kernels: the H100 preset against an H100",
+            )
+        return 0
+    if args.cmd == "export":
+        keys = [k for k in args.only.split(",") if k]
+        bad = sorted(set(keys) - set(H100_CASES))
+        if bad:
+            ap.error(f"--only {bad}: expected among {list(H100_CASES)}")
+        export(keys, args.out, args.hardware)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
