@@ -56,6 +56,7 @@ from bench.common import ROOT, replace_section  # noqa: E402
 from mtf_core import dtypes  # noqa: E402
 
 KERNELS_JSON = ROOT / "bench" / "gpu" / "kernels.json"
+CHART_SVG = ROOT / "docs" / "img" / "gpu-kernels.svg"
 PROFILE_JSON = ROOT / "bench" / "profiles" / "h100-kernels.json"
 #: The cases of bench/scale.py that run on H100s (the preset measured here).
 H100_CASES = ("llama64", "llama512", "moe")
@@ -358,6 +359,62 @@ def _priced(
     return order, roof, sum(predict_s(kernels[i]["features"], rates) for i in order)
 
 
+_CHART = """\
+<svg xmlns="http://www.w3.org/2000/svg" width="{{ w }}" height="{{ h }}" \
+font-family="sans-serif" font-size="12">
+<rect width="100%" height="100%" fill="white"/>
+<text x="{{ left }}" y="16" font-weight="bold">{{ title }}</text>
+<rect x="{{ left }}" y="26" width="10" height="10" fill="#999"/>
+<text x="{{ left + 15 }}" y="35">roofline (h100-nvlink-ib preset)</text>
+<rect x="{{ left + 240 }}" y="26" width="10" height="10" fill="#0072B2"/>
+<text x="{{ left + 255 }}" y="35">fitted (h100-kernels profile)</text>
+{% for t in ticks %}<line x1="{{ t.x }}" y1="{{ top - 4 }}" x2="{{ t.x }}" \
+y2="{{ h - 34 }}" stroke="#ddd"/>
+<text x="{{ t.x }}" y="{{ h - 20 }}" text-anchor="middle">{{ t.label }}</text>
+{% endfor %}{% for b in bars %}<rect x="{{ left }}" y="{{ b.y }}" width="{{ b.w }}" \
+height="9" fill="{{ b.colour }}"/>
+{% if b.name %}<text x="{{ left - 6 }}" y="{{ b.y + 14 }}" text-anchor="end">{{ b.name }}\
+</text>{% endif %}
+{% endfor %}<line x1="{{ one }}" y1="{{ top - 4 }}" x2="{{ one }}" y2="{{ h - 34 }}" \
+stroke="#333"/>
+<text x="{{ left + (w - left - 20) // 2 }}" y="{{ h - 4 }}" \
+text-anchor="middle">priced / measured (the replayed step)</text>
+</svg>
+"""
+
+
+def chart(rows: Sequence[tuple[str, float, float]], title: str) -> str:
+    """A bar chart (SVG, through an autoescaping template) of ``(case,
+    roofline / measured, fitted / measured)`` rows."""
+    from jinja2 import Environment
+
+    left, w, top, step = 250, 760, 48, 26
+    h = top + step * len(rows) + 44
+    top_ratio = 1.25
+    scale = (w - left - 20) / top_ratio
+
+    bars = []
+    for k, (name, roof, fit) in enumerate(rows):
+        y = top + step * k
+        bars.append({"y": y, "w": roof * scale, "colour": "#999", "name": name})
+        bars.append({"y": y + 10, "w": fit * scale, "colour": "#0072B2", "name": ""})
+    ticks = [
+        {"x": left + t * scale, "label": f"{t:.2f}"}
+        for t in (0.0, 0.25, 0.5, 0.75, 1.0, 1.25)
+    ]
+    env = Environment(autoescape=True)
+    return env.from_string(_CHART).render(
+        w=w,
+        h=h,
+        left=left,
+        top=top,
+        one=left + scale,
+        title=title,
+        bars=bars,
+        ticks=ticks,
+    )
+
+
 def _ms(s: float) -> str:
     return f"{s * 1e3:.1f}"
 
@@ -473,6 +530,11 @@ def report(
     ]
     if held_out is not None:
         lines += ["", *held_out_rows(hw, *held_out)]
+    lines += [
+        "",
+        "![Priced / measured per case: the roofline and the fitted profile]"
+        "(img/gpu-kernels.svg)",
+    ]
     if replan:
         lines += ["", *replanned(hw)]
     return "\n".join(lines), profile
@@ -502,6 +564,20 @@ def held_out_rows(
             f"{_ms(fit)} | {_ms(meas)} | {roof / meas:.2f} | {fit / meas:.2f} |"
         )
     return lines
+
+
+def ratio_rows(
+    hw: Any, spec: Mapping[str, Any], runs: Sequence[Mapping[str, Any]]
+) -> list[tuple[str, float, float]]:
+    """``(case, roofline / replayed, on hw / replayed)`` of each replayed case."""
+    _, replay = measured_seconds(runs)
+    out = []
+    for c in spec["cases"]:
+        meas = replay.get(c["key"])
+        if meas is not None:
+            _, roof, fit = _priced(c, spec["kernels"], hw.rates or {})
+            out.append((c["key"], roof / meas, fit / meas))
+    return out
 
 
 def replanned(hw: Any) -> list[str]:
@@ -592,11 +668,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.profile.write_text(json.dumps(profile, indent=1) + "\n")
         print(f"wrote {args.profile}")
         if args.write:
+            from cost_models.profiles import get_hardware
+
+            hw = get_hardware(profile)
+            rows = ratio_rows(hw, spec, runs)
+            if held is not None:
+                rows += ratio_rows(hw, *held)
+            CHART_SVG.write_text(
+                chart(rows, f"One stage step's compute on {runs[0]['device']}")
+            )
             replace_section(
                 "gpu-kernels",
                 body,
                 title="GPU kernels: the H100 preset against an H100",
             )
+            print(f"wrote {CHART_SVG} and docs/benchmarks.md")
         return 0
     if args.cmd == "export":
         keys = [k for k in args.only.split(",") if k]

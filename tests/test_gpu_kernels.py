@@ -6,6 +6,7 @@ No TensorFlow, no GPU: PyTorch runs only on the GPU machine."""
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -219,3 +220,16 @@ def test_the_committed_h100_measurements_back_the_benchmarks_doc() -> None:
         assert 0.65 <= roof / replay[c["key"]] <= 0.75, c["key"]
     assert 0.93 <= min(ratios) and max(ratios) <= 1.19
     assert statistics.median(ratios) == pytest.approx(1.0, abs=0.02)
+
+
+def test_the_chart_draws_each_ratio_and_escapes_names() -> None:
+    svg = gk.chart([("a<b>&c", 0.5, 1.0), ("d", 0.25, 1.25)], "t'<x>")
+    assert "a&lt;b&gt;&amp;c" in svg and "<b>" not in svg
+    assert "t&#39;&lt;x&gt;" in svg
+    # Bars are as long as their ratios, on one scale.
+    bars = [float(w) for w in re.findall(r'width="([0-9.]+)"\s+height="9"', svg)]
+    assert len(bars) == 4
+    assert bars[1] == pytest.approx(2 * bars[0]) and bars[2] == pytest.approx(
+        bars[0] / 2
+    )
+    assert bars[3] == pytest.approx(2.5 * bars[0])
