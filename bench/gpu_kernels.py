@@ -75,7 +75,8 @@ MIRRORED = frozenset(
         "Where",
     }
 )
-#: Ops that make no TensorFlow work (class None) or are fed, not computed.
+#: Fed inputs: read, not computed.  (Ops of class None, constants and
+#: identities, make no TensorFlow work and are left out too.)
 SKIPPED = frozenset({"ImportTensor"})
 
 

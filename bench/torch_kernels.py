@@ -96,6 +96,7 @@ BINARY: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "mod": torch.remainder,
 }
 
+#: Logical reductions (any, all) run as sums: same bytes, one kernel.
 REDUCE = {
     "SUM": torch.sum,
     "MAX": torch.amax,
