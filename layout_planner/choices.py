@@ -7,8 +7,10 @@ devices of ``hardware``:
   two axes the layout rules use; which dims go where, ZeRO sharding of the
   stored weights included, is the CP-SAT program's choice, so "tensor
   parallel inside a host" is found by the cost model, not assumed);
-* micro-batches (a micro-batch of one sequence per data-parallel replica,
-  the fewest bubbles for 1F1B) and the schedule;
+* micro-batches: first one sequence per data-parallel replica (the
+  shortest bubble for 1F1B), then, on the best mesh, fewer and larger ones
+  (half, a quarter, ...) while the step improves and their layout fits
+  without more recomputation; and the schedule;
 * recomputation per block class (keep all / attention scores / whole blocks);
 * the layout rules of a stage: one :func:`layout_planner.auto_layout` per
   (mesh, recomputation) trial, on the stage's graph (its ``L/pp`` layers at
@@ -34,6 +36,7 @@ and the once-per-step work once).
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Callable, Sequence
 
@@ -142,7 +145,9 @@ def plan_transformer(
     ``stages`` / ``tensor`` restrict the pipeline and tensor-axis sizes tried
     (default: every power of two up to 64 that divides; stages must divide the
     layers); ``micro_batches`` fixes the micro-batch count (default: one
-    sequence per data-parallel replica).  Weights are stored shardable
+    sequence per data-parallel replica on every mesh, then on the best mesh
+    half as many, a quarter, ... while the step improves: see
+    :func:`_fewer_micro_batches`).  Weights are stored shardable
     (``d_model_stored_<class>``) and computed in ``config``'s dtypes.
 
     Trials are priced on representative stage graphs of 2-4 layers
@@ -209,24 +214,94 @@ def plan_transformer(
             bound = flops_bound_s(flops, hw, pp * dp * tp, m, pp)
             meshes.append((bound, pp, tp, dp, m, spec))
     meshes.sort(key=lambda t: (t[0], t[1], t[2]))
-    found = scale_search.search(
-        cfg,
-        [scale_search.Mesh(*t) for t in meshes],
-        hw,
-        builder,
-        optimizer,
-        schedule,
-        recompute,
-        time_limit_s,
-        flops,
-        devices,
-        verify,
-        progress,
-        exhaustive=exhaustive,
-        encoder_decoder=encoder_decoder,
-        workers=default_workers() if workers is None else workers,
-    )
+
+    def run(
+        found: Sequence[scale_search.Mesh], workers: int, incumbent_s: float = math.inf
+    ) -> ScalePlan:
+        report = progress
+        if progress is not None and incumbent_s < math.inf:
+
+            def report(phase: str, fraction: float) -> None:
+                progress(f"fewer micro-batches: {phase}", 1.0)
+
+        return scale_search.search(
+            cfg,
+            found,
+            hw,
+            builder,
+            optimizer,
+            schedule,
+            recompute,
+            time_limit_s,
+            flops,
+            devices,
+            verify,
+            report,
+            exhaustive=exhaustive,
+            encoder_decoder=encoder_decoder,
+            workers=workers,
+            incumbent_s=incumbent_s,
+            # Fewer micro-batches count where their free layout fits: the
+            # programs that trade recomputation for room are not run.
+            joint_programs=incumbent_s == math.inf,
+        )
+
+    procs = default_workers() if workers is None else workers
+    found = run([scale_search.Mesh(*t) for t in meshes], procs)
+    if micro_batches is None:
+        found = _fewer_micro_batches(
+            found, hw, schedule, flops, lambda m, best: run(m, procs, best)
+        )
     return dataclasses.replace(found, planning_s=time.perf_counter() - start)
+
+
+def _fewer_micro_batches(
+    plan: ScalePlan,
+    hw: HardwareProfile,
+    schedule: str,
+    flops: float,
+    run: Callable[[list[scale_search.Mesh], float], ScalePlan],
+) -> ScalePlan:
+    """``plan`` or, on its mesh, the fastest fitting plan with fewer, larger
+    micro-batches: fewer slots to pay each micro-batch's fixed costs (per-op
+    overheads, collectives' latency, a stored weight's gathers), at the price
+    of a longer bubble and more held activations.  Tries half and a quarter
+    as many in one search, and goes on to an eighth and a sixteenth only
+    while the fewest tried wins; counts must stay at least the stages, and
+    a count whose flops bound is no better than the best step is skipped.
+    A count counts only where its free layout (the least recomputation, the
+    best layout without a memory limit) fits: the joint programs that would
+    trade recomputation for room cost more than this refinement is worth,
+    and larger micro-batches that need more recomputation seldom win."""
+    c = plan.choice
+    cfg = plan.config
+    devices = c.stages * c.data * c.tensor
+    best, trials = plan, list(plan.trials)
+    m = c.micro_batches
+    while True:
+        meshes = []
+        for k in (m // 2, m // 4):
+            if k < c.stages or cfg.batch % k or (cfg.batch // k) % c.data:
+                break
+            bound = flops_bound_s(flops, hw, devices, k, c.stages)
+            if bound < best.step_time_s:
+                spec = PipelineSpec(c.stages, k, schedule)
+                meshes.append(
+                    scale_search.Mesh(bound, c.stages, c.tensor, c.data, k, spec)
+                )
+        if not meshes:
+            break
+        try:
+            got = run(meshes, best.step_time_s)
+        except scale_search.NothingFaster as e:
+            trials.extend(e.trials)
+            break  # none faster among those whose free layout fits
+        trials.extend(got.trials)
+        best = got
+        m = meshes[-1].micro_batches
+        if got.choice.micro_batches != m:
+            break
+    return dataclasses.replace(best, trials=tuple(trials))
 
 
 def price_layout(

@@ -179,17 +179,15 @@ class ScalePlan:
             f"({p.spec.in_flight} micro-batches in flight, each other one "
             f"holding {p.held_bytes / gib:.2f} GiB); MFU {self.mfu:.1%}",
         ]
-        by_rc: dict[tuple[str, str], ScaleTrial] = {}
+        on_mesh: dict[tuple[int, str, str], ScaleTrial] = {}
+        mesh = (self.choice.stages, self.choice.data, self.choice.tensor)
         for t in self.trials:
             c = t.choice
-            same_mesh = (c.stages, c.data, c.tensor) == (
-                self.choice.stages,
-                self.choice.data,
-                self.choice.tensor,
-            )
-            if same_mesh:
-                by_rc[(c.recompute_attention, c.recompute_ffn)] = t
-        for (a, f), t in sorted(by_rc.items()):
+            if (c.stages, c.data, c.tensor) == mesh:
+                key = (-c.micro_batches, c.recompute_attention, c.recompute_ffn)
+                on_mesh[key] = t
+        several = len({m for m, _, _ in on_mesh}) > 1
+        for (m, a, f), t in sorted(on_mesh.items()):
             if t.step_time_s is None:
                 what = t.note
             else:
@@ -198,7 +196,10 @@ class ScalePlan:
                     f"{t.step_time_s * 1e3:.1f} ms, "
                     f"{(t.peak_memory_bytes or 0) / gib:.1f} GiB ({fit})"
                 )
-            lines.append(f"  on this mesh, recompute attention={a} ffn={f}: {what}")
+            mbs = f"{-m} micro-batches, " if several else ""
+            lines.append(
+                f"  on this mesh, {mbs}recompute attention={a} ffn={f}: {what}"
+            )
         if self.trials:
             lines.append(f"  {len(self.trials)} trials in {self.planning_s:.1f} s")
         return "\n".join(lines)

@@ -37,6 +37,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import math
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
@@ -89,6 +90,15 @@ from mtf_core.shapes import Shape, convert_to_shape
 #: Relative tolerance between the representative's step time and the full
 #: stage graph's (the same float terms, summed in another order).
 REL_TOL = 1e-9
+
+
+class NothingFaster(ScaleError):
+    """A search given an incumbent step found none faster; ``trials`` are
+    the trials it ran."""
+
+    def __init__(self, message: str, trials: tuple[ScaleTrial, ...]) -> None:
+        super().__init__(message)
+        self.trials = trials
 
 
 class ScaleVerificationError(PlannerError):
@@ -617,6 +627,8 @@ def search(
     exhaustive: bool = False,
     encoder_decoder: bool = False,
     workers: int = 1,
+    incumbent_s: float = math.inf,
+    joint_programs: bool = True,
 ) -> ScalePlan:
     """The search of :func:`~layout_planner.choices.plan_transformer` over
     ``meshes`` (sorted by bound), on representative stage graphs (on each
@@ -634,6 +646,11 @@ def search(
     2. in order of those bounds, the meshes whose free layout did not fit:
        recomputation and layout as one program under the capacity
        (:func:`_trial`).
+
+    ``incumbent_s``: a step found elsewhere; meshes whose bound is no
+    better are skipped, and where no trial beats it :class:`NothingFaster`
+    is raised (with the trials run).  Without ``joint_programs``, only the
+    first pass runs: a mesh counts only where its free layout fits.
 
     ``workers > 1`` lays meshes out ahead on that many forked processes
     (:class:`_Ahead`); the passes take their results in the order above, so
@@ -683,12 +700,31 @@ def search(
 
     source: _Source
     if workers > 1 and len(meshes) > 1 and fork_is_safe():
-        source = _Ahead(meshes, run, new_stages, workers, check_ahead=verify)
+        source = _Ahead(
+            meshes,
+            run,
+            new_stages,
+            workers,
+            check_ahead=verify,
+            incumbent_s=incumbent_s,
+            joint_programs=joint_programs,
+        )
     else:
         source = _InProcess(run, new_stages())
     checked: _Checked | None = None
     with source:
-        trials, best = _passes(meshes, mesh_options, source, progress)
+        trials, best = _passes(
+            meshes, mesh_options, source, progress, incumbent_s, joint_programs
+        )
+        if best is not None and best.priced is not None:
+            if best.priced.step_time_s >= incumbent_s:
+                best = None
+        if best is None and incumbent_s < math.inf:
+            raise NothingFaster(
+                f"no trial beats the step of {incumbent_s:.6g} s "
+                f"({len(trials)} trials)",
+                tuple(trials),
+            )
         if verify and best is not None:
             if progress is not None:
                 progress(f"checking {best.trial.choice} on its full stage graph", 1.0)
@@ -748,11 +784,19 @@ def _passes(
     mesh_options: Callable[[Mesh], list[ScaleChoice]],
     source: _Source,
     progress: Callable[[str, float], None] | None,
+    incumbent_s: float = math.inf,
+    joint_programs: bool = True,
 ) -> tuple[list[ScaleTrial], _Outcome | None]:
     """The two passes of :func:`search`, taking each mesh's results from
-    ``source``: the trials, in order, and the fastest fitting outcome."""
+    ``source``: the trials, in order, and the fastest fitting outcome.  A
+    mesh is skipped when its bound is no better than the best step found
+    or ``incumbent_s`` (a step found elsewhere); without ``joint_programs``,
+    the second pass is not run."""
     trials: list[ScaleTrial] = []
     best: tuple[tuple[float, int, int], _Outcome] | None = None
+
+    def beaten(bound: float) -> bool:
+        return bound >= (incumbent_s if best is None else min(incumbent_s, best[0][0]))
 
     def consider(outcome: _Outcome, options: Sequence[ScaleChoice]) -> None:
         nonlocal best
@@ -769,7 +813,7 @@ def _passes(
 
     pending: list[tuple[float, int]] = []
     for i, mesh in enumerate(meshes):
-        if best is not None and mesh.bound_s >= best[0][0]:
+        if beaten(mesh.bound_s):
             break  # no remaining mesh can be faster
         options = mesh_options(mesh)
         report(
@@ -787,10 +831,11 @@ def _passes(
             if free.trial.fits:
                 consider(free, options)
                 continue
-        pending.append((max(got.bound_s, mesh.bound_s), i))
+        if joint_programs:
+            pending.append((max(got.bound_s, mesh.bound_s), i))
     pending.sort()
     for j, (bound, i) in enumerate(pending):
-        if best is not None and bound >= best[0][0]:
+        if beaten(bound):
             break  # no remaining mesh can be faster
         mesh, options = meshes[i], mesh_options(meshes[i])
         report(
@@ -885,8 +930,12 @@ class _Ahead(_Source):
         new_stages: Callable[[], _Stages],
         workers: int,
         check_ahead: bool = False,
+        incumbent_s: float = math.inf,
+        joint_programs: bool = True,
     ) -> None:
         self._meshes = meshes
+        self._incumbent_s = incumbent_s
+        self._joint_programs = joint_programs
         self._pool = Workers(run, new_stages, min(workers, len(meshes)))
         self.suffix = f" (on {self._pool.count} processes)"
         self._check_ahead = check_ahead
@@ -957,11 +1006,12 @@ class _Ahead(_Source):
                     or (pick == "unheld" and size not in held)
                 ):
                     return ("free", i)
-        best = min((s for s, _, _, _ in self._fits), default=None)
+        best = min((s for s, _, _, _ in self._fits), default=self._incumbent_s)
+        best = min(best, self._incumbent_s)
         joints = [
             i
             for bound, i in sorted(self._joint_bounds())
-            if ("joint", i) not in self._sent and (best is None or bound < best)
+            if self._joint_programs and ("joint", i) not in self._sent and bound < best
         ]
         if not joints:
             return self._check() if self._check_ahead else None
@@ -973,15 +1023,18 @@ class _Ahead(_Source):
         """With nothing else to run: the full stage graph's price of the
         fastest fitting trial so far (fewest stages on a tie), which is the
         plan unless a result still to come beats it."""
-        if not self._fits:
+        fits = [f for f in self._fits if f[0] < self._incumbent_s]
+        if not fits:
             return None
-        trial = min(self._fits, key=lambda f: (f[0], f[3].choice.stages))[3]
+        trial = min(fits, key=lambda f: (f[0], f[3].choice.stages))[3]
         task = ("check", (trial.choice, trial.layout_rules))
         return None if task in self._sent else task
 
     def _beaten_before(self, i: int) -> bool:
         bound = self._meshes[i].bound_s
-        return any(step <= bound and t < i and free for step, t, free, _ in self._fits)
+        return bound >= self._incumbent_s or any(
+            step <= bound and t < i and free for step, t, free, _ in self._fits
+        )
 
     def _joint_bounds(self) -> list[tuple[float, int]]:
         """(bound, mesh) of each mesh the second pass may lay out, as far as

@@ -35,6 +35,9 @@ def _same_plan(fast, slow):
     ties = 0
     for a, b in zip(fast.trials, slow.trials):
         assert a.fits == b.fits
+        if b.step_time_s is None:  # nothing fits: the same reason
+            assert a.step_time_s is None and a.note == b.note
+            continue
         assert a.step_time_s == pytest.approx(b.step_time_s, rel=1e-9)
         assert a.peak_memory_bytes == b.peak_memory_bytes
         # Layouts of equal step and peak may be told apart by a last
@@ -133,7 +136,11 @@ def test_progress_reports_each_mesh_tried_in_order(exhaustive):
     fractions = [f for _, f in seen]
     assert fractions == sorted(fractions) and 0.0 <= fractions[0] < 1.0
     if not exhaustive:
-        assert seen[-1] == (f"checking {plan.choice} on its full stage graph", 1.0)
+        # The winner's check comes last (after fewer micro-batches were
+        # tried on the best mesh, where they won).
+        phase, done = seen[-1]
+        assert phase.endswith(f"checking {plan.choice} on its full stage graph")
+        assert done == 1.0
 
 
 _TWO_PROCESSES = """
@@ -288,11 +295,13 @@ def test_the_collector_is_paused_for_the_search_and_restored(monkeypatch):
     small = CFG.replace(num_layers=4, d_model=64, d_ff=128, batch=8)
     assert gc.isenabled()
     plan = plan_transformer(small, 8, workers=1)
-    assert seen == [False] and gc.isenabled() and plan.fits
+    # One search over the meshes, then one per round of fewer micro-batches.
+    assert seen and not any(seen) and gc.isenabled() and plan.fits
     gc.disable()  # a caller that paused it keeps it paused
     try:
+        before = len(seen)
         plan_transformer(small, 8, workers=1)
-        assert seen == [False, False] and not gc.isenabled()
+        assert len(seen) > before and not any(seen) and not gc.isenabled()
     finally:
         gc.enable()
 
@@ -402,22 +411,61 @@ def test_a_pipelined_layout_is_chosen_with_its_stage_to_stage_sends():
 def test_each_free_layout_starts_from_the_last_one_this_process_found(monkeypatch):
     from layout_planner import scale_search
 
-    seen = []
-    solve = scale_search._solve
+    searches: list[list] = []
+    solve, search = scale_search._solve, scale_search.search
 
     def spy(stage, limit, params, hint=None):
         plan = solve(stage, limit, params, hint)
-        seen.append((hint, plan.layout_rules))
+        searches[-1].append((hint, plan.layout_rules))
         return plan
 
+    def each_search(*args, **kwargs):
+        searches.append([])
+        return search(*args, **kwargs)
+
     monkeypatch.setattr(scale_search, "_solve", spy)
+    monkeypatch.setattr(scale_search, "search", each_search)
     small = CFG.replace(num_layers=4, d_model=64, d_ff=128, batch=8)
     hinted = plan_transformer(small, 8, workers=1)
-    assert len(seen) >= 3 and seen[0][0] is None
-    for (_, before), (hint, _) in zip(seen, seen[1:]):
-        assert hint == before
+    assert len(searches[0]) >= 3
+    for seen in searches:  # the meshes', then fewer micro-batches'
+        assert seen[0][0] is None
+        for (_, before), (hint, _) in zip(seen, seen[1:]):
+            assert hint == before
     # The hints change how soon CP-SAT finds each answer, not the answers.
     monkeypatch.setattr(
         scale_search, "_solve", lambda s, lim, p, hint=None: solve(s, lim, p)
     )
+    monkeypatch.setattr(scale_search, "search", search)
     _same_plan(hinted, plan_transformer(small, 8, workers=1))
+
+
+def test_the_micro_batch_count_is_the_fastest_on_the_chosen_mesh():
+    # On this small model fixed costs per micro-batch (collectives' latency,
+    # the sends) outweigh the longer bubble: fewer, larger micro-batches win.
+    kw = dict(hardware="h100-nvlink-ib", workers=1)
+    plan = plan_transformer(CFG, 8, **kw)
+    c = plan.choice
+    m0 = CFG.batch // c.data  # one sequence per data-parallel replica
+    steps = {}
+    for m in (m0, m0 // 2, m0 // 4):
+        fixed = plan_transformer(
+            CFG, 8, stages=[c.stages], tensor=[c.tensor], micro_batches=m, **kw
+        )
+        assert fixed.choice.micro_batches == m and fixed.fits
+        assert {t.choice.micro_batches for t in fixed.trials} == {m}
+        steps[m] = fixed.step_time_s
+    assert c.micro_batches == min(steps, key=steps.__getitem__) < m0
+    assert plan.step_time_s == pytest.approx(steps[c.micro_batches], rel=1e-9)
+    # The counts tried on the mesh are among the trials, and explain() sets
+    # them side by side.
+    on_mesh = {
+        t.choice.micro_batches
+        for t in plan.trials
+        if (t.choice.stages, t.choice.data, t.choice.tensor)
+        == (c.stages, c.data, c.tensor)
+    }
+    assert {m0, c.micro_batches} <= on_mesh
+    text = plan.explain()
+    assert f"on this mesh, {m0} micro-batches" in text
+    assert f"on this mesh, {c.micro_batches} micro-batches" in text
