@@ -28,9 +28,15 @@ models planned again on that profile.
         bench/profiles/h100-kernels.json -o bench/gpu/kernels-fitted.json
     python3 bench/torch_kernels.py bench/gpu/kernels-fitted.json \
         bench/gpu/measured-fitted-h100-a.json
+    .venv/bin/python bench/gpu_kernels.py export --only moe \
+        --micro-batches 32,16,8,4 -o bench/gpu/kernels-micro-batches.json
+    python3 bench/torch_kernels.py bench/gpu/kernels-micro-batches.json \
+        bench/gpu/measured-micro-batches-h100-a.json
     .venv/bin/python bench/gpu_kernels.py report bench/gpu/measured-h100-?.json \
         --held-out bench/gpu/kernels-fitted.json \
-        --held-out-measured bench/gpu/measured-fitted-h100-?.json --write
+        --held-out-measured bench/gpu/measured-fitted-h100-?.json \
+        --counts bench/gpu/kernels-micro-batches.json \
+        --counts-measured bench/gpu/measured-micro-batches-h100-?.json --write
 
 The plans made on the fitted profile are the held-out check: the fit never
 saw their steps.  (The torch_kernels.py runs happen on a GPU machine; their
@@ -141,10 +147,14 @@ def stage_step(plan: Any) -> tuple[Any, list[Any], Any]:
     return model, ops, ctx
 
 
-def plans(keys: Sequence[str], hardware: Any = None) -> Iterable[tuple[str, str, Any]]:
+def plans(
+    keys: Sequence[str], hardware: Any = None, micro_batches: Sequence[int] = ()
+) -> Iterable[tuple[str, str, Any]]:
     """``(key, title, plan)`` for each case of ``keys``: the planner's plan
     and the published layout, priced on the case's preset; or, given
-    ``hardware`` (a profile), only the plan made on it."""
+    ``hardware`` (a profile), only the plan made on it; or, given
+    ``micro_batches``, the plans with each of those counts on the planned
+    mesh (the layout and recomputation planned for each)."""
     from bench.scale import CASES
     from cost_models.profiles import get_hardware
     from layout_planner.choices import plan_transformer, price_layout
@@ -153,6 +163,29 @@ def plans(keys: Sequence[str], hardware: Any = None) -> Iterable[tuple[str, str,
     for key in keys:
         case = by_key[key]
         print(f"{key}: planning {case.title} ...", flush=True)
+        if micro_batches:
+            first = plan_transformer(
+                case.config,
+                case.devices,
+                case.hardware,
+                encoder_decoder=case.encoder_decoder,
+            )
+            c = first.choice
+            for m in micro_batches:
+                yield (
+                    f"{key}/m{m}",
+                    case.title,
+                    plan_transformer(
+                        case.config,
+                        case.devices,
+                        case.hardware,
+                        encoder_decoder=case.encoder_decoder,
+                        stages=[c.stages],
+                        tensor=[c.tensor],
+                        micro_batches=m,
+                    ),
+                )
+            continue
         if hardware is not None:
             hw = get_hardware(hardware)
             yield (
@@ -225,17 +258,39 @@ def step_kernels(
     return order
 
 
-def export(keys: Sequence[str], path: Path, hardware: Any = None) -> dict[str, Any]:
-    """Plans ``keys``' cases (on ``hardware``, if given) and writes their
-    stage steps' kernels, each priced on the preset, to ``path``."""
+def once_at(model: Any, ops: Sequence[Any]) -> int:
+    """How many of the step's kernels (``ops`` less those
+    :func:`describe` leaves out) run per micro-batch: the once-per-step
+    ones (the optimizer's, from the ``global_step`` update on) follow."""
+    from cost_models.op_classes import op_class
+
+    first = next(
+        i for i, op in enumerate(model.graph.operations) if op.name == "global_step"
+    )
+    position = {op: i for i, op in enumerate(model.graph.operations)}
+    kept = [op for op in ops if op_class(op) is not None and op.op_type not in SKIPPED]
+    n = sum(position[op] < first for op in kept)
+    assert all(position[op] >= first for op in kept[n:]), "updates interleave"
+    return n
+
+
+def export(
+    keys: Sequence[str],
+    path: Path,
+    hardware: Any = None,
+    micro_batches: Sequence[int] = (),
+) -> dict[str, Any]:
+    """Plans ``keys``' cases (on ``hardware``, if given; with each of
+    ``micro_batches`` on the planned mesh, if given) and writes their stage
+    steps' kernels, each priced on the preset, to ``path``."""
     from cost_models.hardware import PRESETS
 
     preset = PRESETS["h100-nvlink-ib"]
     kernels: list[dict[str, Any]] = []
     index: dict[str, int] = {}
     cases = []
-    for key, title, plan in plans(keys, hardware):
-        _, ops, ctx = stage_step(plan)
+    for key, title, plan in plans(keys, hardware, micro_batches):
+        model, ops, ctx = stage_step(plan)
         order = step_kernels(ops, ctx, preset, kernels, index)
         p = plan.pipeline
         cases.append(
@@ -244,6 +299,8 @@ def export(keys: Sequence[str], path: Path, hardware: Any = None) -> dict[str, A
                 "title": title,
                 "hardware": plan.hardware.name,
                 "choice": str(plan.choice),
+                "stages": plan.choice.stages,
+                "micro_batches": plan.choice.micro_batches,
                 "layout_rules": plan.layout_rules,
                 "stage_mesh": plan.choice.stage_mesh,
                 "step_time_s": plan.step_time_s,
@@ -251,6 +308,7 @@ def export(keys: Sequence[str], path: Path, hardware: Any = None) -> dict[str, A
                 "once_s": p.once_s,
                 "mfu": plan.mfu,
                 "order": order,
+                "once_at": once_at(model, ops),
                 "pool_bytes": pool_bytes(kernels, order),
             }
         )
@@ -425,6 +483,7 @@ def report(
     runs: Sequence[Mapping[str, Any]],
     held_out: tuple[Mapping[str, Any], Sequence[Mapping[str, Any]]] | None = None,
     replan: bool = True,
+    counts: tuple[Mapping[str, Any], Sequence[Mapping[str, Any]]] | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """The markdown section and the profile fitted on ``spec``'s planned
     steps, checked on ``held_out`` (the kernels and runs of plans made on
@@ -458,9 +517,15 @@ def report(
         "profile), `bench/gpu_kernels.py export --hardware "
         "bench/profiles/h100-kernels.json -o bench/gpu/kernels-fitted.json`, "
         "`G bench/gpu/kernels-fitted.json bench/gpu/measured-fitted-h100-a.json` "
-        "(and `-b`), then `.venv/bin/python bench/gpu_kernels.py report "
+        "(and `-b`), `bench/gpu_kernels.py export --only moe --micro-batches "
+        "32,16,8,4 -o bench/gpu/kernels-micro-batches.json`, `G "
+        "bench/gpu/kernels-micro-batches.json "
+        "bench/gpu/measured-micro-batches-h100-a.json` (and `-b`), then "
+        "`.venv/bin/python bench/gpu_kernels.py report "
         "bench/gpu/measured-h100-?.json --held-out bench/gpu/kernels-fitted.json "
-        "--held-out-measured bench/gpu/measured-fitted-h100-?.json --write`.",
+        "--held-out-measured bench/gpu/measured-fitted-h100-?.json --counts "
+        "bench/gpu/kernels-micro-batches.json --counts-measured "
+        "bench/gpu/measured-micro-batches-h100-?.json --write`.",
         "",
         "One stage step's compute on one device (one micro-batch forward and "
         "backward, recomputation and the Adam update included; no "
@@ -531,6 +596,8 @@ def report(
     ]
     if held_out is not None:
         lines += ["", *held_out_rows(hw, *held_out)]
+    if counts is not None:
+        lines += ["", *micro_batch_rows(hw, *counts)]
     lines += [
         "",
         "![Priced / measured per case: the roofline and the fitted profile]"
@@ -563,6 +630,48 @@ def held_out_rows(
         lines.append(
             f"| {c['key']} | {len(order)} ({len(set(order))}) | {_ms(roof)} | "
             f"{_ms(fit)} | {_ms(meas)} | {roof / meas:.2f} | {fit / meas:.2f} |"
+        )
+    return lines
+
+
+def micro_batch_rows(
+    hw: Any, spec: Mapping[str, Any], runs: Sequence[Mapping[str, Any]]
+) -> list[str]:
+    """One mesh's stage step with each micro-batch count: per micro-batch
+    and once per step, measured and priced, and the step's compute
+    ``(m + p - 1) x per micro-batch + once`` (no communication)."""
+    from cost_models.calibration import predict_s
+
+    kernels = spec["kernels"]
+    rates = hw.rates or {}
+    lines = [
+        "Fewer, larger micro-batches on one mesh: each count's stage step "
+        "(planned with that count fixed), its per-micro-batch part and its "
+        "once-per-step part replayed on their own, and the step's compute "
+        "`(m + p - 1) x per micro-batch + once` (no communication), "
+        f"milliseconds ({len(runs)} runs):",
+        "",
+        "| case | plan | per micro-batch: replayed / roofline / fitted | once: replayed / roofline / fitted | step's compute: replayed / roofline / fitted | planned step (preset) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for c in spec["cases"]:
+        parts = [r["replays"][c["key"]]["parts"] for r in runs]
+        mb = statistics.median(statistics.median(p[0]) for p in parts)
+        once = statistics.median(statistics.median(p[1]) for p in parts)
+        cut = c["once_at"]
+        head, tail = c["order"][:cut], c["order"][cut:]
+        roof = [sum(kernels[i]["roofline_s"] for i in x) for x in (head, tail)]
+        fit = [
+            sum(predict_s(kernels[i]["features"], rates) for i in x)
+            for x in (head, tail)
+        ]
+        slots = c["micro_batches"] + c["stages"] - 1
+        lines.append(
+            f"| {c['key']} | {c['choice'].split(' (')[0]} | {_ms(mb)} / "
+            f"{_ms(roof[0])} / {_ms(fit[0])} | {_ms(once)} / {_ms(roof[1])} / "
+            f"{_ms(fit[1])} | {_ms(slots * mb + once)} / "
+            f"{_ms(slots * roof[0] + roof[1])} / {_ms(slots * fit[0] + fit[1])} | "
+            f"{_ms(c['step_time_s'])} |"
         )
     return lines
 
@@ -648,6 +757,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="plan on this profile (a preset name or .json) instead of the "
         "cases' preset, and export only those plans",
     )
+    ex.add_argument(
+        "--micro-batches",
+        default="",
+        help="comma-separated counts: export the plans with each, on the "
+        "planned mesh, instead",
+    )
     rp = sub.add_parser("report", help="compare measured kernels with the model")
     rp.add_argument("measured", nargs="+", type=Path)
     rp.add_argument("--kernels", type=Path, default=KERNELS_JSON)
@@ -655,6 +770,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--held-out", type=Path, help="kernels of plans made on the profile"
     )
     rp.add_argument("--held-out-measured", nargs="+", type=Path, default=[])
+    rp.add_argument(
+        "--counts", type=Path, help="kernels of one mesh's micro-batch counts"
+    )
+    rp.add_argument("--counts-measured", nargs="+", type=Path, default=[])
     rp.add_argument("--profile", type=Path, default=PROFILE_JSON)
     rp.add_argument("--no-replan", action="store_true")
     rp.add_argument("--write", action="store_true")
@@ -664,7 +783,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         held = None
         if args.held_out is not None:
             held = _load(ap, args.held_out, args.held_out_measured)
-        body, profile = report(spec, runs, held, not args.no_replan)
+        counts = None
+        if args.counts is not None:
+            counts = _load(ap, args.counts, args.counts_measured)
+        body, profile = report(spec, runs, held, not args.no_replan, counts)
         print(body)
         args.profile.write_text(json.dumps(profile, indent=1) + "\n")
         print(f"wrote {args.profile}")
@@ -690,7 +812,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         bad = sorted(set(keys) - set(H100_CASES))
         if bad:
             ap.error(f"--only {bad}: expected among {list(H100_CASES)}")
-        export(keys, args.out, args.hardware)
+        counts = [int(m) for m in args.micro_batches.split(",") if m]
+        if any(m < 1 for m in counts):
+            ap.error(f"--micro-batches {counts}: expected positive counts")
+        export(keys, args.out, args.hardware, counts)
     return 0
 
 

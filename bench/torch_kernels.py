@@ -10,7 +10,9 @@ GPU PyTorch sees:
   median of ``--repeats`` batches;
 * each case's whole op sequence in step order, run ``--replays`` times
   (the first left out as warm-up), inputs drawn from a pool of one buffer per
-  distinct (shape, dtype), so caches see what a step shows them.
+  distinct (shape, dtype), so caches see what a step shows them; where the
+  case says where its once-per-step ops start (``once_at``), also its
+  per-micro-batch part and its once-per-step part, each on its own.
 
 Each op runs as the placement lowering runs it: one unfused kernel per op,
 inputs aligned by dim name (transpose, then broadcast), einsums through
@@ -399,6 +401,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         fns = [kernel(kernels[i], pool) for i in case["order"]]
         passes = replay(fns, sync, args.replays)
         replays[case["key"]] = {"seconds": passes, "pool_bytes": pool.bytes()}
+        split = case.get("once_at")
+        if split is not None:
+            # The per-micro-batch part and the once-per-step part, each
+            # replayed on its own (the same buffers).
+            replays[case["key"]]["parts"] = [
+                replay(fns[:split], sync, args.replays),
+                replay(fns[split:], sync, args.replays),
+            ]
         print(
             f"  replay {case['key']}: {statistics.median(passes) * 1e3:.1f} ms",
             flush=True,

@@ -1006,8 +1006,7 @@ class _Ahead(_Source):
                     or (pick == "unheld" and size not in held)
                 ):
                     return ("free", i)
-        best = min((s for s, _, _, _ in self._fits), default=self._incumbent_s)
-        best = min(best, self._incumbent_s)
+        best = min([s for s, _, _, _ in self._fits] + [self._incumbent_s])
         joints = [
             i
             for bound, i in sorted(self._joint_bounds())

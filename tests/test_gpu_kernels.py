@@ -233,3 +233,33 @@ def test_the_chart_draws_each_ratio_and_escapes_names() -> None:
         bars[0] / 2
     )
     assert bars[3] == pytest.approx(2.5 * bars[0])
+
+
+def test_the_committed_micro_batch_measurements_back_the_planners_count() -> None:
+    """docs/scale.md ("Measured on an H100"): on the MoE's mesh, 16
+    micro-batches make the fastest step's compute on the H100, the count
+    the planner picks; the fitted profile picks it too, the roofline's
+    compute alone does not."""
+    spec, runs = _committed(
+        "kernels-micro-batches.json", "measured-micro-batches-h100-?.json"
+    )
+    hw = get_hardware(str(ROOT / "bench" / "profiles" / "h100-kernels.json"))
+    rows = gk.micro_batch_rows(hw, spec, runs)
+    table = [r.split("|") for r in rows if r.startswith("| moe/m")]
+    assert [r[1].strip() for r in table] == ["moe/m32", "moe/m16", "moe/m8", "moe/m4"]
+    step = {int(r[1].strip()[5:]): [float(x) for x in r[5].split("/")] for r in table}
+    replayed, roofline, fitted = (
+        min(step, key=lambda m, k=k: step[m][k]) for k in range(3)
+    )
+    assert replayed == 16 and fitted == 16 and roofline == 32
+    for m, (meas, _, fit) in step.items():
+        assert 0.85 <= fit / meas <= 1.05, m
+    # The planner's MoE plan (kernels.json, exported with the search as it
+    # is) is that count on that mesh.
+    planned = json.loads((ROOT / "bench" / "gpu" / "kernels.json").read_text())
+    (moe,) = [c for c in planned["cases"] if c["key"] == "moe/planned"]
+    assert (moe["stage_mesh"], moe["stages"], moe["micro_batches"]) == (
+        spec["cases"][1]["stage_mesh"],
+        8,
+        16,
+    )

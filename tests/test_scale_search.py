@@ -469,3 +469,32 @@ def test_the_micro_batch_count_is_the_fastest_on_the_chosen_mesh():
     text = plan.explain()
     assert f"on this mesh, {m0} micro-batches" in text
     assert f"on this mesh, {c.micro_batches} micro-batches" in text
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_search_given_a_step_to_beat_says_when_nothing_beats_it(workers):
+    from cost_models.pipeline import PipelineSpec
+    from layout_planner import scale_search
+    from layout_planner.choices import RECOMPUTE_TRIALS, model_flops
+
+    hw = get_hardware("h100-nvlink-ib")
+    cfg = CFG.replace(shardable_weights=True, shardable_slots=True)
+    meshes = [
+        scale_search.Mesh(0.0, 4, 1, 2, m, PipelineSpec(4, m, "1f1b")) for m in (8, 4)
+    ]
+
+    def search(**kw):
+        return scale_search.search(
+            cfg, meshes, hw, build_lm, "adam", "1f1b", RECOMPUTE_TRIALS, 30.0,
+            model_flops(cfg), 8, workers=workers, **kw,
+        )  # fmt: skip
+
+    plan = search()
+    assert plan.choice.micro_batches == 8  # (the faster of the two)
+    # Given its own step, nothing beats it: an error that keeps the trials.
+    with pytest.raises(scale_search.NothingFaster, match="no trial beats") as e:
+        search(incumbent_s=plan.step_time_s)
+    assert e.value.trials and all(t.choice.stages == 4 for t in e.value.trials)
+    # A little slower than it, the same plan comes back.
+    again = search(incumbent_s=plan.step_time_s * 1.001)
+    assert again.choice == plan.choice and again.step_time_s == plan.step_time_s
