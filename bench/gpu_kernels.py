@@ -487,20 +487,40 @@ def report(
 ) -> tuple[str, dict[str, Any]]:
     """The markdown section and the profile fitted on ``spec``'s planned
     steps, checked on ``held_out`` (the kernels and runs of plans made on
-    that profile, which its fit never saw), if given."""
+    that profile, which its fit never saw) and on ``counts`` (one mesh's
+    micro-batch counts), if given."""
     from cost_models.profiles import get_hardware
 
     alone, replay = measured_seconds(runs)
-    device = runs[0]["device"]
-    profile = fitted_profile(spec, alone, device, "planned")
+    profile = fitted_profile(spec, alone, runs[0]["device"], "planned")
     hw = get_hardware(profile)
-    rates = hw.rates or {}
-    kernels = spec["kernels"]
-    fit_set = {
-        i for c in spec["cases"] if c["key"].endswith("/planned") for i in c["order"]
-    }
     lines = [
-        f"Device: {device} (PyTorch {runs[0]['torch']}, CUDA {runs[0]['cuda']}), "
+        *_header(runs),
+        "",
+        *_case_rows(spec, alone, replay, hw.rates or {}),
+        "",
+        *_class_rows(spec, alone),
+        "",
+        _rates_line(hw.rates or {}),
+    ]
+    if held_out is not None:
+        lines += ["", *held_out_rows(hw, *held_out)]
+    if counts is not None:
+        lines += ["", *micro_batch_rows(hw, *counts)]
+    lines += [
+        "",
+        "![Priced / measured per case: the roofline and the fitted profile]"
+        "(img/gpu-kernels.svg)",
+    ]
+    if replan:
+        lines += ["", *replanned(hw)]
+    return "\n".join(lines), profile
+
+
+def _header(runs: Sequence[Mapping[str, Any]]) -> list[str]:
+    r0 = runs[0]
+    return [
+        f"Device: {r0['device']} (PyTorch {r0['torch']}, CUDA {r0['cuda']}), "
         f"{len(runs)} runs; its best rates in the same runs: "
         + ", ".join(
             f"{r['chip']['matmul_flops_per_s'] / 1e12:.0f} TFLOP/s (8192^3 bf16 matmul) "
@@ -526,14 +546,29 @@ def report(
         "--held-out-measured bench/gpu/measured-fitted-h100-?.json --counts "
         "bench/gpu/kernels-micro-batches.json --counts-measured "
         "bench/gpu/measured-micro-batches-h100-?.json --write`.",
-        "",
+    ]
+
+
+def _case_rows(
+    spec: Mapping[str, Any],
+    alone: Sequence[float | None],
+    replay: Mapping[str, float],
+    rates: Mapping[str, float],
+) -> list[str]:
+    """Each case's step: roofline, fitted and replayed."""
+    kernels = spec["kernels"]
+    fit_set = {
+        i for c in spec["cases"] if c["key"].endswith("/planned") for i in c["order"]
+    }
+    lines = [
         "One stage step's compute on one device (one micro-batch forward and "
         "backward, recomputation and the Adam update included; no "
         "communication), milliseconds.  *Roofline* is the preset's price "
         "(what `bench/scale.py` plans with); *fitted* is the price on "
         "`bench/profiles/h100-kernels.json`, fitted on the planned steps' "
-        "kernels only (each weighted by its share of their time); *replayed* is the measured step, its kernels run in "
-        "order, one unfused kernel per op.",
+        "kernels only (each weighted by its share of their time); *replayed* "
+        "is the measured step, its kernels run in order, one unfused kernel "
+        "per op.",
         "",
         "| case | kernels (distinct) | roofline | fitted | replayed | roofline / replayed | fitted / replayed | the step's kernel time the fit saw |",
         "|---|---|---|---|---|---|---|---|",
@@ -552,60 +587,40 @@ def report(
             + ("" if meas is None else f"{fit / meas:.2f}")
             + f" | {seen / total:.0%} |"
         )
-    lines += [
-        "",
+    return lines
+
+
+def _class_rows(spec: Mapping[str, Any], alone: Sequence[float | None]) -> list[str]:
+    """Roofline against measured, per op class, over every case."""
+    roof_c: dict[str, float] = defaultdict(float)
+    meas_c: dict[str, float] = defaultdict(float)
+    for c in spec["cases"]:
+        for i in c["order"]:
+            k = spec["kernels"][i]
+            roof_c[k["class"]] += k["roofline_s"]
+            meas_c[k["class"]] += alone[i] or 0.0
+    lines = [
         "By op class over all cases (kernels timed alone, times their count "
         "in the steps), milliseconds:",
         "",
         "| class | roofline | measured alone | measured / roofline |",
         "|---|---|---|---|",
     ]
-    roof_c: dict[str, float] = defaultdict(float)
-    meas_c: dict[str, float] = defaultdict(float)
-    for c in spec["cases"]:
-        for i in c["order"]:
-            k = kernels[i]
-            roof_c[k["class"]] += k["roofline_s"]
-            meas_c[k["class"]] += alone[i] or 0.0
     for cls in sorted(roof_c, key=lambda x: -roof_c[x]):
         r, m = roof_c[cls], meas_c[cls]
         lines.append(f"| {cls} | {_ms(r)} | {_ms(m)} | {m / r:.2f} |")
-    fitted = {
-        f: rates[f]
-        for f in (
-            "ops",
-            "matmul_flops",
-            "matmul_bytes",
-            "elementwise_bytes",
-            "transcendental_bytes",
-            "reduce_bytes",
-            "assign_bytes",
-        )
-    }
-    lines += [
-        "",
+    return lines
+
+
+def _rates_line(rates: Mapping[str, float]) -> str:
+    per_gb = ("matmul", "elementwise", "transcendental", "reduce", "assign")
+    return (
         "Fitted rates: "
-        + f"{1 / fitted['matmul_flops'] / 1e12:.0f} TFLOP/s for matmul flops, "
-        + f"{fitted['ops'] * 1e6:.1f} us per op, and per GB "
-        + ", ".join(
-            f"{f.removesuffix('_bytes')} {v * 1e9 * 1e3:.3f} ms"
-            for f, v in fitted.items()
-            if f.endswith("_bytes")
-        )
-        + " (the preset's roofline: 0.299 ms per GB).",
-    ]
-    if held_out is not None:
-        lines += ["", *held_out_rows(hw, *held_out)]
-    if counts is not None:
-        lines += ["", *micro_batch_rows(hw, *counts)]
-    lines += [
-        "",
-        "![Priced / measured per case: the roofline and the fitted profile]"
-        "(img/gpu-kernels.svg)",
-    ]
-    if replan:
-        lines += ["", *replanned(hw)]
-    return "\n".join(lines), profile
+        f"{1 / rates['matmul_flops'] / 1e12:.0f} TFLOP/s for matmul flops, "
+        f"{rates['ops'] * 1e6:.1f} us per op, and per GB "
+        + ", ".join(f"{c} {rates[c + '_bytes'] * 1e12:.3f} ms" for c in per_gb)
+        + " (the preset's roofline: 0.299 ms per GB)."
+    )
 
 
 def held_out_rows(
