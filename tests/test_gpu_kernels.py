@@ -1,6 +1,7 @@
-"""bench/gpu_kernels.py: the kernel list a GPU run measures is the step the
-cost model prices, the profile fitted from measurements prices them back,
-and the committed H100 measurements back what docs/benchmarks.md says.
+"""bench/gpu_export.py and bench/gpu_kernels.py: the kernel list a GPU run
+measures is the step the cost model prices, the profile fitted from
+measurements prices them back, and the committed H100 measurements back
+what docs/benchmarks.md says.
 No TensorFlow, no GPU: PyTorch runs only on the GPU machine."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench import gpu_export as gx  # noqa: E402
 from bench import gpu_kernels as gk  # noqa: E402
 from cost_models import evaluate, get_hardware  # noqa: E402
 from cost_models.calibration import predict_s  # noqa: E402
@@ -48,7 +50,7 @@ def _spec(step, cases=("tiny/planned",)):
     index: dict = {}
     out = []
     for key in cases:
-        order = gk.step_kernels(ops, ctx, H100, kernels, index)
+        order = gx.step_kernels(ops, ctx, H100, kernels, index)
         out.append(
             {"key": key, "order": order, "stage_mesh": MESH, "layout_rules": RULES}
         )
@@ -107,8 +109,8 @@ def test_the_replay_pool_holds_one_buffer_per_shape_dtype_and_slot() -> None:
         {"inputs": [t, h]},  # and destination must differ)
         {"inputs": [t]},
     ]
-    assert gk.pool_bytes(kernels, [0, 1, 2, 2]) == 16 + 16 + 8
-    assert gk.pool_bytes(kernels, [2]) == 16
+    assert gx.pool_bytes(kernels, [0, 1, 2, 2]) == 16 + 16 + 8
+    assert gx.pool_bytes(kernels, [2]) == 16
 
 
 def _runs(spec, rates, n=2):
