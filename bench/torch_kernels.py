@@ -16,9 +16,11 @@ GPU PyTorch sees:
 
 Each op runs as the placement lowering runs it: one unfused kernel per op,
 inputs aligned by dim name (transpose, then broadcast), einsums through
-``torch.einsum`` (cuBLAS).  Ops the list marks ``proxy`` (lookups, top-k,
-cumsum, slicing: under 1% of any case's predicted time) read their inputs and
-write their output with a stand-in kernel of the same bytes.
+``torch.einsum`` (cuBLAS).  Ops the list marks ``proxy`` read their inputs
+and write their output with a stand-in kernel of the same bytes: lookups,
+top-k, cumsum, and the renames a stored (ZeRO) weight is read through and
+its gradient reduce-scattered through, which the cost model prices as
+elementwise bytes.  They are 2-6% of a case's roofline time.
 
     python3 bench/torch_kernels.py kernels.json measured.json
 
