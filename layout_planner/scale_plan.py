@@ -118,12 +118,7 @@ class ScalePlan:
         """The config of one stage's graph as the search laid it out: its
         ``L/pp`` layers at one micro-batch, with the chosen recomputation."""
         c = self.choice
-        return self.config.replace(
-            num_layers=self.config.num_layers // c.stages,
-            batch=self.config.batch // c.micro_batches,
-            recompute_attention=c.recompute_attention,
-            recompute_ffn=c.recompute_ffn,
-        )
+        return stage_config_for(self.config, c, self.config.num_layers // c.stages)
 
     @property
     def boundary_bytes(self) -> int:
@@ -203,6 +198,19 @@ class ScalePlan:
         if self.trials:
             lines.append(f"  {len(self.trials)} trials in {self.planning_s:.1f} s")
         return "\n".join(lines)
+
+
+def stage_config_for(
+    cfg: TransformerConfig, choice: ScaleChoice, layers: int
+) -> TransformerConfig:
+    """``cfg``'s stage graph under ``choice``: ``layers`` layers at one
+    micro-batch, with the choice's recomputation."""
+    return cfg.replace(
+        num_layers=layers,
+        batch=cfg.batch // choice.micro_batches,
+        recompute_attention=choice.recompute_attention,
+        recompute_ffn=choice.recompute_ffn,
+    )
 
 
 def weight_sharding(layout_rules: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:

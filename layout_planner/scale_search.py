@@ -71,6 +71,7 @@ from layout_planner.scale_plan import (
     ScalePlan,
     ScaleTrial,
     boundary_shape,
+    stage_config_for,
     weight_sharding,
 )
 from layout_planner.scale_workers import WorkerError, Workers, fork_is_safe
@@ -312,12 +313,7 @@ class _Stages:
         self.last_layout: LayoutRules | None = None
 
     def stage_config(self, choice: ScaleChoice, layers: int) -> TransformerConfig:
-        return self.cfg.replace(
-            num_layers=layers,
-            batch=self.cfg.batch // choice.micro_batches,
-            recompute_attention=choice.recompute_attention,
-            recompute_ffn=choice.recompute_ffn,
-        )
+        return stage_config_for(self.cfg, choice, layers)
 
     def graph(self, choice: ScaleChoice, layers: int) -> _Graph:
         key = self._key(choice, layers)
@@ -716,9 +712,6 @@ def search(
         trials, best = _passes(
             meshes, mesh_options, source, progress, incumbent_s, joint_programs
         )
-        if best is not None and best.priced is not None:
-            if best.priced.step_time_s >= incumbent_s:
-                best = None
         if best is None and incumbent_s < math.inf:
             raise NothingFaster(
                 f"no trial beats the step of {incumbent_s:.6g} s "
@@ -788,23 +781,24 @@ def _passes(
     joint_programs: bool = True,
 ) -> tuple[list[ScaleTrial], _Outcome | None]:
     """The two passes of :func:`search`, taking each mesh's results from
-    ``source``: the trials, in order, and the fastest fitting outcome.  A
-    mesh is skipped when its bound is no better than the best step found
-    or ``incumbent_s`` (a step found elsewhere); without ``joint_programs``,
-    the second pass is not run."""
+    ``source``: the trials, in order, and the fastest fitting outcome faster
+    than ``incumbent_s`` (a step found elsewhere).  A mesh is skipped when
+    its bound is no better than the best step found or the incumbent;
+    without ``joint_programs``, the second pass is not run."""
     trials: list[ScaleTrial] = []
     best: tuple[tuple[float, int, int], _Outcome] | None = None
 
     def beaten(bound: float) -> bool:
-        return bound >= (incumbent_s if best is None else min(incumbent_s, best[0][0]))
+        return bound >= (incumbent_s if best is None else best[0][0])
 
     def consider(outcome: _Outcome, options: Sequence[ScaleChoice]) -> None:
+        """Keeps ``outcome`` if it fits and beats the incumbent and the best."""
         nonlocal best
         if outcome.priced is None or not outcome.trial.fits:
             return
         rank = options.index(outcome.trial.choice)
         key = (outcome.priced.step_time_s, outcome.trial.choice.stages, rank)
-        if best is None or key < best[0]:
+        if key[0] < incumbent_s and (best is None or key < best[0]):
             best = (key, outcome)
 
     def report(phase: str, fraction: float) -> None:
@@ -1007,11 +1001,15 @@ class _Ahead(_Source):
                 ):
                     return ("free", i)
         best = min([s for s, _, _, _ in self._fits] + [self._incumbent_s])
-        joints = [
-            i
-            for bound, i in sorted(self._joint_bounds())
-            if self._joint_programs and ("joint", i) not in self._sent and bound < best
-        ]
+        joints = (
+            [
+                i
+                for bound, i in sorted(self._joint_bounds())
+                if ("joint", i) not in self._sent and bound < best
+            ]
+            if self._joint_programs
+            else []
+        )
         if not joints:
             return self._check() if self._check_ahead else None
         near = joints[: self._pool.count]
