@@ -31,7 +31,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-from scipy.optimize import lsq_linear
 
 from cost_models.deferred import DeferredAllreduces
 from cost_models.gc_pause import gc_paused
@@ -149,6 +148,10 @@ def fit_rates(
         if common > 0:
             scale = scale * common
             a = a * common
+    # Imported here: scipy.optimize takes 0.4 s to import, and every program
+    # that plans imports this module (through cost_models.profiles) but few fit.
+    from scipy.optimize import lsq_linear
+
     reg = math.sqrt(prior_weight) * np.eye(len(names))
     sol = lsq_linear(
         np.vstack([a, reg]),
