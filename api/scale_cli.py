@@ -54,6 +54,9 @@ def add_parser(sub: Any) -> None:
     s.add_argument("--optimizer", default="adam")
     s.add_argument("--stages", help="pipeline stage counts to try, e.g. 1,2,4")
     s.add_argument("--tensor", help="tensor-axis sizes to try, e.g. 4,8")
+    s.add_argument(
+        "--sequence", help="sequence-axis sizes to try, e.g. 1,2 (default: none)"
+    )
     s.add_argument("--micro-batches", type=int)
     s.add_argument("--schedule", default="1f1b", help="1f1b or gpipe")
     s.add_argument(
@@ -96,6 +99,7 @@ def scale_request(args: argparse.Namespace) -> dict[str, Any]:
         "optimizer": args.optimizer,
         "stages": _ints("stages", args.stages),
         "tensor": _ints("tensor", args.tensor),
+        "sequence": _ints("sequence", args.sequence),
         "micro_batches": args.micro_batches,
         "schedule": args.schedule,
         "memory_limit_bytes": args.memory_limit_bytes,

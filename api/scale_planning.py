@@ -44,6 +44,7 @@ from layout_planner.choices import (
     check_request,
     plan_transformer,
     price_layout,
+    sequence_sizes,
 )
 from mtf_core.errors import MtfError
 from mtf_core.layout import convert_to_layout_rules
@@ -84,6 +85,8 @@ class ScaleSpec:
     #: the preset's calibration refitted from measurements (None: the base)
     calibration: dict[str, Any] | None = None
     measurements: int = 0
+    #: sequence-axis sizes to try ((1,): none)
+    sequence: tuple[int, ...] = (1,)
 
     #: What a job of this spec makes (``JobOut.kind``).
     kind = "scale"
@@ -114,6 +117,8 @@ class ScaleSpec:
         if self.calibration is not None:
             out["calibration"] = self.calibration
             out["measurements"] = self.measurements
+        if self.sequence != (1,):  # requests without one keep their hashes
+            out["sequence"] = list(self.sequence)
         return out
 
     @property
@@ -143,6 +148,7 @@ class ScaleSpec:
             "hardware": self.hardware,
             "stages": None if self.stages is None else list(self.stages),
             "tensor": None if self.tensor is None else list(self.tensor),
+            **({} if self.sequence == (1,) else {"sequence": list(self.sequence)}),
             "time_limit_s": self.time_limit_s,
             "memory_limit_bytes": self.memory_limit_bytes,
             "profile": self.profile.to_dict(),
@@ -173,6 +179,7 @@ class ScaleSpec:
             use_measurements=bool(d.get("use_measurements", True)),
             calibration=d.get("calibration"),
             measurements=int(d.get("measurements", 0)),
+            sequence=tuple(int(s) for s in d.get("sequence", (1,))),
         )
 
     def transformer_config(self) -> TransformerConfig:
@@ -249,6 +256,12 @@ def scale_spec(
                 raise RequestError(
                     f"tensor axis size {t} does not divide {req.devices} devices"
                 )
+        sequence = tuple(sequence_sizes(req.sequence or (1,), cfg.length))
+        for sp in sequence:
+            if req.devices % sp:
+                raise RequestError(
+                    f"sequence axis size {sp} does not divide {req.devices} devices"
+                )
     except MtfError as e:
         raise _named(e) from None
     if req.memory_limit_bytes is not None and req.memory_limit_bytes > hw.memory_bytes:
@@ -284,6 +297,7 @@ def scale_spec(
         if used.source != REFITTED or fitted.calibration is None
         else fitted.calibration.to_dict(),
         measurements=used.measurements if used.source == REFITTED else 0,
+        sequence=sequence,
     )
 
 
@@ -310,6 +324,7 @@ def plan_spec_locally(
         time_limit_s=spec.time_limit_s,
         progress=progress,
         workers=workers,
+        sequence=spec.sequence,
     )
 
 
@@ -333,7 +348,7 @@ def recompute_costs(plan: ScalePlan, spec: ScaleSpec) -> list[RecomputeCost]:
     tried: dict[tuple[str, str], Any] = {}
     for t in plan.trials:
         tc = t.choice
-        if (tc.stages, tc.data, tc.tensor) == (c.stages, c.data, c.tensor):
+        if tc.mesh_sizes == c.mesh_sizes:
             tried[(tc.recompute_attention, tc.recompute_ffn)] = t
     out = []
     for attention, ffn in spec.recompute:
@@ -370,6 +385,7 @@ def recompute_costs(plan: ScalePlan, spec: ScaleSpec) -> list[RecomputeCost]:
                 c.schedule,
                 attention,
                 ffn,
+                c.sequence,
             )
             try:
                 priced = price_layout(
@@ -415,7 +431,9 @@ def weight_classes(plan: ScalePlan, spec: ScaleSpec) -> list[dict[str, Any]]:
     graph, outputs = model.graph, [model.loss]
     hw = spec.hardware_profile()
     mesh = plan.choice.stage_mesh
-    axes = [(a, n) for a, n in (("dp", plan.choice.data), ("tp", plan.choice.tensor))]
+    c = plan.choice
+    axes = [(a, n) for a, n in (("dp", c.data), ("sp", c.sequence), ("tp", c.tensor))]
+    axes = [(a, n) for a, n in axes if a != "sp" or n > 1]
     rules = dict(convert_to_layout_rules(plan.layout_rules))
     base = evaluate(
         graph, mesh, convert_to_layout_rules(plan.layout_rules), hw, outputs
@@ -503,7 +521,7 @@ def scale_plan_dict(
         "fits": plan.fits,
         "devices": plan.devices,
         "hardware": plan.hardware.name,
-        "mesh": {"pp": c.stages, "dp": c.data, "tp": c.tensor},
+        "mesh": {"pp": c.stages, "dp": c.data, "sp": c.sequence, "tp": c.tensor},
         "mesh_shape": c.full_mesh,
         "stage_mesh": c.stage_mesh,
         "stage_layout_rules": plan.layout_rules,
@@ -566,6 +584,7 @@ def scale_plan_dict(
                 "stages": t.choice.stages,
                 "data": t.choice.data,
                 "tensor": t.choice.tensor,
+                "sequence": t.choice.sequence,
                 "micro_batches": t.choice.micro_batches,
                 "recompute_attention": t.choice.recompute_attention,
                 "recompute_ffn": t.choice.recompute_ffn,

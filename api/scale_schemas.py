@@ -32,6 +32,7 @@ SCALE_RANGES: dict[str, tuple[float, float]] = {
     "devices": (1, 4096),
     "stage_count": (1, 256),
     "tensor_size": (1, 4096),
+    "sequence_size": (1, 4096),
     "micro_batches": (1, 2**20),
     "time_limit_s": RANGES["time_limit_s"],
     "memory_bytes": RANGES["memory_bytes"],
@@ -56,6 +57,7 @@ def _name(default: str, what: str) -> Any:
 
 StageCount = Annotated[int, _int("stage_count")]
 TensorSize = Annotated[int, _int("tensor_size")]
+SequenceSize = Annotated[int, _int("sequence_size")]
 
 
 class TransformerShape(BaseModel):
@@ -113,6 +115,13 @@ class ScalePlanRequest(BaseModel):
     tensor: list[TensorSize] | None = Field(
         None, max_length=16, description="tensor-axis sizes to try"
     )
+    sequence: list[SequenceSize] | None = Field(
+        None,
+        min_length=1,
+        max_length=8,
+        description="sequence-axis (sp) sizes to try, each dividing the length "
+        "(default: [1], no sequence axis)",
+    )
     micro_batches: int | None = _int("micro_batches", default=None)
     schedule: str = _name("1f1b", "'1f1b' or 'gpipe'")
     recompute: list[RecomputeIn] | None = Field(
@@ -165,7 +174,7 @@ class ScalePlanBody(BaseModel):
     fits: bool
     devices: int
     hardware: str
-    mesh: dict[str, int] = Field(description="pp, dp, tp")
+    mesh: dict[str, int] = Field(description="pp, dp, sp, tp")
     mesh_shape: str
     stage_mesh: str
     stage_layout_rules: str

@@ -10,11 +10,13 @@ docs/benchmarks.md, section ``scale``) the plan, predicted step time, MFU
 planning time.
 
     .venv/bin/python bench/scale.py [--write] [--only gpt3,llama64,...]
-        [--quick] [--exhaustive] [--timeline]
+        [--quick] [--exhaustive] [--timeline] [--sequence 1,2]
 
 The planning time is ``plan_transformer``'s wall clock: the full mesh search
 on representative stage graphs and the winner's check on its full stage
 graph (``--exhaustive``: every trial on its full stage graph).
+``--sequence 1,2``: the search tries a sequence axis of those sizes too
+(section ``scale-sequence`` with ``--write``).
 """
 
 from __future__ import annotations
@@ -151,7 +153,9 @@ CASES = [
 def _row(plan, planning: float | None) -> list[str]:
     c = plan.choice
     return [
-        f"pp {c.stages} x dp {c.data} x tp {c.tensor}, m {c.micro_batches}",
+        f"pp {c.stages} x dp {c.data} x "
+        + (f"sp {c.sequence} x " if c.sequence > 1 else "")
+        + f"tp {c.tensor}, m {c.micro_batches}",
         f"{c.recompute_attention}/{c.recompute_ffn}",
         ", ".join(plan.sharded_classes) or "none",
         ", ".join(getattr(plan, "slot_sharded_classes", ())) or "none",
@@ -168,6 +172,7 @@ def run(
     quick: bool = False,
     exhaustive: bool = False,
     timeline: bool = False,
+    sequence: tuple[int, ...] = (1,),
 ) -> str:
     header = (
         "| model | layout | mesh (pp x dp x tp, micro-batches) | recompute "
@@ -198,6 +203,7 @@ def run(
                 encoder_decoder=case.encoder_decoder,
                 exhaustive=exhaustive,
                 progress=_timeline(start) if timeline else None,
+                sequence=sequence,
                 **narrow,
             )
             planning = time.perf_counter() - start
@@ -265,11 +271,20 @@ def main() -> None:
         action="store_true",
         help="print each phase of the search with the seconds since its start",
     )
+    ap.add_argument(
+        "--sequence",
+        default="1",
+        help="comma-separated sequence-axis sizes to search (default: 1, none)",
+    )
     args = ap.parse_args()
+    try:
+        sequence = tuple(int(s) for s in args.sequence.split(","))
+    except ValueError:
+        ap.error(f"--sequence {args.sequence!r}: expected integers such as 1,2")
     keys = [k for k in args.only.split(",") if k]
     cases = [c for c in CASES if not keys or c.key in keys]
     load_start = os.getloadavg()[0]
-    table = run(cases, args.quick, args.exhaustive, args.timeline)
+    table = run(cases, args.quick, args.exhaustive, args.timeline, sequence)
     load = f"load average {load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
     print(table)
     print(load)
@@ -277,11 +292,16 @@ def main() -> None:
         flags = (" --quick" if args.quick else "") + (
             " --exhaustive" if args.exhaustive else ""
         )
+        with_sp = sequence != (1,)
+        if with_sp:
+            flags += f" --sequence {args.sequence}"
         cmd = f"`.venv/bin/python bench/scale.py --write{flags}`"
         replace_section(
-            "scale",
+            "scale-sequence" if with_sp else "scale",
             f"Command: {cmd} ({load}, 2 cores).\n\n{table}",
-            title="Scale: reference models on their clusters",
+            title="Scale with a sequence axis"
+            if with_sp
+            else "Scale: reference models on their clusters",
         )
 
 

@@ -6,7 +6,9 @@ devices of ``hardware``:
 * the mesh: ``pp`` pipeline stages (outermost axis) x ``dp`` x ``tp`` (the
   two axes the layout rules use; which dims go where, ZeRO sharding of the
   stored weights included, is the CP-SAT program's choice, so "tensor
-  parallel inside a host" is found by the cost model, not assumed);
+  parallel inside a host" is found by the cost model, not assumed), and on
+  request a sequence axis ``sp`` between them (``sequence=``: a third
+  axis for the rules, where ``length`` may go beside ``batch`` on ``dp``);
 * micro-batches: first one sequence per data-parallel replica (the
   shortest bubble for 1F1B), then, on the best mesh, fewer and larger ones
   (half, a quarter, ...) while the step improves and their layout fits
@@ -27,7 +29,8 @@ the option, each option's time and memory rows count only when it is
 picked), unless the option that recomputes least, laid out with no memory
 limit, already fits: recomputation only adds work, so nothing beats it
 there (:mod:`layout_planner.scale_search`).  The best mesh that fits wins
-(fastest step; ties: fewer stages, then less recomputation).  Each trial's
+(fastest step; ties: fewer stages, no sequence axis, then less
+recomputation).  Each trial's
 layout is optimal for its pipelined step without the stage-to-stage sends
 (the CP-SAT objective weighs the per-micro-batch work ``m + p - 1`` times
 and the once-per-step work once).
@@ -71,6 +74,7 @@ __all__ = [
     "model_flops",
     "plan_transformer",
     "price_layout",
+    "sequence_sizes",
 ]
 
 #: Recomputation trials: (attention, ffn), least recomputation first.
@@ -101,6 +105,22 @@ def model_flops(cfg: TransformerConfig, encoder_decoder: bool = False) -> float:
 
 def _divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
+
+
+def sequence_sizes(sizes: Sequence[int], length: int) -> list[int]:
+    """``sizes`` of a sequence axis, checked: positive integers dividing the
+    sequence ``length``."""
+    out = list(sizes)
+    if not out:
+        raise ScaleError("sequence is empty; expected sizes such as (1,) or (1, 2)")
+    for s in out:
+        if isinstance(s, bool) or not isinstance(s, int) or s < 1:
+            raise ScaleError(f"sequence axis size {s!r}; expected a positive integer")
+        if length % s:
+            raise ScaleError(
+                f"sequence axis size {s} does not divide the length {length}"
+            )
+    return sorted(set(out))
 
 
 def check_request(cfg: TransformerConfig, hw: HardwareProfile, devices: int) -> None:
@@ -139,12 +159,16 @@ def plan_transformer(
     verify: bool = True,
     progress: Callable[[str, float], None] | None = None,
     workers: int | None = None,
+    sequence: Sequence[int] = (1,),
 ) -> ScalePlan:
     """The fastest fitting plan for ``config`` on ``devices`` devices.
 
     ``stages`` / ``tensor`` restrict the pipeline and tensor-axis sizes tried
     (default: every power of two up to 64 that divides; stages must divide the
-    layers); ``micro_batches`` fixes the micro-batch count (default: one
+    layers); ``sequence`` the sizes of a sequence axis ``sp`` tried (default
+    none: on the reference models it never won, and each size multiplies
+    the meshes searched, docs/scale.md "A sequence axis"; each must divide
+    the length); ``micro_batches`` fixes the micro-batch count (default: one
     sequence per data-parallel replica on every mesh, then on the best mesh
     half as many, a quarter, ... while the step improves: see
     :func:`_fewer_micro_batches`).  Weights are stored shardable
@@ -192,28 +216,30 @@ def plan_transformer(
         if tensor is not None
         else [t for t in pows if per_host is None or t <= 2 * per_host]
     )
+    sp_sizes = sequence_sizes(sequence, cfg.length)
     builder: Callable[..., ModelGraph] = (
         build_encoder_decoder if encoder_decoder else build_lm
     )
     flops = model_flops(cfg, encoder_decoder)
     meshes = []
     for pp in stage_sizes:
-        for tp in tensor_sizes:
-            if devices % (pp * tp):
-                continue
-            dp = devices // (pp * tp)
-            if cfg.batch % dp:
-                continue
-            m = micro_batches if micro_batches is not None else cfg.batch // dp
-            spec = PipelineSpec(pp, m, schedule)
-            spec.check(layers, cfg.batch)
-            if (cfg.batch // m) % dp:
-                continue  # a micro-batch must split over the data axis
-            # No step beats the model's flops at peak on every device,
-            # stretched by the bubble (layout_planner.scale_bounds).
-            bound = flops_bound_s(flops, hw, pp * dp * tp, m, pp)
-            meshes.append((bound, pp, tp, dp, m, spec))
-    meshes.sort(key=lambda t: (t[0], t[1], t[2]))
+        for sp in sp_sizes:
+            for tp in tensor_sizes:
+                if devices % (pp * sp * tp):
+                    continue
+                dp = devices // (pp * sp * tp)
+                if cfg.batch % dp:
+                    continue
+                m = micro_batches if micro_batches is not None else cfg.batch // dp
+                spec = PipelineSpec(pp, m, schedule)
+                spec.check(layers, cfg.batch)
+                if (cfg.batch // m) % dp:
+                    continue  # a micro-batch must split over the data axis
+                # No step beats the model's flops at peak on every device,
+                # stretched by the bubble (layout_planner.scale_bounds).
+                bound = flops_bound_s(flops, hw, devices, m, pp)
+                meshes.append((bound, pp, tp, dp, m, spec, sp))
+    meshes.sort(key=lambda t: (t[0], t[1], t[2], t[6]))
 
     def run(
         found: Sequence[scale_search.Mesh], workers: int, incumbent_s: float = math.inf
@@ -275,7 +301,7 @@ def _fewer_micro_batches(
     and larger micro-batches that need more recomputation seldom win."""
     c = plan.choice
     cfg = plan.config
-    devices = c.stages * c.data * c.tensor
+    devices = c.devices
     best, trials = plan, list(plan.trials)
     m = c.micro_batches
     while True:
@@ -287,7 +313,9 @@ def _fewer_micro_batches(
             if bound < best.step_time_s:
                 spec = PipelineSpec(c.stages, k, schedule)
                 meshes.append(
-                    scale_search.Mesh(bound, c.stages, c.tensor, c.data, k, spec)
+                    scale_search.Mesh(
+                        bound, c.stages, c.tensor, c.data, k, spec, c.sequence
+                    )
                 )
         if not meshes:
             break
@@ -316,7 +344,8 @@ def price_layout(
     published configuration) priced exactly as the planner's trials are."""
     hw = get_hardware(hardware) if isinstance(hardware, str) else hardware
     cfg = config.replace(shardable_weights=True, shardable_slots=True)
-    check_request(cfg, hw, choice.stages * choice.data * choice.tensor)
+    check_request(cfg, hw, choice.devices)
+    sequence_sizes((choice.sequence,), cfg.length)
     spec = PipelineSpec(choice.stages, choice.micro_batches, choice.schedule)
     spec.check(cfg.num_layers, cfg.batch)
     builder = build_encoder_decoder if encoder_decoder else build_lm

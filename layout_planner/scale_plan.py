@@ -29,7 +29,14 @@ class ScaleError(PlannerError, ValueError):
 
 @dataclass(frozen=True)
 class ScaleChoice:
-    """One trial: mesh sizes, pipeline and recomputation."""
+    """One trial: mesh sizes, pipeline and recomputation.
+
+    ``sequence``: the size of a sequence axis ``sp`` between the data and the
+    tensor axes (1: none).  Like ``dp`` and ``tp`` it is an axis of the stage
+    mesh that the layout rules may split any dim over; a micro-batch is one
+    sequence per data-parallel replica either way, so with ``sp`` its
+    sequences are split over ``sp`` devices when the rules put ``length``
+    there.  Meshes without one are written as before (``dp:8;tp:4``)."""
 
     stages: int
     data: int
@@ -38,19 +45,31 @@ class ScaleChoice:
     schedule: str
     recompute_attention: str
     recompute_ffn: str
+    sequence: int = 1
+
+    @property
+    def devices(self) -> int:
+        return self.stages * self.data * self.sequence * self.tensor
+
+    @property
+    def mesh_sizes(self) -> tuple[int, int, int, int]:
+        """(pp, dp, sp, tp): what the trials of one mesh share."""
+        return (self.stages, self.data, self.sequence, self.tensor)
 
     @property
     def stage_mesh(self) -> str:
         """The mesh the layout rules use (the pipeline axis is outside it)."""
-        return f"dp:{self.data};tp:{self.tensor}"
+        sp = f"sp:{self.sequence};" if self.sequence > 1 else ""
+        return f"dp:{self.data};{sp}tp:{self.tensor}"
 
     @property
     def full_mesh(self) -> str:
-        return f"pp:{self.stages};dp:{self.data};tp:{self.tensor}"
+        return f"pp:{self.stages};{self.stage_mesh}"
 
     def __str__(self) -> str:
+        sp = f"sp={self.sequence} " if self.sequence > 1 else ""
         return (
-            f"pp={self.stages} dp={self.data} tp={self.tensor} "
+            f"pp={self.stages} dp={self.data} {sp}tp={self.tensor} "
             f"micro_batches={self.micro_batches} ({self.schedule}) "
             f"recompute attention={self.recompute_attention} "
             f"ffn={self.recompute_ffn}"
@@ -175,10 +194,9 @@ class ScalePlan:
             f"holding {p.held_bytes / gib:.2f} GiB); MFU {self.mfu:.1%}",
         ]
         on_mesh: dict[tuple[int, str, str], ScaleTrial] = {}
-        mesh = (self.choice.stages, self.choice.data, self.choice.tensor)
         for t in self.trials:
             c = t.choice
-            if (c.stages, c.data, c.tensor) == mesh:
+            if c.mesh_sizes == self.choice.mesh_sizes:
                 key = (-c.micro_batches, c.recompute_attention, c.recompute_ffn)
                 on_mesh[key] = t
         several = len({m for m, _, _ in on_mesh}) > 1

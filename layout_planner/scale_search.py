@@ -605,6 +605,11 @@ class Mesh:
     data: int
     micro_batches: int
     spec: PipelineSpec
+    sequence: int = 1
+
+    def __str__(self) -> str:
+        sp = f" x sp {self.sequence}" if self.sequence > 1 else ""
+        return f"pp {self.stages} x dp {self.data}{sp} x tp {self.tensor}"
 
 
 def search(
@@ -660,7 +665,8 @@ def search(
 
     def mesh_options(mesh: Mesh) -> list[ScaleChoice]:
         pp, tp, dp, m = mesh.stages, mesh.tensor, mesh.data, mesh.micro_batches
-        return [ScaleChoice(pp, dp, tp, m, schedule, a, f) for a, f in recompute]
+        sp = mesh.sequence
+        return [ScaleChoice(pp, dp, tp, m, schedule, a, f, sp) for a, f in recompute]
 
     def lay_out(stages: _Stages, i: int) -> _Free:
         mesh = meshes[i]
@@ -786,7 +792,7 @@ def _passes(
     its bound is no better than the best step found or the incumbent;
     without ``joint_programs``, the second pass is not run."""
     trials: list[ScaleTrial] = []
-    best: tuple[tuple[float, int, int], _Outcome] | None = None
+    best: tuple[tuple[float, int, int, int], _Outcome] | None = None
 
     def beaten(bound: float) -> bool:
         return bound >= (incumbent_s if best is None else best[0][0])
@@ -797,7 +803,8 @@ def _passes(
         if outcome.priced is None or not outcome.trial.fits:
             return
         rank = options.index(outcome.trial.choice)
-        key = (outcome.priced.step_time_s, outcome.trial.choice.stages, rank)
+        c = outcome.trial.choice
+        key = (outcome.priced.step_time_s, c.stages, c.sequence, rank)
         if key[0] < incumbent_s and (best is None or key < best[0]):
             best = (key, outcome)
 
@@ -810,11 +817,7 @@ def _passes(
         if beaten(mesh.bound_s):
             break  # no remaining mesh can be faster
         options = mesh_options(mesh)
-        report(
-            f"mesh {i + 1} of {len(meshes)}: pp {mesh.stages} x dp {mesh.data} "
-            f"x tp {mesh.tensor}",
-            0.8 * i / len(meshes),
-        )
+        report(f"mesh {i + 1} of {len(meshes)}: {mesh}", 0.8 * i / len(meshes))
         got = source.free(i)
         if got.error is not None:
             trials.append(ScaleTrial(options[0], None, None, False, "", got.error))
@@ -833,8 +836,7 @@ def _passes(
             break  # no remaining mesh can be faster
         mesh, options = meshes[i], mesh_options(meshes[i])
         report(
-            f"recomputation on pp {mesh.stages} x dp {mesh.data} x tp {mesh.tensor}"
-            f" ({j + 1} of {len(pending)})",
+            f"recomputation on {mesh} ({j + 1} of {len(pending)})",
             0.8 + 0.2 * j / len(pending),
         )
         outcome = source.joint(i)
@@ -1023,7 +1025,9 @@ class _Ahead(_Source):
         fits = [f for f in self._fits if f[0] < self._incumbent_s]
         if not fits:
             return None
-        trial = min(fits, key=lambda f: (f[0], f[3].choice.stages))[3]
+        trial = min(
+            fits, key=lambda f: (f[0], f[3].choice.stages, f[3].choice.sequence)
+        )[3]
         task = ("check", (trial.choice, trial.layout_rules))
         return None if task in self._sent else task
 
@@ -1086,7 +1090,7 @@ def price_given(
     return ScalePlan(
         config=cfg,
         hardware=hw,
-        devices=choice.stages * choice.data * choice.tensor,
+        devices=choice.devices,
         choice=choice,
         stage_plan=plan,
         pipeline=priced,

@@ -83,7 +83,7 @@ def test_scale_plan_over_http_equals_plan_transformer(served):
     plan = served["plan"]
     c, p = local.choice, local.pipeline
     assert served["cached"] is False
-    assert plan["mesh"] == {"pp": c.stages, "dp": c.data, "tp": c.tensor}
+    assert plan["mesh"] == {"pp": c.stages, "dp": c.data, "sp": 1, "tp": c.tensor}
     assert plan["mesh_shape"] == c.full_mesh == "pp:1;dp:8;tp:1"
     assert plan["micro_batches"] == c.micro_batches
     assert plan["schedule"] == c.schedule == "1f1b"
@@ -208,6 +208,9 @@ def _with(**changes: Any) -> dict[str, Any]:
         ({"devices": 2**40}, "devices"),
         ({"d_model": True}, "d_model"),
         ({"tensor": [3]}, "tensor axis size 3"),
+        ({"sequence": [3]}, "sequence axis size 3 does not divide the length 32"),
+        ({"sequence": [16]}, "sequence axis size 16 does not divide 8 devices"),
+        ({"sequence": []}, "sequence"),
         ({"time_limit_s": 1e9}, "time_limit_s"),
     ],
 )
@@ -297,6 +300,10 @@ def test_form_plans_and_forwards_to_the_page(client, served):
     bad = client.post("/scale-plans", data={**form, "micro_batches": "3"})
     assert bad.status_code == 422
     assert "3 micro-batches do not divide the batch of 16" in bad.text
+    assert 'name="sequence"' in index
+    bad = client.post("/scale-plans", data={**form, "sequence": "1,3"})
+    assert bad.status_code == 422
+    assert "sequence axis size 3 does not divide the length 32" in bad.text
 
 
 def test_a_request_nothing_fits_is_a_422_saying_so(client, capsys):
@@ -342,14 +349,15 @@ def test_every_number_out_of_range_is_a_422(client):
     paths = numeric_paths(client.get("/openapi.json").json(), "ScalePlanRequest")
     assert ("model", "num_layers") in paths and ("time_limit_s",) in paths
     assert len(paths) == 13  # 9 of the model, devices, micro-batches, memory, time
-    # The walk does not enter arrays: the stage and tensor sizes' items too.
-    for path in [*paths, ("stages",), ("tensor",)]:
+    # The walk does not enter arrays: the stage, tensor and sequence sizes'
+    # items too.
+    for path in [*paths, ("stages",), ("tensor",), ("sequence",)]:
         for bad in ("NaN", "1e400", "-1", str(2**70), "true"):
             body = json.loads(json.dumps(REQUEST))
             node = body
             for key in path[:-1]:
                 node = node[key]
-            items = path[-1] in ("stages", "tensor")
+            items = path[-1] in ("stages", "tensor", "sequence")
             node[path[-1]] = ["@"] if items else "@"
             text = json.dumps(body).replace('"@"', bad)
             r = client.post(
@@ -466,6 +474,45 @@ def test_encoder_decoder_and_experts_equal_plan_transformer(client, extra):
     if extra.get("encoder_decoder"):
         assert "encdec_attention" in classes
         assert r.json()["model"].startswith("encoder-decoder 2 layers")
+
+
+def test_a_sequence_axis_over_http_equals_plan_transformer(client):
+    """``sequence: [1, 2]`` searches meshes with and without a sequence axis;
+    the answer is plan_transformer's, each trial says its sequence size."""
+    model = {**MODEL, "d_model": 64, "d_ff": 256, "d_kv": 16, "vocab": 128}
+    body = {**REQUEST, "model": model, "memory_limit_bytes": None, "sequence": [2, 1]}
+    r = client.post("/v1/scale-plans", json=body)
+    assert r.status_code == 200, r.text
+    plan = r.json()["plan"]
+    local = plan_transformer(
+        TransformerConfig(**model, activation_dtype="bfloat16"),
+        8,
+        "h100-nvlink-ib",
+        stages=[1],
+        tensor=[1],
+        sequence=[1, 2],
+        time_limit_s=2,
+    )
+    c = local.choice
+    assert plan["mesh"] == {"pp": 1, "dp": c.data, "sp": c.sequence, "tp": 1}
+    assert plan["mesh_shape"] == c.full_mesh
+    assert plan["stage_layout_rules"] == local.layout_rules
+    assert plan["step"]["step_time_s"] == pytest.approx(local.step_time_s, rel=1e-9)
+    sizes = [(t["data"], t["sequence"]) for t in plan["trials"]]
+    assert sizes == [(t.choice.data, t.choice.sequence) for t in local.trials]
+    assert {(8, 1), (4, 2)} <= set(sizes)
+    page = client.get(f"/scale-plans/{r.json()['id']}")
+    assert page.status_code == 200 and f">{c.full_mesh}<" in page.text
+    # A request without a sequence axis keeps its hash; with one it differs.
+    plain = scale_spec(ScalePlanRequest.model_validate(REQUEST), Settings())
+    ones = scale_spec(
+        ScalePlanRequest.model_validate({**REQUEST, "sequence": [1]}), Settings()
+    )
+    two = scale_spec(
+        ScalePlanRequest.model_validate({**REQUEST, "sequence": [1, 2]}), Settings()
+    )
+    assert plain.request_hash == ones.request_hash != two.request_hash
+    assert ScaleSpec.from_canonical(two.canonical()) == two
 
 
 @pytest.mark.slow

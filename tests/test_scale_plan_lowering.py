@@ -14,7 +14,8 @@ memory limit small enough that it splits the model; the plan is lowered by
   stage graph's less the 2-layer one's, as the scale search extrapolates);
 * on the first stage each micro-batch holds the plan's ``held_bytes``;
 * a one-stage plan lowers as a one-stage pipeline (``pp:1``: micro-batches,
-  no sends) with the same checks;
+  no sends) with the same checks, and so does a plan on a sequence axis
+  (``pp:2;dp:1;sp:2;tp:2``, the sequence split);
 * bad input (another device count, an encoder-decoder plan) is named.
 """
 
@@ -71,6 +72,16 @@ PLANS: dict[str, dict[str, Any]] = {
     # 1 stage (4 data-parallel replicas, so 2 micro-batches), weights stored
     # sharded (over tp).
     "pp1": {"stages": [1], "memory_limit": 80_000, "recompute": [("none", "none")]},
+    # 2 stages on a sequence axis too (pp 2 x dp 1 x sp 2 x tp 2), one
+    # sequence per micro-batch: the batch cannot split, so the sequence does
+    # (over one of the two stage axes, the heads over the other).
+    "pp2-sequence": {
+        "stages": [2],
+        "sequence": [2],
+        "micro_batches": 8,
+        "memory_limit": 60_000,
+        "recompute": [("none", "none")],
+    },
 }
 
 
@@ -109,7 +120,7 @@ def lowered(request: Any, devices: list[str]) -> dict[str, Any]:
     )
     ref = build_lm(cfg, optimizer=OPTIMIZER, learning_rate=LR)
     impl = mtf.PlacementMeshImpl(
-        c.stage_mesh, plan.layout_rules, devices[: c.data * c.tensor]
+        c.stage_mesh, plan.layout_rules, devices[: c.devices // c.stages]
     )
     fn = mtf.compile_function(
         ref.graph, {ref.mesh: impl}, inputs=ref.placeholders, outputs=[ref.loss],
@@ -132,11 +143,18 @@ def test_the_planner_chose_what_each_case_exercises(lowered: dict[str, Any]) -> 
     and, per case, shards the weights or recomputes as described."""
     plan, name = lowered["plan"], lowered["name"]
     c = plan.choice
-    assert (c.stages, c.data, c.tensor) == ((2, 2, 2) if name != "pp1" else (1, 4, 2))
-    assert c.micro_batches == 2
-    axes = set(dict(plan.stage_plan.layout_rules).values())
-    assert axes == {"dp", "tp"}, plan.layout_rules
+    rules = dict(plan.stage_plan.layout_rules)
     recomputed = (c.recompute_attention, c.recompute_ffn) != ("none", "none")
+    if name == "pp2-sequence":
+        assert c.mesh_sizes == (2, 1, 2, 2) and c.micro_batches == 8
+        assert plan.choice.full_mesh == "pp:2;dp:1;sp:2;tp:2"
+        assert "batch" not in rules  # one sequence per micro-batch
+        assert {rules.get("length"), rules.get("heads")} == {"sp", "tp"}, rules
+        assert not recomputed
+        return
+    assert c.mesh_sizes == ((2, 2, 1, 2) if name != "pp1" else (1, 4, 1, 2))
+    assert c.micro_batches == 2
+    assert set(rules.values()) == {"dp", "tp"}, plan.layout_rules
     if name == "pp2-slots":
         assert plan.slot_sharded_classes and not plan.sharded_classes
         assert not recomputed
@@ -171,8 +189,9 @@ def test_sends_are_the_plans(lowered: dict[str, Any]) -> None:
     if plan.choice.stages == 1:
         assert plan.pipeline.send_s == 0.0
         return
-    # [batch/m, length, d_model] float32, batch over dp: 4 x 8 x 16 x 4 / 2.
-    assert plan.boundary_bytes == 1024
+    # [batch/m, length, d_model] float32, batch over dp: 4 x 8 x 16 x 4 / 2;
+    # on the sequence axis one sequence, its length split: 1 x 8 x 16 x 4 / 2.
+    assert plan.boundary_bytes == (256 if lowered["name"] == "pp2-sequence" else 1024)
     assert {(c.kind, c.bytes_per_device) for c in sends} == {
         ("shift", plan.boundary_bytes)
     }
@@ -260,6 +279,11 @@ def test_first_stage_holds_the_plans_bytes_per_micro_batch(
     # 4 sequences here, 2 there): every activation kept, or (whole blocks
     # recomputed) the blocks' inputs and the ids.
     recomputed = c.recompute_ffn == "block"
+    if lowered["name"] == "pp2-sequence":
+        # One sequence per micro-batch, its length (and the heads) split in
+        # two: under a third of the 4-sequence micro-batches' 27456.
+        assert plan.pipeline.held_bytes == 7888
+        return
     assert plan.pipeline.held_bytes == (4160 if recomputed else 27456)
 
 

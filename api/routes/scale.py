@@ -156,7 +156,7 @@ FORM_FIELDS = (
     ("devices", "devices", "8"),
 )
 _INTS = {name for name, _, _ in FORM_FIELDS}
-_OPTIONAL = ("stages", "tensor", "micro_batches", "memory_limit_gib")
+_OPTIONAL = ("stages", "tensor", "sequence", "micro_batches", "memory_limit_gib")
 _SCALE_FORM_BODY = {
     "requestBody": {
         "required": True,
@@ -211,7 +211,7 @@ def form_request(fields: dict[str, str]) -> ScalePlanRequest:
     if use not in ("true", "false"):
         raise RequestError(f"use_measurements {use!r}; expected 'true' or 'false'")
     body["use_measurements"] = use == "true"
-    for name in ("stages", "tensor"):
+    for name in ("stages", "tensor", "sequence"):
         text = fields.get(name, "").strip()
         if text:
             body[name] = [_whole(name, part) for part in text.split(",")]
