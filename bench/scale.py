@@ -219,6 +219,8 @@ def run(
                 flush=True,
             )
             print(ours.explain(), flush=True)
+            if sequence != (1,):
+                notes.append(_with_sequence(case, ours))
         except ScaleError as e:
             planning = time.perf_counter() - start
             rows.append(
@@ -240,6 +242,26 @@ def run(
         notes.append(f"* {case.title}: published layout from {case.source}.")
         print("published:", pub.explain(), flush=True)
     return "\n".join(rows) + "\n\n" + "\n".join(notes)
+
+
+def _with_sequence(case: Case, plan) -> str:
+    """The fastest fitting trial on a sequence axis, beside the plan."""
+    ran = [t for t in plan.trials if t.choice.sequence > 1]
+    fitting = [t for t in ran if t.fits and t.step_time_s is not None]
+    if not fitting:
+        return (
+            f"* {case.title}: {len(ran)} trials on a sequence axis, none fitting "
+            f"(the plan: {plan.step_time_s:.2f} s)."
+        )
+    best = min(fitting, key=lambda t: t.step_time_s)
+    c = best.choice
+    return (
+        f"* {case.title}: {len(ran)} trials on a sequence axis; the fastest "
+        f"fitting, pp {c.stages} x dp {c.data} x sp {c.sequence} x tp {c.tensor}, "
+        f"m {c.micro_batches}, recompute {c.recompute_attention}/"
+        f"{c.recompute_ffn}, {best.step_time_s:.2f} s (the plan: "
+        f"{plan.step_time_s:.2f} s; rules {best.layout_rules})."
+    )
 
 
 def _timeline(start: float):

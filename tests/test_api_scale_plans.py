@@ -476,7 +476,7 @@ def test_encoder_decoder_and_experts_equal_plan_transformer(client, extra):
         assert r.json()["model"].startswith("encoder-decoder 2 layers")
 
 
-def test_a_sequence_axis_over_http_equals_plan_transformer(client):
+def test_a_sequence_axis_over_http_equals_plan_transformer(client, capsys):
     """``sequence: [1, 2]`` searches meshes with and without a sequence axis;
     the answer is plan_transformer's, each trial says its sequence size."""
     model = {**MODEL, "d_model": 64, "d_ff": 256, "d_kv": 16, "vocab": 128}
@@ -513,6 +513,14 @@ def test_a_sequence_axis_over_http_equals_plan_transformer(client):
     )
     assert plain.request_hash == ones.request_hash != two.request_hash
     assert ScaleSpec.from_canonical(two.canonical()) == two
+    # The CLI takes the sizes too, and names a bad one.
+    argv = ["scale", *(f"--{k.replace('_', '-')}={v}" for k, v in model.items())]
+    argv = [a.replace("--num-layers", "--layers") for a in argv]
+    code = cli_main([*argv, "--devices=8", "--stages=1", "--sequence=1,3"])
+    assert code == 1
+    assert "sequence axis size 3 does not divide the length 32" in (
+        capsys.readouterr().err
+    )
 
 
 @pytest.mark.slow
