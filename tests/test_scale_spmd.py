@@ -3,7 +3,8 @@
 Sharded stored weights (gathered on read, gradient reduce-scattered),
 sharded optimizer slots only (gradient reduce-scattered, updated shard
 gathered), bfloat16 activations with float32 masters, recomputation and
-mixture of experts, each on 8 logical CPUs (``dp:4;tp:2``) on
+mixture of experts, each on 8 logical CPUs (``dp:4;tp:2``), and a sequence
+axis (``dp:2;sp:2;tp:2``, the sequence split over ``sp``) on
 :class:`SimdMeshImpl`:
 
 * the losses equal the placement backend's (and the plain float32 layout's,
@@ -74,7 +75,14 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
         ZERO,
     ),
     "moe": ({"experts": 4}, MOE),
+    "sequence": (
+        {"shardable_weights": True, "shardable_slots": True},
+        "batch:dp;length:sp;d_ff:tp;heads:tp;"
+        + ";".join(f"d_model_slots_{c}:dp" for c in CLASSES),
+    ),
 }
+#: Cases on a mesh of their own (the others run on MESH).
+CASE_MESHES = {"sequence": "dp:2;sp:2;tp:2"}
 
 
 # -- what the subprocess runs ------------------------------------------------
@@ -125,7 +133,9 @@ def _train(
     return model, step, losses
 
 
-def _case(changes: dict[str, Any], rules: str, devices: list[str]) -> dict[str, Any]:
+def _case(
+    changes: dict[str, Any], rules: str, devices: list[str], mesh: str = MESH
+) -> dict[str, Any]:
     import mtf_core as mtf
     from cost_models import evaluate
     from mtf_core.liveness import step_targets
@@ -135,7 +145,7 @@ def _case(changes: dict[str, Any], rules: str, devices: list[str]) -> dict[str, 
     cfg = _config(changes)
     out: dict[str, Any] = {}
     for backend in ("placement", "spmd"):
-        model, step, losses = _train(cfg, MESH, rules, backend, devices)
+        model, step, losses = _train(cfg, mesh, rules, backend, devices)
         out[backend] = {
             "losses": losses,
             "step_records": _specs(step.counters.collectives),
@@ -157,14 +167,14 @@ def _case(changes: dict[str, Any], rules: str, devices: list[str]) -> dict[str, 
     }
     # The step's ops (the loss's and the updates') lowered on SPMD (traced,
     # not run) beside evaluate's price.
-    impl = mtf.SimdMeshImpl(MESH, rules, devices)
+    impl = mtf.SimdMeshImpl(mesh, rules, devices)
     traced = trace_lowering(
         model.graph,
         {model.mesh: impl},
         model.placeholders,
         targets=step_targets(model.graph, [model.loss]),
     )
-    cost = evaluate(model.graph, MESH, rules, "h100-nvlink-ib", outputs=[model.loss])
+    cost = evaluate(model.graph, mesh, rules, "h100-nvlink-ib", outputs=[model.loss])
     out["full"] = {
         "records": _specs(traced.counters.collectives),
         "flops": traced.counters["flops_per_device"],
@@ -245,7 +255,8 @@ def _main() -> None:
 
     devices = mtf.logical_devices(8)
     results: dict[str, Any] = {
-        name: _case(changes, rules, devices) for name, (changes, rules) in CASES.items()
+        name: _case(changes, rules, devices, CASE_MESHES.get(name, MESH))
+        for name, (changes, rules) in CASES.items()
     }
     results["moe_one_device"] = _one_device_moe(devices)
     results["bit_patterns"] = _bit_patterns(devices)
@@ -328,7 +339,7 @@ def test_spmd_trains_to_the_placement_losses(results: Results, case: str) -> Non
 
 
 @pytest.mark.parametrize(
-    "case", ["stored", "slots", "recompute_scores", "recompute_blocks"]
+    "case", ["stored", "slots", "recompute_scores", "recompute_blocks", "sequence"]
 )
 def test_float32_choices_train_to_the_plain_layouts_losses(
     results: Results, case: str
@@ -461,3 +472,19 @@ def test_moe_experts_over_dp_train_like_one_device_on_spmd(results: Results) -> 
 
 if __name__ == "__main__":
     _main()
+
+
+def test_a_split_sequence_gathers_keys_and_values_over_sp_on_spmd(
+    results: Results,
+) -> None:
+    """``length:sp``: attention reads its memory whole over the sequence
+    (``memory_length`` is not split), so the normed input its keys and
+    values are projected from is gathered over ``sp``, once: ``[batch/dp,
+    memory_length, d_model]`` float32, 2 x 16 x 32 x 4 bytes.  The weights'
+    gradients are summed over the sequence's halves (over ``sp``, or with
+    ``dp`` where the gradient is not reduce-scattered)."""
+    records = results["sequence"]["full"]["records"]
+    gathers = [r for r in records if r[0] == "allconcat" and r[1] == ["sp"]]
+    assert gathers == [["allconcat", ["sp"], 2 * 16 * 32 * 4]]
+    summed = [r for r in records if r[0] == "allreduce" and "sp" in r[1]]
+    assert len(summed) == 15
