@@ -108,3 +108,35 @@ def test_a_priced_choice_on_a_sequence_axis_must_divide_the_length() -> None:
     bad = ScaleChoice(1, 1, 1, 8, "1f1b", "none", "none", sequence=3)
     with pytest.raises(ScaleError, match="sequence axis size 3"):
         price_layout(CFG, bad, "", HW)
+
+
+def test_the_search_equals_the_best_of_every_mesh_planned_alone() -> None:
+    """Exhaustive check: with and without a sequence axis, the search's step
+    is the fastest of every mesh planned on its own (the bounds skip none
+    that could win)."""
+    kw = {
+        "micro_batches": 4,
+        "memory_limit": 60_000,
+        "recompute": [("none", "none")],
+        "workers": 1,
+    }
+    plan = plan_transformer(
+        CFG, 8, HW, stages=[1, 2], tensor=[1, 2], sequence=[1, 2], **kw
+    )
+    alone = {}
+    for pp in (1, 2):
+        for sp in (1, 2):
+            for tp in (1, 2):
+                if (CFG.batch // 4) % (8 // (pp * sp * tp)):
+                    continue  # a micro-batch must split over dp
+                try:
+                    p = plan_transformer(
+                        CFG, 8, HW, stages=[pp], tensor=[tp], sequence=[sp], **kw
+                    )
+                except ScaleError:
+                    continue  # nothing fits on this mesh
+                alone[(pp, sp, tp)] = p
+    assert len(alone) >= 3 and any(sp == 2 for _, sp, _ in alone)
+    best = min(alone.values(), key=lambda p: p.step_time_s)
+    assert plan.step_time_s == best.step_time_s
+    assert plan.choice == best.choice
