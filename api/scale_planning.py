@@ -256,12 +256,7 @@ def scale_spec(
                 raise RequestError(
                     f"tensor axis size {t} does not divide {req.devices} devices"
                 )
-        sequence = tuple(sequence_sizes(req.sequence or (1,), cfg.length))
-        for sp in sequence:
-            if req.devices % sp:
-                raise RequestError(
-                    f"sequence axis size {sp} does not divide {req.devices} devices"
-                )
+        sequence = tuple(sequence_sizes(req.sequence or (1,), cfg.length, req.devices))
     except MtfError as e:
         raise _named(e) from None
     if req.memory_limit_bytes is not None and req.memory_limit_bytes > hw.memory_bytes:

@@ -7,8 +7,8 @@ devices of ``hardware``:
   two axes the layout rules use; which dims go where, ZeRO sharding of the
   stored weights included, is the CP-SAT program's choice, so "tensor
   parallel inside a host" is found by the cost model, not assumed), and on
-  request a sequence axis ``sp`` between them (``sequence=``: a third
-  axis for the rules, where ``length`` may go beside ``batch`` on ``dp``);
+  request a sequence axis ``sp`` between them (``sequence=``: a third axis
+  for the rules, which may split the sequence there);
 * micro-batches: first one sequence per data-parallel replica (the
   shortest bubble for 1F1B), then, on the best mesh, fewer and larger ones
   (half, a quarter, ...) while the step improves and their layout fits
@@ -29,9 +29,9 @@ the option, each option's time and memory rows count only when it is
 picked), unless the option that recomputes least, laid out with no memory
 limit, already fits: recomputation only adds work, so nothing beats it
 there (:mod:`layout_planner.scale_search`).  The best mesh that fits wins
-(fastest step; ties: fewer stages, no sequence axis, then less
-recomputation).  Each trial's
-layout is optimal for its pipelined step without the stage-to-stage sends
+(fastest step; ties: fewer stages, a smaller sequence axis, then less
+recomputation).  Each trial's layout is optimal for its pipelined step
+without the stage-to-stage sends
 (the CP-SAT objective weighs the per-micro-batch work ``m + p - 1`` times
 and the once-per-step work once).
 """
@@ -107,9 +107,11 @@ def _divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
 
 
-def sequence_sizes(sizes: Sequence[int], length: int) -> list[int]:
+def sequence_sizes(
+    sizes: Sequence[int], length: int, devices: int | None = None
+) -> list[int]:
     """``sizes`` of a sequence axis, checked: positive integers dividing the
-    sequence ``length``."""
+    sequence ``length`` (and the ``devices``, where given), sorted."""
     out = list(sizes)
     if not out:
         raise ScaleError("sequence is empty; expected sizes such as (1,) or (1, 2)")
@@ -119,6 +121,10 @@ def sequence_sizes(sizes: Sequence[int], length: int) -> list[int]:
         if length % s:
             raise ScaleError(
                 f"sequence axis size {s} does not divide the length {length}"
+            )
+        if devices is not None and devices % s:
+            raise ScaleError(
+                f"sequence axis size {s} does not divide {devices} devices"
             )
     return sorted(set(out))
 
@@ -216,7 +222,7 @@ def plan_transformer(
         if tensor is not None
         else [t for t in pows if per_host is None or t <= 2 * per_host]
     )
-    sp_sizes = sequence_sizes(sequence, cfg.length)
+    sp_sizes = sequence_sizes(sequence, cfg.length, devices)
     builder: Callable[..., ModelGraph] = (
         build_encoder_decoder if encoder_decoder else build_lm
     )

@@ -94,6 +94,7 @@ def test_a_sequence_mesh_prices_like_the_plan_that_chose_it() -> None:
     ("sequence", "named"),
     [
         ((3,), "sequence axis size 3 does not divide the length 8"),
+        ((1, 8), "sequence axis size 8 does not divide 4 devices"),
         ((0,), "sequence axis size 0"),
         ((True,), "sequence axis size True"),
         ((), "sequence is empty"),
@@ -101,7 +102,7 @@ def test_a_sequence_mesh_prices_like_the_plan_that_chose_it() -> None:
 )
 def test_bad_sequence_sizes_are_refused_naming_the_value(sequence, named) -> None:
     with pytest.raises(ScaleError, match=named):
-        plan_transformer(CFG, 8, HW, sequence=sequence, workers=1)
+        plan_transformer(CFG, 4, HW, sequence=sequence, workers=1)
 
 
 def test_a_priced_choice_on_a_sequence_axis_must_divide_the_length() -> None:
