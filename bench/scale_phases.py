@@ -159,7 +159,8 @@ def main() -> None:
             "Command: `.venv/bin/python bench/scale_phases.py --write` "
             f"({load}, 2 cores).  Each phase's own CPU seconds (and share) "
             "in `plan_transformer(..., workers=1)`; the search's wall clock "
-            "on two processes is in the section above.\n\n" + table,
+            'on two processes is in "Scale: reference models on their '
+            'clusters".\n\n' + table,
             title="Scale search: where the time goes",
         )
 
