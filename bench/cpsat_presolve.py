@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from ortools.sat.python import cp_model  # noqa: E402
 
 from bench.common import machine_summary, markdown_table, replace_section  # noqa: E402
-from bench.scale import CASES  # noqa: E402
+from bench.scale import selected  # noqa: E402
 from layout_planner import cpsat  # noqa: E402
 from layout_planner.choices import plan_transformer  # noqa: E402
 
@@ -86,11 +86,8 @@ def main() -> None:
     ap.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
     ap.add_argument("--only", default="", help="comma-separated case keys")
     args = ap.parse_args()
-    keys = [k for k in args.only.split(",") if k]
     rows = []
-    for case in CASES:
-        if keys and case.key not in keys:
-            continue
+    for case in selected(args.only):
         print(f"{case.title}: planning to capture its programs", flush=True)
         models = _captured(case)
         on = off = 0.0

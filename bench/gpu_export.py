@@ -113,7 +113,6 @@ def plans(
     mesh (the layout and recomputation planned for each)."""
     from bench.scale import CASES
     from cost_models.profiles import get_hardware
-    from layout_planner.choices import price_layout
 
     by_key = {c.key: c for c in CASES}
     for key in keys:
@@ -132,13 +131,7 @@ def plans(
             yield f"{key}/planned-on-{hw.name}", case.title, _plan(case, hw)
         else:
             yield f"{key}/planned", case.title, _plan(case)
-            published = price_layout(
-                case.config,
-                case.published,
-                case.published_rules,
-                case.hardware,
-                encoder_decoder=case.encoder_decoder,
-            )
+            published = case.price_published()
             yield f"{key}/published", case.title, published
 
 

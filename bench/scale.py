@@ -33,6 +33,7 @@ from bench.common import replace_section  # noqa: E402
 from layout_planner.choices import (  # noqa: E402
     ScaleChoice,
     ScaleError,
+    ScalePlan,
     plan_transformer,
     price_layout,
 )
@@ -58,6 +59,22 @@ class Case:
     published_rules: str
     source: str
     encoder_decoder: bool = False
+
+    def price_published(self) -> ScalePlan:
+        """The published layout priced as the planner's trials are."""
+        return price_layout(
+            self.config,
+            self.published,
+            self.published_rules,
+            self.hardware,
+            encoder_decoder=self.encoder_decoder,
+        )
+
+
+def selected(only: str) -> list[Case]:
+    """The cases ``--only`` names (comma-separated keys; empty: all)."""
+    keys = [k for k in only.split(",") if k]
+    return [c for c in CASES if not keys or c.key in keys]
 
 
 GPT3 = TransformerConfig(
@@ -228,13 +245,7 @@ def run(
             )
             print(case.title, "no plan:", e, flush=True)
         try:
-            pub = price_layout(
-                case.config,
-                case.published,
-                case.published_rules,
-                case.hardware,
-                encoder_decoder=case.encoder_decoder,
-            )
+            pub = case.price_published()
         except (PlannerError, SolverError) as e:
             rows.append(f"| | published | not priced: {e} |||||||||")
             continue
@@ -303,8 +314,7 @@ def main() -> None:
         sequence = tuple(int(s) for s in args.sequence.split(","))
     except ValueError:
         ap.error(f"--sequence {args.sequence!r}: expected integers such as 1,2")
-    keys = [k for k in args.only.split(",") if k]
-    cases = [c for c in CASES if not keys or c.key in keys]
+    cases = selected(args.only)
     load_start = os.getloadavg()[0]
     table = run(cases, args.quick, args.exhaustive, args.timeline, sequence)
     load = f"load average {load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"

@@ -30,7 +30,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import replace_section  # noqa: E402
-from bench.scale import CASES  # noqa: E402
+from bench.scale import selected  # noqa: E402
 from layout_planner import (  # noqa: E402
     analysis,
     cpsat,
@@ -146,8 +146,7 @@ def main() -> None:
     ap.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
     ap.add_argument("--only", default="", help="comma-separated case keys")
     args = ap.parse_args()
-    keys = [k for k in args.only.split(",") if k]
-    cases = [c for c in CASES if not keys or c.key in keys]
+    cases = selected(args.only)
     load_cp_sat()
     load_start = os.getloadavg()[0]
     table = run(cases)
