@@ -51,6 +51,7 @@ from mtf_core.layout import convert_to_layout_rules
 from mtf_core.models import TransformerConfig, build_encoder_decoder, build_lm
 from mtf_core.models.base import ModelGraph
 from mtf_core.optimize import make_optimizer
+from mtf_core.shapes import convert_to_shape
 
 #: Bump when the answer for the same request changes (a new cost model or JSON).
 SCALE_CACHE_VERSION = 1
@@ -426,9 +427,7 @@ def weight_classes(plan: ScalePlan, spec: ScaleSpec) -> list[dict[str, Any]]:
     graph, outputs = model.graph, [model.loss]
     hw = spec.hardware_profile()
     mesh = plan.choice.stage_mesh
-    c = plan.choice
-    axes = [(a, n) for a, n in (("dp", c.data), ("sp", c.sequence), ("tp", c.tensor))]
-    axes = [(a, n) for a, n in axes if a != "sp" or n > 1]
+    axes = [(d.name, d.size) for d in convert_to_shape(mesh)]
     rules = dict(convert_to_layout_rules(plan.layout_rules))
     base = evaluate(
         graph, mesh, convert_to_layout_rules(plan.layout_rules), hw, outputs
