@@ -39,7 +39,6 @@ and the once-per-step work once).
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from collections.abc import Callable, Sequence
 
@@ -177,7 +176,7 @@ def plan_transformer(
     the length); ``micro_batches`` fixes the micro-batch count (default: one
     sequence per data-parallel replica on every mesh, then on the best mesh
     half as many, a quarter, ... while the step improves: see
-    :func:`_fewer_micro_batches`).  Weights are stored shardable
+    :func:`layout_planner.scale_search._fewer_rounds`).  Weights are stored shardable
     (``d_model_stored_<class>``) and computed in ``config``'s dtypes.
 
     Trials are priced on representative stage graphs of 2-4 layers
@@ -247,95 +246,25 @@ def plan_transformer(
                 meshes.append((bound, pp, tp, dp, m, spec, sp))
     meshes.sort(key=lambda t: (t[0], t[1], t[2], t[6]))
 
-    def run(
-        found: Sequence[scale_search.Mesh], workers: int, incumbent_s: float = math.inf
-    ) -> ScalePlan:
-        report = progress
-        if progress is not None and incumbent_s < math.inf:
-
-            def report(phase: str, fraction: float) -> None:
-                progress(f"fewer micro-batches: {phase}", 1.0)
-
-        return scale_search.search(
-            cfg,
-            found,
-            hw,
-            builder,
-            optimizer,
-            schedule,
-            recompute,
-            time_limit_s,
-            flops,
-            devices,
-            verify,
-            report,
-            exhaustive=exhaustive,
-            encoder_decoder=encoder_decoder,
-            workers=workers,
-            incumbent_s=incumbent_s,
-            # Fewer micro-batches count where their free layout fits: the
-            # programs that trade recomputation for room are not run.
-            joint_programs=incumbent_s == math.inf,
-        )
-
-    procs = default_workers() if workers is None else workers
-    found = run([scale_search.Mesh(*t) for t in meshes], procs)
-    if micro_batches is None:
-        found = _fewer_micro_batches(
-            found, hw, schedule, flops, lambda m, best: run(m, procs, best)
-        )
+    found = scale_search.search(
+        cfg,
+        [scale_search.Mesh(*t) for t in meshes],
+        hw,
+        builder,
+        optimizer,
+        schedule,
+        recompute,
+        time_limit_s,
+        flops,
+        devices,
+        verify,
+        progress,
+        exhaustive=exhaustive,
+        encoder_decoder=encoder_decoder,
+        workers=default_workers() if workers is None else workers,
+        fewer_micro_batches=micro_batches is None,
+    )
     return dataclasses.replace(found, planning_s=time.perf_counter() - start)
-
-
-def _fewer_micro_batches(
-    plan: ScalePlan,
-    hw: HardwareProfile,
-    schedule: str,
-    flops: float,
-    run: Callable[[list[scale_search.Mesh], float], ScalePlan],
-) -> ScalePlan:
-    """``plan`` or, on its mesh, the fastest fitting plan with fewer, larger
-    micro-batches: fewer slots to pay each micro-batch's fixed costs (per-op
-    overheads, collectives' latency, a stored weight's gathers), at the price
-    of a longer bubble and more held activations.  Tries half and a quarter
-    as many in one search, and goes on to an eighth and a sixteenth only
-    while the fewest tried wins; counts must stay at least the stages, and
-    a count whose flops bound is no better than the best step is skipped.
-    A count counts only where its free layout (the least recomputation, the
-    best layout without a memory limit) fits: the joint programs that would
-    trade recomputation for room cost more than this refinement is worth,
-    and larger micro-batches that need more recomputation seldom win."""
-    c = plan.choice
-    cfg = plan.config
-    devices = c.devices
-    best, trials = plan, list(plan.trials)
-    m = c.micro_batches
-    while True:
-        meshes = []
-        for k in (m // 2, m // 4):
-            if k < c.stages or cfg.batch % k or (cfg.batch // k) % c.data:
-                break
-            bound = flops_bound_s(flops, hw, devices, k, c.stages)
-            if bound < best.step_time_s:
-                spec = PipelineSpec(c.stages, k, schedule)
-                meshes.append(
-                    scale_search.Mesh(
-                        bound, c.stages, c.tensor, c.data, k, spec, c.sequence
-                    )
-                )
-        if not meshes:
-            break
-        try:
-            got = run(meshes, best.step_time_s)
-        except scale_search.NothingFaster as e:
-            trials.extend(e.trials)
-            break  # none faster among those whose free layout fits
-        trials.extend(got.trials)
-        best = got
-        m = meshes[-1].micro_batches
-        if got.choice.micro_batches != m:
-            break
-    return dataclasses.replace(best, trials=tuple(trials))
 
 
 def price_layout(

@@ -65,6 +65,7 @@ from layout_planner.plan_mesh import plan_problem
 from layout_planner.problem import LayoutProblem
 from layout_planner.program import Objective, SolveParams
 from layout_planner.recompute_program import solve_with_recomputation
+from layout_planner.scale_bounds import flops_bound_s
 from layout_planner.scale_plan import (
     ScaleChoice,
     ScaleError,
@@ -630,6 +631,7 @@ def search(
     workers: int = 1,
     incumbent_s: float = math.inf,
     joint_programs: bool = True,
+    fewer_micro_batches: bool = False,
 ) -> ScalePlan:
     """The search of :func:`~layout_planner.choices.plan_transformer` over
     ``meshes`` (sorted by bound), on representative stage graphs (on each
@@ -652,6 +654,8 @@ def search(
     better are skipped, and where no trial beats it :class:`NothingFaster`
     is raised (with the trials run).  Without ``joint_programs``, only the
     first pass runs: a mesh counts only where its free layout fits.
+    ``fewer_micro_batches``: then, on the best mesh, fewer and larger
+    micro-batches (:func:`_fewer_rounds`), by the same processes.
 
     ``workers > 1`` lays meshes out ahead on that many forked processes
     (:class:`_Ahead`); the passes take their results in the order above, so
@@ -668,16 +672,14 @@ def search(
         sp = mesh.sequence
         return [ScaleChoice(pp, dp, tp, m, schedule, a, f, sp) for a, f in recompute]
 
-    def lay_out(stages: _Stages, i: int) -> _Free:
-        mesh = meshes[i]
+    def lay_out(stages: _Stages, mesh: Mesh) -> _Free:
         try:
             free, bound = _free_trial(stages, mesh_options(mesh), mesh.spec, hw, params)
         except (PlannerError, SolverError) as e:
             return _Free(None, 0.0, str(e))
         return _Free(free, bound, None)
 
-    def joint(stages: _Stages, i: int) -> _Outcome | str:
-        mesh = meshes[i]
+    def joint(stages: _Stages, mesh: Mesh) -> _Outcome | str:
         try:
             # Where nothing fits, the trial says so; the smallest peak (a
             # memory-objective program per option) is not worth its time.
@@ -700,6 +702,9 @@ def search(
             return check(stages, what)
         return lay_out(stages, what) if kind == "free" else joint(stages, what)
 
+    def fewer(choice: ScaleChoice, step_s: float) -> list[Mesh]:
+        return _fewer_meshes(cfg, choice, hw, flops, schedule, step_s)
+
     source: _Source
     if workers > 1 and len(meshes) > 1 and fork_is_safe():
         source = _Ahead(
@@ -710,14 +715,17 @@ def search(
             check_ahead=verify,
             incumbent_s=incumbent_s,
             joint_programs=joint_programs,
+            fewer=fewer if fewer_micro_batches else None,
         )
     else:
-        source = _InProcess(run, new_stages())
+        source = _InProcess(meshes, run, new_stages())
     checked: _Checked | None = None
     with source:
         trials, best = _passes(
             meshes, mesh_options, source, progress, incumbent_s, joint_programs
         )
+        if fewer_micro_batches and best is not None:
+            best = _fewer_rounds(best, fewer, mesh_options, source, trials, progress)
         if best is None and incumbent_s < math.inf:
             raise NothingFaster(
                 f"no trial beats the step of {incumbent_s:.6g} s "
@@ -812,13 +820,14 @@ def _passes(
         if progress is not None:
             progress(phase + source.suffix, fraction)
 
+    index = [source.add(mesh) for mesh in meshes]  # the source's
     pending: list[tuple[float, int]] = []
     for i, mesh in enumerate(meshes):
         if beaten(mesh.bound_s):
             break  # no remaining mesh can be faster
         options = mesh_options(mesh)
         report(f"mesh {i + 1} of {len(meshes)}: {mesh}", 0.8 * i / len(meshes))
-        got = source.free(i)
+        got = source.free(index[i])
         if got.error is not None:
             trials.append(ScaleTrial(options[0], None, None, False, "", got.error))
             continue
@@ -839,13 +848,85 @@ def _passes(
             f"recomputation on {mesh} ({j + 1} of {len(pending)})",
             0.8 + 0.2 * j / len(pending),
         )
-        outcome = source.joint(i)
+        outcome = source.joint(index[i])
         if isinstance(outcome, str):
             trials.append(ScaleTrial(options[0], None, None, False, "", outcome))
         else:
             trials.append(outcome.trial)
             consider(outcome, options)
     return trials, None if best is None else best[1]
+
+
+def _fewer_rounds(
+    best: _Outcome,
+    fewer: Callable[[ScaleChoice, float], list[Mesh]],
+    mesh_options: Callable[[Mesh], list[ScaleChoice]],
+    source: _Source,
+    trials: list[ScaleTrial],
+    progress: Callable[[str, float], None] | None,
+) -> _Outcome:
+    """``best`` or, on its mesh, the fastest fitting outcome with fewer,
+    larger micro-batches: fewer slots to pay each micro-batch's fixed costs
+    (per-op overheads, collectives' latency, a stored weight's gathers), at
+    the price of a longer bubble and more held activations.
+
+    Each round lays out free the meshes that ``fewer(choice, step)`` gives
+    (:func:`_fewer_meshes`: half and a quarter as many) and goes on from the
+    fewest only while the fewest wins.  A count counts only where its free
+    layout (the least recomputation, the best layout without a memory
+    limit) fits and beats the best step: the joint programs that would
+    trade recomputation for room cost more than this refinement is worth,
+    and larger micro-batches that need more recomputation seldom win.  Its
+    trials are added to ``trials``."""
+    report = None
+    if progress is not None:
+
+        def report(phase: str, fraction: float) -> None:
+            progress(f"fewer micro-batches: {phase}", 1.0)
+
+    while True:
+        assert best.priced is not None
+        meshes = fewer(best.trial.choice, best.priced.step_time_s)
+        if not meshes:
+            return best
+        more, winner = _passes(
+            meshes,
+            mesh_options,
+            source,
+            report,
+            best.priced.step_time_s,
+            joint_programs=False,
+        )
+        trials.extend(more)
+        if winner is None:
+            return best  # none faster among those whose free layout fits
+        best = winner
+        if winner.trial.choice.micro_batches != meshes[-1].micro_batches:
+            return best
+
+
+def _fewer_meshes(
+    cfg: TransformerConfig,
+    choice: ScaleChoice,
+    hw: HardwareProfile,
+    flops: float,
+    schedule: str,
+    step_s: float,
+) -> list[Mesh]:
+    """``choice``'s mesh with half and with a quarter of its micro-batches,
+    in that order (the order of their bounds), as far as a count is at
+    least the stages and splits the batch over the data axis; a count whose
+    flops bound does not beat ``step_s`` is left out."""
+    c = choice
+    out = []
+    for k in (c.micro_batches // 2, c.micro_batches // 4):
+        if k < c.stages or cfg.batch % k or (cfg.batch // k) % c.data:
+            break
+        bound = flops_bound_s(flops, hw, c.devices, k, c.stages)
+        if bound < step_s:
+            spec = PipelineSpec(c.stages, k, schedule)
+            out.append(Mesh(bound, c.stages, c.tensor, c.data, k, spec, c.sequence))
+    return out
 
 
 @dataclass(frozen=True)
@@ -858,17 +939,31 @@ class _Free:
     error: str | None
 
 
-#: What a source runs: ("free", i) lays mesh i out free, ("joint", i) runs
-#: its joint recomputation program, on a process's stages; ("check", (choice,
-#: rules)) prices a layout on its full stage graph.
+#: What a source runs: ("free", mesh) lays a mesh out free, ("joint", mesh)
+#: runs its joint recomputation program, on a process's stages; ("check",
+#: (choice, rules)) prices a layout on its full stage graph.
 _Result: TypeAlias = "_Free | _Outcome | _Checked | str"
 _Run = Callable[[_Stages, tuple[str, Any]], _Result]
 
 
 class _Source:
-    """Where :func:`_passes` takes each mesh's results from."""
+    """Where :func:`_passes` takes each mesh's results from; a mesh is known
+    by its index in :attr:`meshes` (the search's, then each one :meth:`add`
+    brings)."""
 
     suffix = ""
+
+    def __init__(self, meshes: Sequence[Mesh]) -> None:
+        self.meshes = list(meshes)
+        self._index = {m: i for i, m in enumerate(self.meshes)}
+
+    def add(self, mesh: Mesh) -> int:
+        """``mesh``'s index, added at the end if it is new."""
+        i = self._index.get(mesh)
+        if i is None:
+            i = self._index[mesh] = len(self.meshes)
+            self.meshes.append(mesh)
+        return i
 
     def free(self, i: int) -> _Free:
         got = self._result(("free", i))
@@ -879,6 +974,11 @@ class _Source:
         got = self._result(("joint", i))
         assert isinstance(got, (_Outcome, str))
         return got
+
+    def _item(self, task: tuple[str, Any]) -> tuple[str, Any]:
+        """What runs for ``task``: a mesh's index becomes the mesh."""
+        kind, what = task
+        return task if kind == "check" else (kind, self.meshes[what])
 
     def _result(self, task: tuple[str, Any]) -> _Result:
         raise NotImplementedError
@@ -893,12 +993,13 @@ class _Source:
 class _InProcess(_Source):
     """Each result computed when asked, in this process."""
 
-    def __init__(self, run: _Run, stages: _Stages) -> None:
+    def __init__(self, meshes: Sequence[Mesh], run: _Run, stages: _Stages) -> None:
+        super().__init__(meshes)
         self._run = run
         self.stages = stages
 
     def _result(self, task: tuple[str, Any]) -> _Result:
-        return self._run(self.stages, task)
+        return self._run(self.stages, self._item(task))
 
 
 class _Ahead(_Source):
@@ -915,9 +1016,11 @@ class _Ahead(_Source):
     trial reaches.  The passes would skip such a mesh too (the bounds are
     valid and sorted); should they ask for one anyway (two bounds equal to
     the last bit), it is computed then.  With nothing of that left
-    (``check_ahead``), an idle worker prices the fastest fitting trial so
-    far on its full stage graph, the winner's check if no later result
-    beats it (:meth:`checked`)."""
+    (and given ``fewer``), an idle worker lays out free the meshes that
+    ``fewer(choice, step)`` gives for the fastest fitting trial so far, which
+    the search tries next (:func:`_fewer_rounds`) unless a later result
+    beats it; then (``check_ahead``) it prices that trial on its full stage
+    graph, the winner's check if no later result beats it (:meth:`checked`)."""
 
     def __init__(
         self,
@@ -928,8 +1031,11 @@ class _Ahead(_Source):
         check_ahead: bool = False,
         incumbent_s: float = math.inf,
         joint_programs: bool = True,
+        fewer: Callable[[ScaleChoice, float], list[Mesh]] | None = None,
     ) -> None:
-        self._meshes = meshes
+        super().__init__(meshes)
+        self._first = len(meshes)  # the first pass's meshes
+        self._fewer = fewer
         self._incumbent_s = incumbent_s
         self._joint_programs = joint_programs
         self._pool = Workers(run, new_stages, min(workers, len(meshes)))
@@ -979,18 +1085,18 @@ class _Ahead(_Source):
                 break
             self._sent.add(task)
             if task[0] != "check":
-                self._holds[w].add(self._meshes[task[1]].micro_batches)
-            self._pool.submit(w, task, task)
+                self._holds[w].add(self.meshes[task[1]].micro_batches)
+            self._pool.submit(w, task, self._item(task))
         if not self._pool.busy():  # pragma: no cover - needed is always sent
             raise WorkerError(f"nothing is running and {needed!r} is not done")
 
     def _next(self, w: int) -> tuple[str, Any] | None:
-        meshes = self._meshes
+        meshes = self.meshes
         mine = self._holds[w]
         held = set().union(*self._holds.values())
         frees = [
             i
-            for i in range(len(meshes))
+            for i in range(self._first)
             if ("free", i) not in self._sent and not self._beaten_before(i)
         ]
         for pick in ("mine", "unheld", "any"):
@@ -1013,26 +1119,34 @@ class _Ahead(_Source):
             else []
         )
         if not joints:
-            return self._check() if self._check_ahead else None
+            return self._ahead_of_the_passes()
         near = joints[: self._pool.count]
         own = next((i for i in near if meshes[i].micro_batches in mine), near[0])
         return ("joint", own)
 
-    def _check(self) -> tuple[str, Any] | None:
-        """With nothing else to run: the full stage graph's price of the
-        fastest fitting trial so far (fewest stages on a tie), which is the
-        plan unless a result still to come beats it."""
+    def _ahead_of_the_passes(self) -> tuple[str, Any] | None:
+        """With nothing else to run, for the fastest fitting trial so far
+        (fewest stages on a tie), which is the search's best unless a result
+        still to come beats it: the free layouts of its fewer micro-batches,
+        then the full stage graph's price of it."""
         fits = [f for f in self._fits if f[0] < self._incumbent_s]
         if not fits:
             return None
-        trial = min(
+        step, _, _, trial = min(
             fits, key=lambda f: (f[0], f[3].choice.stages, f[3].choice.sequence)
-        )[3]
+        )
+        if self._fewer is not None:
+            for mesh in self._fewer(trial.choice, step):
+                task = ("free", self.add(mesh))
+                if task not in self._sent:
+                    return task
+        if not self._check_ahead:
+            return None
         task = ("check", (trial.choice, trial.layout_rules))
         return None if task in self._sent else task
 
     def _beaten_before(self, i: int) -> bool:
-        bound = self._meshes[i].bound_s
+        bound = self.meshes[i].bound_s
         return bound >= self._incumbent_s or any(
             step <= bound and t < i and free for step, t, free, _ in self._fits
         )
@@ -1042,14 +1156,14 @@ class _Ahead(_Source):
         known: laid out free, no error, and no fitting free layout."""
         out = []
         for (kind, i), got in self._done.items():
-            if kind != "free":
+            if kind != "free" or i >= self._first:  # fewer micro-batches: free only
                 continue
             assert isinstance(got, _Free)
             if got.error is not None:
                 continue
             if got.outcome is not None and got.outcome.trial.fits:
                 continue
-            out.append((max(got.bound_s, self._meshes[i].bound_s), i))
+            out.append((max(got.bound_s, self.meshes[i].bound_s), i))
         return out
 
 

@@ -190,32 +190,47 @@ from layout_planner.scale_search import Mesh, _Ahead, _Free, _Outcome
 
 spec = PipelineSpec(1, 4, "1f1b")
 meshes = [Mesh(1.0, 1, 1, 8, 4, spec), Mesh(2.0, 1, 2, 4, 4, spec)]
-choices = [ScaleChoice(1, m.data, m.tensor, 4, "1f1b", "none", "none") for m in meshes]
+fewer = Mesh(1.5, 1, 1, 8, 2, PipelineSpec(1, 2, "1f1b"))
+every = meshes + [fewer]
+
+def choice(mesh):
+    return ScaleChoice(1, mesh.data, mesh.tensor, mesh.micro_batches, "1f1b",
+                       "none", "none")
 
 def run(stages, task):
     kind, what = task
     if kind == "check":
-        choice, rules = what
-        return ("priced", str(choice), rules)
-    if what == 1:
+        c, rules = what
+        return ("priced", str(c), rules)
+    i = every.index(what)
+    if i == 1:
         time.sleep(0.5)  # mesh 0's worker goes idle meanwhile
-    trial = ScaleTrial(choices[what], 10.0 + what, 100, True, f"batch:dp;r:{what}")
+    trial = ScaleTrial(choice(what), 10.0 + i, 100, True, f"batch:dp;r:{i}")
     return _Free(_Outcome(trial, None, None), 0.0, None)
 
-with _Ahead(meshes, run, lambda: None, 2, check_ahead=True) as source:
+def fewer_of(c, step):
+    asked.append((str(c), step))
+    return [fewer] if c.micro_batches == 4 else []
+
+asked = []
+with _Ahead(meshes, run, lambda: None, 2, check_ahead=True, fewer=fewer_of) as source:
     source.free(0)
     source.free(1)
-    hit = source.checked(choices[0], "batch:dp;r:0")
-    miss = source.checked(choices[1], "batch:dp;r:1")
-print(json.dumps({"hit": hit, "miss": miss}))
+    sent = sorted(map(str, source._sent))
+    ahead = source.free(source.add(fewer)).outcome.trial.layout_rules
+    hit = source.checked(choice(meshes[0]), "batch:dp;r:0")
+    miss = source.checked(choice(meshes[1]), "batch:dp;r:1")
+print(json.dumps({"hit": hit, "miss": miss, "sent": sent, "asked": asked,
+                  "ahead": ahead}))
 """
 
 
-def test_an_idle_worker_prices_the_fastest_fitting_trial_ahead():
-    """While the search waits for a slow mesh, the idle worker prices the
-    fastest fitting trial so far on its full stage graph; the search takes
-    that price if the trial wins (here mesh 0's), and prices a winner that
-    was not checked ahead itself."""
+def test_an_idle_worker_runs_what_the_search_asks_for_next_ahead():
+    """While the search waits for a slow mesh, the idle worker lays out the
+    fastest fitting trial's fewer micro-batches (the search's next meshes
+    if it stays the fastest), then prices that trial on its full stage
+    graph; the search takes both, and prices a winner that was not checked
+    ahead itself."""
     import json
     import subprocess
 
@@ -226,6 +241,14 @@ def test_an_idle_worker_prices_the_fastest_fitting_trial_ahead():
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.splitlines()[-1])
     mesh0 = ScaleChoice(1, 8, 1, 4, "1f1b", "none", "none")
+    # Sent before the search asked for mesh 2 (the fewer micro-batches):
+    # every mesh's free layout and the check of mesh 0's.
+    assert got["sent"] == sorted(
+        map(str, [("free", 0), ("free", 1), ("free", 2),
+                  ("check", (mesh0, "batch:dp;r:0"))])
+    )  # fmt: skip
+    assert got["asked"][0] == [str(mesh0), 10.0]
+    assert got["ahead"] == "batch:dp;r:2"
     assert got["hit"] == ["priced", str(mesh0), "batch:dp;r:0"]
     assert got["miss"] is None
 
@@ -295,7 +318,7 @@ def test_the_collector_is_paused_for_the_search_and_restored(monkeypatch):
     small = CFG.replace(num_layers=4, d_model=64, d_ff=128, batch=8)
     assert gc.isenabled()
     plan = plan_transformer(small, 8, workers=1)
-    # One search over the meshes, then one per round of fewer micro-batches.
+    # One search, over the meshes and then fewer micro-batches.
     assert seen and not any(seen) and gc.isenabled() and plan.fits
     gc.disable()  # a caller that paused it keeps it paused
     try:
