@@ -1137,13 +1137,13 @@ class _Ahead(_Source):
         )
         if self._fewer is not None:
             for mesh in self._fewer(trial.choice, step):
-                task = ("free", self.add(mesh))
-                if task not in self._sent:
-                    return task
+                free = ("free", self.add(mesh))
+                if free not in self._sent:
+                    return free
         if not self._check_ahead:
             return None
-        task = ("check", (trial.choice, trial.layout_rules))
-        return None if task in self._sent else task
+        check = ("check", (trial.choice, trial.layout_rules))
+        return None if check in self._sent else check
 
     def _beaten_before(self, i: int) -> bool:
         bound = self.meshes[i].bound_s
