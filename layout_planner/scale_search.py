@@ -1044,6 +1044,10 @@ class _Ahead(_Source):
         self._done: dict[tuple[str, Any], _Result] = {}
         self._sent: set[tuple[str, Any]] = set()
         self._holds: dict[int, set[int]] = {w: set() for w in range(self._pool.count)}
+        #: The (pp, dp, tp, sp, m) of the meshes each worker laid out.
+        self._laid: dict[int, set[tuple[int, int, int, int, int]]] = {
+            w: set() for w in range(self._pool.count)
+        }
         #: (step, mesh, first pass?, trial) of each fitting trial.
         self._fits: list[tuple[float, int, bool, ScaleTrial]] = []
 
@@ -1055,14 +1059,44 @@ class _Ahead(_Source):
             self._feed(task)
             for key, got in self._pool.finished():
                 self._record(key, got)
+            self._drop_beaten(task)
         return self._done[task]
+
+    def _drop_beaten(self, needed: tuple[str, Any]) -> None:
+        """Replaces each worker whose job a result since beats (the passes
+        will skip it: a free layout that :meth:`_beaten_before` says so of,
+        a joint program whose bound a fitting trial reaches), unless the
+        passes wait for it: a fresh worker runs what they need sooner."""
+        best = min(
+            [s for s, i, _, _ in self._fits if i < self._first] + [self._incumbent_s]
+        )
+        bounds = dict((i, b) for b, i in self._joint_bounds())
+        for w, task in self._pool.running().items():
+            assert isinstance(task, tuple)
+            kind, i = task
+            if task == needed or kind == "check" or i >= self._first:
+                continue
+            if (kind == "free" and self._beaten_before(i)) or (
+                kind == "joint" and bounds[i] >= best
+            ):
+                self._pool.replace(w)
+                self._sent.discard(task)
+                self._holds[w], self._laid[w] = set(), set()
 
     def checked(self, choice: ScaleChoice, rules: str) -> _Checked | None:
         """``rules`` of ``choice`` on its full stage graph, if a worker was
-        given that (waiting for it to finish), else None."""
+        given that or an idle worker laid out ``choice``'s mesh (it holds
+        the graphs: a stage of up to 4 layers is its full graph), waiting
+        for it to finish; else None."""
         task = ("check", (choice, rules))
         if task not in self._sent:
-            return None
+            c = choice
+            mesh = (c.stages, c.data, c.tensor, c.sequence, c.micro_batches)
+            holder = next((w for w in self._pool.idle() if mesh in self._laid[w]), None)
+            if holder is None:
+                return None
+            self._sent.add(task)
+            self._pool.submit(holder, task, task)
         while task not in self._done:
             for key, got in self._pool.finished():
                 self._record(key, got)
@@ -1085,7 +1119,11 @@ class _Ahead(_Source):
                 break
             self._sent.add(task)
             if task[0] != "check":
-                self._holds[w].add(self.meshes[task[1]].micro_batches)
+                m = self.meshes[task[1]]
+                self._holds[w].add(m.micro_batches)
+                self._laid[w].add(
+                    (m.stages, m.data, m.tensor, m.sequence, m.micro_batches)
+                )
             self._pool.submit(w, task, self._item(task))
         if not self._pool.busy():  # pragma: no cover - needed is always sent
             raise WorkerError(f"nothing is running and {needed!r} is not done")

@@ -76,22 +76,28 @@ class Workers:
     ) -> None:
         if not fork_is_safe():
             raise WorkerError("this process cannot fork workers safely")
-        ctx = multiprocessing.get_context("fork")
+        self._job, self._make_state = job, make_state
         self._conns: list[Connection] = []
-        self._procs = []
+        self._procs: list[Any] = []
         self._busy: dict[int, Hashable] = {}
         for _ in range(count):
-            mine, theirs = ctx.Pipe()
-            # The child closes its copies of the parent's ends, or a parent
-            # that dies would leave it waiting on a pipe it holds open itself.
-            parents = [*self._conns, mine]
-            proc = ctx.Process(
-                target=_serve, args=(theirs, job, make_state, parents), daemon=True
-            )
-            proc.start()
-            theirs.close()
-            self._conns.append(mine)
+            conn, proc = self._fork()
+            self._conns.append(conn)
             self._procs.append(proc)
+
+    def _fork(self) -> tuple[Connection, Any]:
+        mine, theirs = multiprocessing.get_context("fork").Pipe()
+        # The child closes its copies of the parent's ends, or a parent that
+        # dies would leave it waiting on a pipe it holds open itself.
+        parents = [*self._conns, mine]
+        proc = multiprocessing.get_context("fork").Process(
+            target=_serve,
+            args=(theirs, self._job, self._make_state, parents),
+            daemon=True,
+        )
+        proc.start()
+        theirs.close()
+        return mine, proc
 
     @property
     def count(self) -> int:
@@ -102,6 +108,21 @@ class Workers:
 
     def busy(self) -> bool:
         return bool(self._busy)
+
+    def running(self) -> dict[int, Hashable]:
+        """The key of each busy worker's job."""
+        return dict(self._busy)
+
+    def replace(self, w: int) -> None:
+        """Stops worker ``w`` (abandoning its job, and the state it built)
+        and forks a fresh one in its place."""
+        proc = self._procs[w]
+        if proc.is_alive():
+            proc.terminate()
+        proc.join()
+        self._conns[w].close()
+        self._busy.pop(w, None)
+        self._conns[w], self._procs[w] = self._fork()
 
     def submit(self, w: int, key: Hashable, item: Any) -> None:
         if w in self._busy:

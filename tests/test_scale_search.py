@@ -219,9 +219,10 @@ with _Ahead(meshes, run, lambda: None, 2, check_ahead=True, fewer=fewer_of) as s
     sent = sorted(map(str, source._sent))
     ahead = source.free(source.add(fewer)).outcome.trial.layout_rules
     hit = source.checked(choice(meshes[0]), "batch:dp;r:0")
-    miss = source.checked(choice(meshes[1]), "batch:dp;r:1")
-print(json.dumps({"hit": hit, "miss": miss, "sent": sent, "asked": asked,
-                  "ahead": ahead}))
+    held = source.checked(choice(meshes[1]), "batch:dp;r:1")
+    miss = source.checked(choice(Mesh(3.0, 1, 4, 2, 4, spec)), "batch:dp;r:3")
+print(json.dumps({"hit": hit, "held": held, "miss": miss, "sent": sent,
+                  "asked": asked, "ahead": ahead}))
 """
 
 
@@ -229,8 +230,9 @@ def test_an_idle_worker_runs_what_the_search_asks_for_next_ahead():
     """While the search waits for a slow mesh, the idle worker lays out the
     fastest fitting trial's fewer micro-batches (the search's next meshes
     if it stays the fastest), then prices that trial on its full stage
-    graph; the search takes both, and prices a winner that was not checked
-    ahead itself."""
+    graph; the search takes both.  A winner not checked ahead is priced by
+    an idle worker that laid its mesh out (it holds the graphs), else by
+    the search itself."""
     import json
     import subprocess
 
@@ -250,7 +252,59 @@ def test_an_idle_worker_runs_what_the_search_asks_for_next_ahead():
     assert got["asked"][0] == [str(mesh0), 10.0]
     assert got["ahead"] == "batch:dp;r:2"
     assert got["hit"] == ["priced", str(mesh0), "batch:dp;r:0"]
+    mesh1 = ScaleChoice(1, 4, 2, 4, "1f1b", "none", "none")
+    assert got["held"] == ["priced", str(mesh1), "batch:dp;r:1"]
     assert got["miss"] is None
+
+
+_DROP_BEATEN = """
+import json, time
+from cost_models.pipeline import PipelineSpec
+from layout_planner.scale_plan import ScaleChoice, ScaleTrial
+from layout_planner.scale_search import Mesh, _Ahead, _Free, _Outcome
+
+spec = PipelineSpec(1, 4, "1f1b")
+meshes = [Mesh(float(i), 1, 1, 8, 4, spec) for i in (1, 2, 3)]
+
+def run(stages, task):
+    kind, mesh = task
+    i = meshes.index(mesh)
+    choice = ScaleChoice(1, 8, 1, 4, "1f1b", "none", "none")
+    if kind == "joint":
+        time.sleep(5.0 if i == 1 else 0.0)  # mesh 1's: long, and beaten
+        return _Outcome(ScaleTrial(choice, 20.0, 100, False, "r"), None, None)
+    if i == 0:
+        time.sleep(0.5)  # meanwhile the other worker runs joint programs
+    trial = ScaleTrial(choice, 10.0, 100, i == 0, "r")
+    return _Free(_Outcome(trial, None, None), {0: 10.0, 1: 12.0, 2: 5.0}[i], None)
+
+with _Ahead(meshes, run, lambda: None, 2) as source:
+    start = time.perf_counter()
+    source.free(0)  # fits at 10 s: mesh 1's joint program (bound 12 s) is beaten
+    running = [list(t) for t in source._pool.running().values()]
+    sent = sorted(map(list, source._sent))
+    joint = source.joint(2)
+    took = time.perf_counter() - start
+print(json.dumps({"running": running, "sent": sent, "took": took}))
+"""
+
+
+def test_a_worker_running_a_beaten_joint_program_is_replaced():
+    """A joint program sent ahead before a fitting trial beat its bound is
+    abandoned once that trial arrives (its worker replaced), so the worker is
+    free for what the search needs next."""
+    import json
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-c", _DROP_BEATEN], capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.splitlines()[-1])
+    assert got["running"] == []
+    assert got["sent"] == [["free", 0], ["free", 1], ["free", 2], ["joint", 2]]
+    assert got["took"] < 4.0
 
 
 def test_first_pass_stays_in_this_process_where_a_fork_is_unsafe(monkeypatch):

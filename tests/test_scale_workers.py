@@ -220,3 +220,30 @@ with Workers(job, make_state, 2) as pool:
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == '"interrupted"'
     assert "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_replaced_worker_abandons_its_job_and_starts_afresh():
+    got = _run(
+        """
+import time
+with Workers(job, make_state, 2) as pool:
+    (first,) = run(pool, 0, [1])
+    pool.submit(0, "stuck", "slow")
+    pool.submit(1, "other", 2)
+    other = pool.finished()  # the stuck job sleeps a second
+    before = pool.running()
+    start = time.perf_counter()
+    pool.replace(0)
+    after = pool.running()
+    (fresh,) = run(pool, 0, [3])
+    waited = time.perf_counter() - start
+print(json.dumps({"first": first, "other": other, "before": before,
+                  "after": after, "fresh": fresh, "waited": waited}))
+"""
+    )
+    ((_, (old, jobs, _)),) = got["first"]
+    assert [k for k, _ in got["other"]] == ["other"]
+    assert got["before"] == {"0": "stuck"} and got["after"] == {}
+    ((key, (new, fresh_jobs, value)),) = got["fresh"]
+    assert new != old and (key, fresh_jobs, value) == (0, 1, 6)  # a new state
+    assert jobs == 1 and got["waited"] < 0.9  # not after the stuck job's second
