@@ -64,8 +64,9 @@ class Workers:
 
     ``submit(w, key, item)`` sends an item to worker ``w`` (one at a time per
     worker); :meth:`finished` blocks until some worker is done and returns
-    ``(key, result)`` for each.  An exception raised by a job is raised
-    again here.  ``job`` and ``make_state`` may be closures: the children
+    ``(key, result)`` for each; ``replace(w)`` abandons worker ``w``'s job
+    and forks a fresh worker in its place.  An exception raised by a job is
+    raised again here.  ``job`` and ``make_state`` may be closures: the children
     inherit them at the fork, and only items and results are pickled."""
 
     def __init__(

@@ -1,0 +1,146 @@
+"""The scale search's planning time against an earlier commit, alternating.
+
+This host's speed drifts by a quarter within minutes, so a change to the
+search is timed against the code before it in the same session: each
+reference model (``bench/scale.py``'s cases) is planned by
+``plan_transformer`` with its defaults, in a fresh interpreter each time
+(OR-tools' import included, as a user's first plan pays it), by the base
+commit's tree and by this one in turn.  Prints the medians, their ratio and
+whether both trees gave the same plan and trials (every trial's choice,
+step to the last bit, peak, fit and layout); with ``--write`` puts them in
+docs/benchmarks.md, section ``scale-ab``.
+
+    .venv/bin/python bench/scale_ab.py --base REV [--runs 6]
+        [--only gpt3,llama64,...] [--write]
+
+The base tree is a detached ``git worktree`` of ``REV`` in a temporary
+directory, removed at the end; both trees run with this checkout's Python.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.common import ROOT, replace_section  # noqa: E402
+from bench.scale import selected  # noqa: E402
+
+# Run in a fresh interpreter with the tree's root first on sys.path.
+_CHILD = """
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+from bench.scale import CASES
+from layout_planner.choices import plan_transformer
+case = next(c for c in CASES if c.key == sys.argv[2])
+start = time.perf_counter()
+plan = plan_transformer(case.config, case.devices, case.hardware,
+                        encoder_decoder=case.encoder_decoder)
+wall = time.perf_counter() - start
+trials = [[str(t.choice), t.step_time_s, t.peak_memory_bytes, t.fits,
+           t.layout_rules] for t in plan.trials]
+print(json.dumps({"wall": wall, "plan": [str(plan.choice), plan.layout_rules,
+                  plan.step_time_s, plan.peak_memory_bytes, trials]}))
+"""
+
+
+def _plan(tree: str, key: str) -> tuple[float, str]:
+    """(seconds, digest of the plan and its trials) of case ``key``."""
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD, tree, key],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tree,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"{key} in {tree} failed:\n{done.stderr[-3000:]}")
+    got = json.loads(done.stdout.splitlines()[-1])
+    digest = hashlib.sha256(json.dumps(got["plan"]).encode()).hexdigest()[:12]
+    return got["wall"], digest
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--base", required=True, help="the commit to compare with")
+    ap.add_argument("--runs", type=int, default=6, help="runs per model and tree")
+    ap.add_argument("--only", default="", help="comma-separated case keys")
+    ap.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
+    args = ap.parse_args()
+    if args.runs < 1:
+        ap.error(f"--runs {args.runs}: expected at least 1")
+    cases = selected(args.only)
+    if not cases:
+        ap.error(f"--only {args.only!r} names no case")
+    rev = subprocess.run(
+        ["git", "rev-parse", "--short", args.base],
+        capture_output=True, text=True, cwd=ROOT,
+    )  # fmt: skip
+    if rev.returncode != 0:
+        ap.error(f"--base {args.base!r}: not a commit of this repository")
+    base = rev.stdout.strip()
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"],
+        capture_output=True, text=True, cwd=ROOT,
+    ).stdout.strip()  # fmt: skip
+    times: dict[tuple[str, str], list[float]] = {}
+    digests: dict[tuple[str, str], set[str]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = os.path.join(tmp, "base")
+        subprocess.run(
+            ["git", "worktree", "add", "--detach", "--quiet", tree, base],
+            check=True, cwd=ROOT,
+        )  # fmt: skip
+        try:
+            for run in range(args.runs):
+                for case in cases:
+                    for who, root in (("base", tree), ("this", str(ROOT))):
+                        wall, digest = _plan(root, case.key)
+                        times.setdefault((case.key, who), []).append(wall)
+                        digests.setdefault((case.key, who), set()).add(digest)
+                        print(f"run {run + 1}/{args.runs} {case.key} {who}: "
+                              f"{wall:.2f} s", flush=True)  # fmt: skip
+        finally:
+            subprocess.run(
+                ["git", "worktree", "remove", "--force", tree], cwd=ROOT, check=False
+            )
+    header = (
+        f"| model | this tree ({head}), median s | base ({base}), median s "
+        "| ratio | this tree, all runs | base, all runs | same plan and trials |\n"
+        "|---|---|---|---|---|---|---|\n"
+    )
+    rows = []
+    for case in cases:
+        mine, theirs = times[(case.key, "this")], times[(case.key, "base")]
+        same = digests[(case.key, "this")] == digests[(case.key, "base")]
+        same = same and len(digests[(case.key, "this")]) == 1
+        m, b = statistics.median(mine), statistics.median(theirs)
+        rows.append(
+            f"| {case.title} | {m:.2f} | {b:.2f} | {m / b:.2f} | "
+            f"{', '.join(f'{t:.2f}' for t in mine)} | "
+            f"{', '.join(f'{t:.2f}' for t in theirs)} | {'yes' if same else 'NO'} |"
+        )
+    only = f" --only {args.only}" if args.only else ""
+    body = (
+        "## Scale search: planning time against an earlier commit\n\n"
+        f"Command: `.venv/bin/python bench/scale_ab.py --base {args.base} "
+        f"--runs {args.runs}{only} --write` (2 cores; each plan in a fresh "
+        "interpreter, OR-tools' import included, the two trees in turn).\n\n"
+        + header
+        + "\n".join(rows)
+        + "\n"
+    )
+    print(body)
+    if args.write:
+        replace_section("scale-ab", body)
+
+
+if __name__ == "__main__":
+    main()
