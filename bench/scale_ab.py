@@ -35,24 +35,32 @@ from bench.scale import selected  # noqa: E402
 
 # Run in a fresh interpreter with the tree's root first on sys.path.
 _CHILD = """
-import json, sys, time
+import json, resource, sys, time
 sys.path.insert(0, sys.argv[1])
 from bench.scale import CASES
 from layout_planner.choices import plan_transformer
+def cpu():
+    return sum(
+        r.ru_utime + r.ru_stime
+        for r in map(resource.getrusage,
+                     (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    )
 case = next(c for c in CASES if c.key == sys.argv[2])
-start = time.perf_counter()
+start, cpu0 = time.perf_counter(), cpu()
 plan = plan_transformer(case.config, case.devices, case.hardware,
                         encoder_decoder=case.encoder_decoder)
-wall = time.perf_counter() - start
+wall, used = time.perf_counter() - start, cpu() - cpu0
 trials = [[str(t.choice), t.step_time_s, t.peak_memory_bytes, t.fits,
            t.layout_rules] for t in plan.trials]
-print(json.dumps({"wall": wall, "plan": [str(plan.choice), plan.layout_rules,
-                  plan.step_time_s, plan.peak_memory_bytes, trials]}))
+print(json.dumps({"wall": wall, "cpu": used, "plan": [
+    str(plan.choice), plan.layout_rules, plan.step_time_s,
+    plan.peak_memory_bytes, trials]}))
 """
 
 
-def _plan(tree: str, key: str) -> tuple[float, str]:
-    """(seconds, digest of the plan and its trials) of case ``key``."""
+def _plan(tree: str, key: str) -> tuple[float, float, str]:
+    """(seconds, CPU seconds of the process and its workers, digest of the
+    plan and its trials) of case ``key``."""
     done = subprocess.run(
         [sys.executable, "-c", _CHILD, tree, key],
         capture_output=True,
@@ -64,7 +72,7 @@ def _plan(tree: str, key: str) -> tuple[float, str]:
         raise SystemExit(f"{key} in {tree} failed:\n{done.stderr[-3000:]}")
     got = json.loads(done.stdout.splitlines()[-1])
     digest = hashlib.sha256(json.dumps(got["plan"]).encode()).hexdigest()[:12]
-    return got["wall"], digest
+    return got["wall"], got["cpu"], digest
 
 
 def main() -> None:
@@ -91,6 +99,7 @@ def main() -> None:
         capture_output=True, text=True, cwd=ROOT,
     ).stdout.strip()  # fmt: skip
     times: dict[tuple[str, str], list[float]] = {}
+    cpus: dict[tuple[str, str], list[float]] = {}
     digests: dict[tuple[str, str], set[str]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         tree = os.path.join(tmp, "base")
@@ -102,19 +111,22 @@ def main() -> None:
             for run in range(args.runs):
                 for case in cases:
                     for who, root in (("base", tree), ("this", str(ROOT))):
-                        wall, digest = _plan(root, case.key)
+                        wall, used, digest = _plan(root, case.key)
                         times.setdefault((case.key, who), []).append(wall)
+                        cpus.setdefault((case.key, who), []).append(used)
                         digests.setdefault((case.key, who), set()).add(digest)
                         print(f"run {run + 1}/{args.runs} {case.key} {who}: "
-                              f"{wall:.2f} s", flush=True)  # fmt: skip
+                              f"{wall:.2f} s, CPU {used:.2f} s",
+                              flush=True)  # fmt: skip
         finally:
             subprocess.run(
                 ["git", "worktree", "remove", "--force", tree], cwd=ROOT, check=False
             )
     header = (
         f"| model | this tree ({head}), median s | base ({base}), median s "
-        "| ratio | this tree, all runs | base, all runs | same plan and trials |\n"
-        "|---|---|---|---|---|---|---|\n"
+        "| ratio | this tree, all runs | base, all runs "
+        "| CPU s, this tree / base (medians) | same plan and trials |\n"
+        "|---|---|---|---|---|---|---|---|\n"
     )
     rows = []
     for case in cases:
@@ -122,17 +134,21 @@ def main() -> None:
         same = digests[(case.key, "this")] == digests[(case.key, "base")]
         same = same and len(digests[(case.key, "this")]) == 1
         m, b = statistics.median(mine), statistics.median(theirs)
+        cm = statistics.median(cpus[(case.key, "this")])
+        cb = statistics.median(cpus[(case.key, "base")])
         rows.append(
             f"| {case.title} | {m:.2f} | {b:.2f} | {m / b:.2f} | "
             f"{', '.join(f'{t:.2f}' for t in mine)} | "
-            f"{', '.join(f'{t:.2f}' for t in theirs)} | {'yes' if same else 'NO'} |"
+            f"{', '.join(f'{t:.2f}' for t in theirs)} | {cm:.2f} / {cb:.2f} | "
+            f"{'yes' if same else 'NO'} |"
         )
     only = f" --only {args.only}" if args.only else ""
     body = (
         "## Scale search: planning time against an earlier commit\n\n"
         f"Command: `.venv/bin/python bench/scale_ab.py --base {args.base} "
         f"--runs {args.runs}{only} --write` (2 cores; each plan in a fresh "
-        "interpreter, OR-tools' import included, the two trees in turn).\n\n"
+        "interpreter, OR-tools' import included, the two trees in turn; CPU s: "
+        "the interpreter's and its search workers', from `getrusage`).\n\n"
         + header
         + "\n".join(rows)
         + "\n"
