@@ -260,6 +260,8 @@ def plan_layout_change(
     end.  Then the remaining allconcats, then the allsplits.  Mesh axes of size
     1 are ignored.
     """
+    if old_layout == new_layout:
+        return []  # most of the layout changes the planner prices
     nd = ctx.ndims
     old_m2t = old_layout.mesh_axis_to_tensor_axis(nd)
     new_m2t = new_layout.mesh_axis_to_tensor_axis(nd)

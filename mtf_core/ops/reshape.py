@@ -27,7 +27,7 @@ is case 2: one alltoall moving the axis from ``b`` to ``a``.
 
 from __future__ import annotations
 
-import math
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -104,8 +104,15 @@ class ReshapePlan:
     out_layout: TensorLayout
 
 
-def _prefixes(shape: Shape) -> list[int]:
-    return [math.prod(d.size for d in shape.dims[:i]) for i in range(len(shape))]
+@functools.lru_cache(maxsize=4096)
+def _prefixes(shape: Shape) -> tuple[int, ...]:
+    """Each dim's flat prefix: the product of the sizes before it (shapes
+    repeat across the layouts the planner prices, so they are remembered)."""
+    out, prefix = [], 1
+    for d in shape.dims:
+        out.append(prefix)
+        prefix *= d.size
+    return tuple(out)
 
 
 def plan_reshape(ctx: LayoutContext, in_shape: Shape, out_shape: Shape) -> ReshapePlan:
@@ -122,7 +129,7 @@ def plan_reshape(ctx: LayoutContext, in_shape: Shape, out_shape: Shape) -> Resha
     def partner(
         prefix: int,
         shape: Shape,
-        prefixes: list[int],
+        prefixes: Sequence[int],
         n: int,
         layout: TensorLayout,
         work: list[int | None],
