@@ -82,6 +82,41 @@ class DimsetTable:
 
 
 @dataclass(frozen=True)
+class PricedTable:
+    """A priced :class:`DimsetTable`'s entries, to fill an equal table of
+    another problem with (:class:`LayoutProblem`'s ``table_memo``)."""
+
+    time_s: tuple[float, ...]
+    compute_s: tuple[float, ...]
+    comm_s: tuple[tuple[tuple[str, float], ...], ...]
+    buffer_bytes: tuple[int, ...]
+    invalid: tuple[str | None, ...]
+    once_s: tuple[float, ...]
+    ordered: frozenset[int]
+
+    @classmethod
+    def of(cls, table: DimsetTable) -> PricedTable:
+        return cls(
+            tuple(table.time_s),
+            tuple(table.compute_s),
+            tuple(tuple(c.items()) for c in table.comm_s),
+            tuple(table.buffer_bytes),
+            tuple(table.invalid),
+            tuple(table.once_s),
+            frozenset(table.ordered),
+        )
+
+    def fill(self, table: DimsetTable) -> None:
+        table.time_s = list(self.time_s)
+        table.compute_s = list(self.compute_s)
+        table.comm_s = [dict(c) for c in self.comm_s]
+        table.buffer_bytes = list(self.buffer_bytes)
+        table.invalid = list(self.invalid)
+        table.once_s = list(self.once_s)
+        table.ordered = set(self.ordered)
+
+
+@dataclass(frozen=True)
 class TableCost:
     """A layout priced from the tables (see :meth:`LayoutProblem.table_cost`)."""
 
@@ -129,11 +164,17 @@ class LayoutProblem:
         analysis: GraphAnalysis | None = None,
         pricer: UnitPricer | None = None,
         per_batch_weight: int = 1,
+        table_memo: dict[Hashable, PricedTable] | None = None,
     ) -> None:
         """``analysis``: a :class:`GraphAnalysis` of ``graph`` and ``outputs``
         to reuse (the mesh-shape search shares one); made here if None.
         ``pricer``: a :class:`UnitPricer` of this mesh and hardware to price
         the units with (problems of one mesh may share one); made if None.
+        ``table_memo``: priced tables shared by the problems that share
+        ``pricer`` (whose units cost the same under equal signatures, as
+        ``layout_planner.scale_search``'s do): a table of the same dims,
+        assignments and units (signatures and counts, in order) as one
+        priced before is copied from it.
         ``per_batch_weight``: how many times the time objective counts the
         per-micro-batch part of the step (a pipeline's ``m + p - 1`` slots),
         against once for its once-per-step part (:meth:`weighted_time_s`)."""
@@ -159,6 +200,7 @@ class LayoutProblem:
         #: each rule whose dim and mesh axis this problem has), or None.
         self.hint: LayoutRules | None = None
         self._given_pricer = pricer
+        self._table_memo = table_memo
         self.graph = graph
         self.mesh_shape = mesh_shape
         self.hw = hardware
@@ -262,10 +304,19 @@ class LayoutProblem:
         # collective buffer and how many of its collectives change a layout.
         self._buffers: dict[int, tuple[UnitCost, int, int]] = {}
         perms = self._axis_permutations()
+        memo = self._table_memo
         for dims in sorted(groups):
             table = self._table(dims)
             by_sig = list(groups[dims].values())
             table.num_units = sum(count for _, count in by_sig)
+            memo_key: Hashable = None
+            if memo is not None and all(u.signature is not None for u, _ in by_sig):
+                units = tuple((u.signature, count) for u, count in by_sig)
+                memo_key = (dims, tuple(table.assignments), units)
+                known = memo.get(memo_key)
+                if known is not None:
+                    known.fill(table)
+                    continue
             images = _images(table, perms)
             for k in range(len(table.assignments)):
                 if k not in images:
@@ -273,6 +324,8 @@ class LayoutProblem:
             if images and not self._copy_images(table, images, by_sig):
                 for k in images:  # not symmetric after all: price them all
                     self._price_entry(table, k, by_sig)
+            if memo is not None and memo_key is not None:
+                memo[memo_key] = PricedTable.of(table)
 
     def _price_entry(
         self, table: DimsetTable, k: int, by_sig: Sequence[tuple[CostUnit, int]]

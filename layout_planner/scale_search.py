@@ -62,7 +62,7 @@ from layout_planner.baselines import plan_cost
 from layout_planner.errors import PlannerError, SolverError
 from layout_planner.plan import LayoutPlan
 from layout_planner.plan_mesh import plan_problem
-from layout_planner.problem import LayoutProblem
+from layout_planner.problem import LayoutProblem, PricedTable
 from layout_planner.program import Objective, SolveParams
 from layout_planner.recompute_program import solve_with_recomputation
 from layout_planner.scale_bounds import flops_bound_s
@@ -130,6 +130,9 @@ class _SignaturePricer(UnitPricer):
     ) -> None:
         super().__init__(mesh_shape, hw)
         self._known: dict[tuple[object, ...], UnitCost | LayoutError] = {}
+        #: Tables priced with this pricer (``LayoutProblem``'s ``table_memo``):
+        #: a mesh's recomputation options share most of them.
+        self.tables: dict[Hashable, PricedTable] = {}
         self._shared = {} if shared is None else shared
         self._axes = [
             (d.name, d.size, hw.link_for_axis(d.name, mesh_shape)) for d in mesh_shape
@@ -366,6 +369,7 @@ class _Stages:
             analysis=stacked or g.analysis,
             pricer=pricer,
             per_batch_weight=choice.micro_batches + choice.stages - 1,
+            table_memo=pricer.tables,
         )
         if choice.stages > 1:
             # Each slot also sends the boundary activation forward and its

@@ -575,3 +575,36 @@ def test_a_search_given_a_step_to_beat_says_when_nothing_beats_it(workers):
     # A little slower than it, the same plan comes back.
     again = search(incumbent_s=plan.step_time_s * 1.001)
     assert again.choice == plan.choice and again.step_time_s == plan.step_time_s
+
+
+def test_a_meshs_recomputation_options_share_their_equal_tables():
+    """The stage problems of one mesh (one pricer) copy each table whose
+    dims, assignments and units (signatures and counts) a problem before
+    them priced, and those tables are what pricing afresh gives."""
+    from layout_planner.problem import LayoutProblem
+
+    hw = get_hardware("h100-nvlink-ib")
+    cfg = CFG.replace(shardable_weights=True, shardable_slots=True)
+    stages = _Stages(cfg, build_lm, "adam")
+    options = [
+        ScaleChoice(2, 2, 2, 16, "1f1b", a, f)
+        for a, f in (("none", "none"), ("scores", "none"), ("block", "block"))
+    ]
+    problems = [stages.stage(c, hw).problem for c in options]
+    pricer = problems[0]._given_pricer
+    assert all(p is not None and p._given_pricer is pricer for p in problems)
+    total = sum(len(p.tables) for p in problems)
+    # Fewer tables priced than the three problems hold: the rest were copied.
+    assert 0 < len(pricer.tables) < total - len(problems[0].tables) // 2
+    for p in problems:
+        fresh = LayoutProblem(
+            p.graph, p.mesh_shape, hw, p.outputs, analysis=p.analysis,
+            per_batch_weight=p.per_batch_weight,
+        )  # fmt: skip
+        assert [t.dims for t in fresh.tables] == [t.dims for t in p.tables]
+        for got, want in zip(p.tables, fresh.tables):
+            assert got.assignments == want.assignments
+            assert got.time_s == want.time_s and got.once_s == want.once_s
+            assert got.compute_s == want.compute_s and got.comm_s == want.comm_s
+            assert got.buffer_bytes == want.buffer_bytes
+            assert got.invalid == want.invalid and got.ordered == want.ordered
