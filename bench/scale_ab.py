@@ -11,7 +11,10 @@ step to the last bit, peak, fit and layout); with ``--write`` puts them in
 docs/benchmarks.md, section ``scale-ab``.
 
     .venv/bin/python bench/scale_ab.py --base REV [--runs 6]
-        [--only gpt3,llama64,...] [--write]
+        [--only gpt3,llama64,...] [--workers N] [--write]
+
+``--workers 1`` plans in one process (its CPU seconds are then steadier
+than the wall time of two), into section ``scale-ab-1``.
 
 The base tree is a detached ``git worktree`` of ``REV`` in a temporary
 directory, removed at the end; both trees run with this checkout's Python.
@@ -47,8 +50,9 @@ def cpu():
     )
 case = next(c for c in CASES if c.key == sys.argv[2])
 start, cpu0 = time.perf_counter(), cpu()
+workers = int(sys.argv[3]) if sys.argv[3] else None
 plan = plan_transformer(case.config, case.devices, case.hardware,
-                        encoder_decoder=case.encoder_decoder)
+                        encoder_decoder=case.encoder_decoder, workers=workers)
 wall, used = time.perf_counter() - start, cpu() - cpu0
 trials = [[str(t.choice), t.step_time_s, t.peak_memory_bytes, t.fits,
            t.layout_rules] for t in plan.trials]
@@ -58,11 +62,11 @@ print(json.dumps({"wall": wall, "cpu": used, "plan": [
 """
 
 
-def _plan(tree: str, key: str) -> tuple[float, float, str]:
+def _plan(tree: str, key: str, workers: int | None) -> tuple[float, float, str]:
     """(seconds, CPU seconds of the process and its workers, digest of the
     plan and its trials) of case ``key``."""
     done = subprocess.run(
-        [sys.executable, "-c", _CHILD, tree, key],
+        [sys.executable, "-c", _CHILD, tree, key, str(workers or "")],
         capture_output=True,
         text=True,
         timeout=600,
@@ -80,10 +84,15 @@ def main() -> None:
     ap.add_argument("--base", required=True, help="the commit to compare with")
     ap.add_argument("--runs", type=int, default=6, help="runs per model and tree")
     ap.add_argument("--only", default="", help="comma-separated case keys")
+    ap.add_argument(
+        "--workers", type=int, default=None, help="plan_transformer's workers"
+    )
     ap.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
     args = ap.parse_args()
     if args.runs < 1:
         ap.error(f"--runs {args.runs}: expected at least 1")
+    if args.workers is not None and args.workers < 1:
+        ap.error(f"--workers {args.workers}: expected at least 1")
     cases = selected(args.only)
     if not cases:
         ap.error(f"--only {args.only!r} names no case")
@@ -111,7 +120,7 @@ def main() -> None:
             for run in range(args.runs):
                 for case in cases:
                     for who, root in (("base", tree), ("this", str(ROOT))):
-                        wall, used, digest = _plan(root, case.key)
+                        wall, used, digest = _plan(root, case.key, args.workers)
                         times.setdefault((case.key, who), []).append(wall)
                         cpus.setdefault((case.key, who), []).append(used)
                         digests.setdefault((case.key, who), set()).add(digest)
@@ -143,8 +152,10 @@ def main() -> None:
             f"{'yes' if same else 'NO'} |"
         )
     only = f" --only {args.only}" if args.only else ""
+    only += f" --workers {args.workers}" if args.workers else ""
+    procs = "" if args.workers is None else f", {args.workers} worker(s)"
     body = (
-        "## Scale search: planning time against an earlier commit\n\n"
+        f"## Scale search: planning time against an earlier commit{procs}\n\n"
         f"Command: `.venv/bin/python bench/scale_ab.py --base {args.base} "
         f"--runs {args.runs}{only} --write` (2 cores; each plan in a fresh "
         "interpreter, OR-tools' import included, the two trees in turn; CPU s: "
@@ -155,7 +166,8 @@ def main() -> None:
     )
     print(body)
     if args.write:
-        replace_section("scale-ab", body)
+        key = "scale-ab" if args.workers is None else f"scale-ab-{args.workers}"
+        replace_section(key, body)
 
 
 if __name__ == "__main__":
