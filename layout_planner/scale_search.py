@@ -612,6 +612,12 @@ class Mesh:
     spec: PipelineSpec
     sequence: int = 1
 
+    @property
+    def sizes(self) -> tuple[int, int, int, int, int]:
+        """(pp, dp, sp, tp, micro-batches): a trial's ``ScaleChoice.mesh_sizes``
+        and micro-batch count."""
+        return (self.stages, self.data, self.sequence, self.tensor, self.micro_batches)
+
     def __str__(self) -> str:
         sp = f" x sp {self.sequence}" if self.sequence > 1 else ""
         return f"pp {self.stages} x dp {self.data}{sp} x tp {self.tensor}"
@@ -1047,8 +1053,7 @@ class _Ahead(_Source):
         self._check_ahead = check_ahead
         self._done: dict[tuple[str, Any], _Result] = {}
         self._sent: set[tuple[str, Any]] = set()
-        self._holds: dict[int, set[int]] = {w: set() for w in range(self._pool.count)}
-        #: The (pp, dp, tp, sp, m) of the meshes each worker laid out.
+        #: The :attr:`Mesh.sizes` of the meshes each worker laid out.
         self._laid: dict[int, set[tuple[int, int, int, int, int]]] = {
             w: set() for w in range(self._pool.count)
         }
@@ -1071,9 +1076,7 @@ class _Ahead(_Source):
         will skip it: a free layout that :meth:`_beaten_before` says so of,
         a joint program whose bound a fitting trial reaches), unless the
         passes wait for it: a fresh worker runs what they need sooner."""
-        best = min(
-            [s for s, i, _, _ in self._fits if i < self._first] + [self._incumbent_s]
-        )
+        best = self._best_step()
         bounds = dict((i, b) for b, i in self._joint_bounds())
         for w, task in self._pool.running().items():
             assert isinstance(task, tuple)
@@ -1085,7 +1088,7 @@ class _Ahead(_Source):
             ):
                 self._pool.replace(w)
                 self._sent.discard(task)
-                self._holds[w], self._laid[w] = set(), set()
+                self._laid[w] = set()
 
     def checked(self, choice: ScaleChoice, rules: str) -> _Checked | None:
         """``rules`` of ``choice`` on its full stage graph, if a worker was
@@ -1094,8 +1097,7 @@ class _Ahead(_Source):
         for it to finish; else None."""
         task = ("check", (choice, rules))
         if task not in self._sent:
-            c = choice
-            mesh = (c.stages, c.data, c.tensor, c.sequence, c.micro_batches)
+            mesh = (*choice.mesh_sizes, choice.micro_batches)
             holder = next((w for w in self._pool.idle() if mesh in self._laid[w]), None)
             if holder is None:
                 return None
@@ -1123,19 +1125,15 @@ class _Ahead(_Source):
                 break
             self._sent.add(task)
             if task[0] != "check":
-                m = self.meshes[task[1]]
-                self._holds[w].add(m.micro_batches)
-                self._laid[w].add(
-                    (m.stages, m.data, m.tensor, m.sequence, m.micro_batches)
-                )
+                self._laid[w].add(self.meshes[task[1]].sizes)
             self._pool.submit(w, task, self._item(task))
         if not self._pool.busy():  # pragma: no cover - needed is always sent
             raise WorkerError(f"nothing is running and {needed!r} is not done")
 
     def _next(self, w: int) -> tuple[str, Any] | None:
         meshes = self.meshes
-        mine = self._holds[w]
-        held = set().union(*self._holds.values())
+        mine = self._micro_batches(w)
+        held = set().union(*map(self._micro_batches, self._laid))
         frees = [
             i
             for i in range(self._first)
@@ -1150,7 +1148,7 @@ class _Ahead(_Source):
                     or (pick == "unheld" and size not in held)
                 ):
                     return ("free", i)
-        best = min([s for s, _, _, _ in self._fits] + [self._incumbent_s])
+        best = self._best_step()
         joints = (
             [
                 i
@@ -1165,6 +1163,17 @@ class _Ahead(_Source):
         near = joints[: self._pool.count]
         own = next((i for i in near if meshes[i].micro_batches in mine), near[0])
         return ("joint", own)
+
+    def _micro_batches(self, w: int) -> set[int]:
+        """The micro-batch counts whose graphs worker ``w`` holds."""
+        return {sizes[-1] for sizes in self._laid[w]}
+
+    def _best_step(self) -> float:
+        """The fastest fitting step of the passes' meshes known (a fewer
+        micro-batches' trial, laid out ahead for a trial that may not stay
+        the best, bounds nothing), or the incumbent."""
+        steps = [s for s, i, _, _ in self._fits if i < self._first]
+        return min([*steps, self._incumbent_s])
 
     def _ahead_of_the_passes(self) -> tuple[str, Any] | None:
         """With nothing else to run, for the fastest fitting trial so far

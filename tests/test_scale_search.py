@@ -46,6 +46,22 @@ def _same_plan(fast, slow):
     assert ties <= 1
 
 
+def _in_fresh_interpreter(code: str, timeout: float = 300) -> dict:
+    """The JSON that ``code`` prints last, run in a fresh interpreter:
+    forking workers needs a process without TensorFlow, which a test worker
+    may have loaded."""
+    import json
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True,
+        timeout=timeout,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict = json.loads(done.stdout.splitlines()[-1])
+    return result
+
+
 @pytest.mark.parametrize("memory_mib", [None, 30])
 def test_search_on_representatives_returns_the_exhaustive_plan(memory_mib):
     # 8 devices: pipelines of 1, 2, 4 stages (12, 6, 3 layers: the first two
@@ -163,18 +179,11 @@ print(json.dumps({"one": out(one), "two": out(two), "seen": seen}))
 
 
 def test_two_processes_give_the_same_plan_and_trials():
-    # In a fresh interpreter: forking needs a process without TensorFlow,
-    # which a test worker may have loaded.
     import dataclasses
     import json
-    import subprocess
 
     code = "CFG = " + repr(json.dumps(dataclasses.asdict(CFG))) + _TWO_PROCESSES
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=600
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    got = json.loads(done.stdout.splitlines()[-1])
+    got = _in_fresh_interpreter(code, timeout=600)
     assert got["one"] == got["two"]  # plan and every trial, to the last bit
     meshes = [p for p, _ in got["seen"] if p.startswith("mesh ")]
     assert meshes and all(p.endswith("(on 2 processes)") for p in meshes)
@@ -233,15 +242,7 @@ def test_an_idle_worker_runs_what_the_search_asks_for_next_ahead():
     graph; the search takes both.  A winner not checked ahead is priced by
     an idle worker that laid its mesh out (it holds the graphs), else by
     the search itself."""
-    import json
-    import subprocess
-
-    done = subprocess.run(
-        [sys.executable, "-c", _CHECK_AHEAD], capture_output=True, text=True,
-        timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    got = json.loads(done.stdout.splitlines()[-1])
+    got = _in_fresh_interpreter(_CHECK_AHEAD)
     mesh0 = ScaleChoice(1, 8, 1, 4, "1f1b", "none", "none")
     # Sent before the search asked for mesh 2 (the fewer micro-batches):
     # every mesh's free layout and the check of mesh 0's.
@@ -293,15 +294,7 @@ def test_a_worker_running_a_beaten_joint_program_is_replaced():
     """A joint program sent ahead before a fitting trial beat its bound is
     abandoned once that trial arrives (its worker replaced), so the worker is
     free for what the search needs next."""
-    import json
-    import subprocess
-
-    done = subprocess.run(
-        [sys.executable, "-c", _DROP_BEATEN], capture_output=True, text=True,
-        timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    got = json.loads(done.stdout.splitlines()[-1])
+    got = _in_fresh_interpreter(_DROP_BEATEN)
     assert got["running"] == []
     assert got["sent"] == [["free", 0], ["free", 1], ["free", 2], ["joint", 2]]
     assert got["took"] < 4.0
