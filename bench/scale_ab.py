@@ -33,7 +33,13 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import ROOT, replace_section  # noqa: E402
+from bench.common import (  # noqa: E402
+    ROOT,
+    command_line,
+    machine_summary,
+    markdown_table,
+    replace_section,
+)
 from bench.scale import selected  # noqa: E402
 
 # Run in a fresh interpreter with the tree's root first on sys.path.
@@ -107,9 +113,9 @@ def main() -> None:
         ["git", "rev-parse", "--short", "HEAD"],
         capture_output=True, text=True, cwd=ROOT,
     ).stdout.strip()  # fmt: skip
-    times: dict[tuple[str, str], list[float]] = {}
-    cpus: dict[tuple[str, str], list[float]] = {}
-    digests: dict[tuple[str, str], set[str]] = {}
+    machine = machine_summary()  # the load as the runs start
+    #: (wall s, CPU s, digest) of each run, by (case, tree).
+    runs: dict[tuple[str, str], list[tuple[float, float, str]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         tree = os.path.join(tmp, "base")
         subprocess.run(
@@ -121,9 +127,9 @@ def main() -> None:
                 for case in cases:
                     for who, root in (("base", tree), ("this", str(ROOT))):
                         wall, used, digest = _plan(root, case.key, args.workers)
-                        times.setdefault((case.key, who), []).append(wall)
-                        cpus.setdefault((case.key, who), []).append(used)
-                        digests.setdefault((case.key, who), set()).add(digest)
+                        runs.setdefault((case.key, who), []).append(
+                            (wall, used, digest)
+                        )
                         print(f"run {run + 1}/{args.runs} {case.key} {who}: "
                               f"{wall:.2f} s, CPU {used:.2f} s",
                               flush=True)  # fmt: skip
@@ -131,38 +137,32 @@ def main() -> None:
             subprocess.run(
                 ["git", "worktree", "remove", "--force", tree], cwd=ROOT, check=False
             )
-    header = (
-        f"| model | this tree ({head}), median s | base ({base}), median s "
-        "| ratio | this tree, all runs | base, all runs "
-        "| CPU s, this tree / base (medians) | same plan and trials |\n"
-        "|---|---|---|---|---|---|---|---|\n"
-    )
+    headers = [
+        "model", f"this tree ({head}), median s", f"base ({base}), median s",
+        "ratio", "this tree, all runs", "base, all runs",
+        "CPU s, this tree / base (medians)", "same plan and trials",
+    ]  # fmt: skip
     rows = []
     for case in cases:
-        mine, theirs = times[(case.key, "this")], times[(case.key, "base")]
-        same = digests[(case.key, "this")] == digests[(case.key, "base")]
-        same = same and len(digests[(case.key, "this")]) == 1
-        m, b = statistics.median(mine), statistics.median(theirs)
-        cm = statistics.median(cpus[(case.key, "this")])
-        cb = statistics.median(cpus[(case.key, "base")])
+        mine, theirs = runs[(case.key, "this")], runs[(case.key, "base")]
+        walls = [[w for w, _, _ in r] for r in (mine, theirs)]
+        m, b = (statistics.median(w) for w in walls)
+        cm, cb = (statistics.median(c for _, c, _ in r) for r in (mine, theirs))
+        same = len({d for _, _, d in mine + theirs}) == 1
         rows.append(
-            f"| {case.title} | {m:.2f} | {b:.2f} | {m / b:.2f} | "
-            f"{', '.join(f'{t:.2f}' for t in mine)} | "
-            f"{', '.join(f'{t:.2f}' for t in theirs)} | {cm:.2f} / {cb:.2f} | "
-            f"{'yes' if same else 'NO'} |"
-        )
-    only = f" --only {args.only}" if args.only else ""
-    only += f" --workers {args.workers}" if args.workers else ""
+            [
+                case.title, f"{m:.2f}", f"{b:.2f}", f"{m / b:.2f}",
+                *(", ".join(f"{t:.2f}" for t in w) for w in walls),
+                f"{cm:.2f} / {cb:.2f}", "yes" if same else "NO",
+            ]
+        )  # fmt: skip
     procs = "" if args.workers is None else f", {args.workers} worker(s)"
     body = (
         f"## Scale search: planning time against an earlier commit{procs}\n\n"
-        f"Command: `.venv/bin/python bench/scale_ab.py --base {args.base} "
-        f"--runs {args.runs}{only} --write` (2 cores; each plan in a fresh "
-        "interpreter, OR-tools' import included, the two trees in turn; CPU s: "
-        "the interpreter's and its search workers', from `getrusage`).\n\n"
-        + header
-        + "\n".join(rows)
-        + "\n"
+        f"Command: `{command_line()}` ({machine}; each plan in a "
+        "fresh interpreter, OR-tools' import included, the two trees in turn; "
+        "CPU s: the interpreter's and its search workers', from `getrusage`)."
+        "\n\n" + markdown_table(headers, rows) + "\n"
     )
     print(body)
     if args.write:
