@@ -33,7 +33,7 @@ SERIES = """
 import pandas as pd
 v = m.new_int_var_series("v", pd.Index(["a", "b", "c"]), 0, 3)
 m.add(v.sum() == 7)
-m.maximize(v["a"])
+m.maximize(4 * v["a"] + 2 * v["b"] + v["c"])  # one optimum: 3, 3, 1
 assert s.solve(m) == cp_model.OPTIMAL, s.status_name()
 got = s.values(v)
 print("series", type(got).__module__.split(".")[0], got.tolist())
@@ -70,3 +70,23 @@ def test_the_stand_in_forwards_every_other_name_to_the_real_pandas():
         "print(type(cp_model.pd).__name__, cp_model.pd.DataFrame({'a': [1]}).shape)\n"
     )
     assert run(code)[3:] == ["_DeferredPandas", "(1,", "1)"]
+
+
+def test_another_thread_using_pandas_while_cp_model_loads_gets_the_real_one():
+    # Inside the import's window only the loading thread gets stand-ins; a
+    # thread that reads pandas there imports the real one, which stays.
+    code = """
+import sys, threading
+from layout_planner.ortools_import import _pandas_deferred
+with _pandas_deferred():
+    stand_in = sys.modules["pandas"]
+    got = []
+    t = threading.Thread(target=lambda: got.append(stand_in.Series))
+    t.start()
+    t.join()
+    mine = stand_in.Series
+print(mine.__module__ == "pandas (not imported)",
+      got[0] is sys.modules["pandas"].Series,
+      type(sys.modules["pandas"]).__name__)
+"""
+    assert run(code) == ["True", "True", "module"]
