@@ -9,11 +9,13 @@ into its own section of docs/benchmarks.md, fenced by ``<!-- BEGIN key -->`` /
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import re
 import shlex
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -39,6 +41,24 @@ def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
     t0 = time.perf_counter()
     out = fn()
     return out, time.perf_counter() - t0
+
+
+def child_json(
+    code: str, args: Sequence[str], what: str, cwd: str | Path = ROOT
+) -> Any:
+    """Runs ``code`` in a fresh interpreter (``python -c code *args`` in
+    ``cwd``) and returns the JSON its last line of output prints; a child that
+    fails stops the benchmark, naming ``what`` and the end of its stderr."""
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=cwd,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"{what} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.splitlines()[-1])
 
 
 def median_seconds(fn: Callable[[], Any], repeats: int) -> float:

@@ -20,16 +20,14 @@ docs/benchmarks.md, section ``cp-sat-import``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import (  # noqa: E402
-    ROOT,
+    child_json,
     command_line,
     machine_summary,
     markdown_table,
@@ -61,16 +59,7 @@ _WAYS = {
 
 
 def _once(how: str) -> tuple[float, bool]:
-    done = subprocess.run(
-        [sys.executable, "-c", _CHILD, how],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-    )
-    if done.returncode != 0:
-        raise SystemExit(f"{how!r} failed:\n{done.stderr[-3000:]}")
-    seconds, pandas = json.loads(done.stdout.splitlines()[-1])
+    seconds, pandas = child_json(_CHILD, [how], repr(how))
     return seconds, pandas
 
 

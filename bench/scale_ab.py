@@ -35,6 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import (  # noqa: E402
     ROOT,
+    child_json,
     command_line,
     machine_summary,
     markdown_table,
@@ -71,16 +72,7 @@ print(json.dumps({"wall": wall, "cpu": used, "plan": [
 def _plan(tree: str, key: str, workers: int | None) -> tuple[float, float, str]:
     """(seconds, CPU seconds of the process and its workers, digest of the
     plan and its trials) of case ``key``."""
-    done = subprocess.run(
-        [sys.executable, "-c", _CHILD, tree, key, str(workers or "")],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tree,
-    )
-    if done.returncode != 0:
-        raise SystemExit(f"{key} in {tree} failed:\n{done.stderr[-3000:]}")
-    got = json.loads(done.stdout.splitlines()[-1])
+    got = child_json(_CHILD, [tree, key, str(workers or "")], f"{key} in {tree}", tree)
     digest = hashlib.sha256(json.dumps(got["plan"]).encode()).hexdigest()[:12]
     return got["wall"], got["cpu"], digest
 
