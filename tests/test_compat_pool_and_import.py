@@ -154,7 +154,11 @@ def test_pool_operation_values_and_gradient(layout: tuple[str, str], kind: str) 
     else:
         up = np.repeat(np.repeat(want, 3, axis=1), 2, axis=2)
         want_dx = spread * (x_np == up)
-    np.testing.assert_allclose(lowering.export_to_tf_tensor(dx).numpy(), want_dx)
+    # rtol: TF's average-pool gradient rounds the division by the window
+    # differently with oneDNN on and off (one float32 ulp on AMD EPYC hosts).
+    np.testing.assert_allclose(
+        lowering.export_to_tf_tensor(dx).numpy(), want_dx, rtol=1e-6
+    )
     # the pool and its gradient never communicate (the loss's sum does)
     ops = {c.op_type for c in lowering.counters.collectives}
     assert not ops & {"Pool", "PoolBackProp"}
