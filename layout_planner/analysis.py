@@ -18,6 +18,7 @@ from cost_models.memory import MemoryModel, memory_model
 from cost_models.signatures import Signature
 from cost_models.units import UnitClass, cost_unit_classes
 from layout_planner.dim_graph import DimensionGraph
+from layout_planner.errors import PlannerError
 from mtf_core.graph import Graph, Operation, Tensor
 from mtf_core.shapes import Shape
 
@@ -32,6 +33,13 @@ def unique_rows(a: np.ndarray) -> np.ndarray:
     keep[0] = True
     np.any(ordered[1:] != ordered[:-1], axis=1, out=keep[1:])
     return ordered[keep]
+
+
+#: The bytes of all of a graph's tensors (unsplit) must stay below this
+#: (2**55, 32 PiB): memory rows sum them in int64, and a pipeline stage's
+#: rows add up to 63 other micro-batches' held bytes.  The reference models'
+#: stage graphs hold under 2**47 (docs/scale.md, "Bad input").
+MAX_GRAPH_BYTES = 2**55
 
 
 class GraphAnalysis:
@@ -81,6 +89,17 @@ class GraphAnalysis:
                     index.setdefault(names, len(index)),
                 )
             column[i] = hit[1]
+        total = sum(memory.nbytes)
+        if total >= MAX_GRAPH_BYTES:
+            big = max(range(len(memory.buffers)), key=memory.nbytes.__getitem__)
+            t = memory.buffers[big]
+            raise PlannerError(
+                f"the graph's tensors hold {total:,} B in all (the largest, "
+                f"{t.name} [{t.shape}], {memory.nbytes[big]:,} B); the planner "
+                "counts bytes in 64-bit integers and takes graphs under "
+                f"2**{MAX_GRAPH_BYTES.bit_length() - 1} B; expected smaller dims "
+                "or batch"
+            )
         nbytes = np.asarray(memory.nbytes, dtype=np.int64)
         # Each buffer adds its bytes to its class from the live set it joins
         # and takes them away from the one it leaves (see MemoryModel.spans).

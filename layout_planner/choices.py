@@ -207,6 +207,12 @@ def plan_transformer(
         if stages is not None
         else [s for s in pows if layers % s == 0 and devices % s == 0]
     )
+    for what, given in (("stages", stages), ("tensor", tensor)):
+        if given is not None and not list(given):
+            raise ScaleError(
+                f"{what} is empty; expected sizes to try, such as [1, 2, 4], or "
+                "None to search the defaults"
+            )
     for s in stage_sizes:
         if s > layers:
             raise PipelineError(
@@ -227,23 +233,46 @@ def plan_transformer(
     )
     flops = model_flops(cfg, encoder_decoder)
     meshes = []
+    skipped: list[str] = []  # why each (pp, sp, tp) is no mesh
     for pp in stage_sizes:
         for sp in sp_sizes:
             for tp in tensor_sizes:
+                sizes = (
+                    f"pp {pp} x sp {sp} x tp {tp}" if sp > 1 else f"pp {pp} x tp {tp}"
+                )
                 if devices % (pp * sp * tp):
+                    skipped.append(
+                        f"{sizes} = {pp * sp * tp} does not divide {devices}"
+                    )
                     continue
                 dp = devices // (pp * sp * tp)
                 if cfg.batch % dp:
+                    skipped.append(
+                        f"{sizes} leaves dp {dp}, which does not divide the batch "
+                        f"{cfg.batch}"
+                    )
                     continue
                 m = micro_batches if micro_batches is not None else cfg.batch // dp
                 spec = PipelineSpec(pp, m, schedule)
                 spec.check(layers, cfg.batch)
-                if (cfg.batch // m) % dp:
-                    continue  # a micro-batch must split over the data axis
+                if (cfg.batch // m) % dp:  # a micro-batch must split over dp
+                    skipped.append(
+                        f"{sizes} leaves dp {dp}, which does not divide a "
+                        f"micro-batch of {cfg.batch // m} sequences"
+                    )
+                    continue
                 # No step beats the model's flops at peak on every device,
                 # stretched by the bubble (layout_planner.scale_bounds).
                 bound = flops_bound_s(flops, hw, devices, m, pp)
                 meshes.append((bound, pp, tp, dp, m, spec, sp))
+    if not meshes:
+        more = f" (and {len(skipped) - 3} more)" if len(skipped) > 3 else ""
+        raise ScaleError(
+            f"no mesh of {devices} devices to try: {'; '.join(skipped[:3])}{more}; "
+            "expected stage, sequence and tensor sizes whose product divides the "
+            "devices and leaves a data axis dividing the batch (and each "
+            "micro-batch)"
+        )
     meshes.sort(key=lambda t: (t[0], t[1], t[2], t[6]))
 
     found = scale_search.search(

@@ -18,6 +18,12 @@ import numpy as np
 # picosecond keeps even a one-op graph on a CPU host (tens of nanoseconds)
 # exact to far below anything a cost model can claim.
 PS_PER_S = 10**12
+#: A program's slowest layout (every dim set at its slowest valid entry) must
+#: take less than this many picoseconds (2**61, about 27 days): CP-SAT
+#: computes in int64, and a joint recomputation program or a combined
+#: tie-break adds a few such spans.  The reference models' programs reach
+#: 2**55 (docs/scale.md, "Bad input").
+MAX_PROGRAM_PS = 2**61
 
 
 class SolveStatus(enum.Enum):
@@ -105,6 +111,22 @@ class IntegerProgram:
     #: solve starts its search there.  It changes no answer, only how soon
     #: CP-SAT finds it.
     x_hint: tuple[bool, ...] | None = None
+
+    def __post_init__(self) -> None:
+        span = self.time_offset_ps + sum(
+            max((t for t, bad in zip(d.time_ps, d.invalid) if not bad), default=0)
+            for d in self.dimsets
+        )
+        if span >= MAX_PROGRAM_PS:
+            from layout_planner.errors import PlannerError
+
+            raise PlannerError(
+                f"a layout of this graph could take {span / PS_PER_S:,.0f} s "
+                f"({span:,} ps); the planner counts time in 64-bit integer "
+                f"picoseconds and takes graphs whose slowest layout is under "
+                f"{MAX_PROGRAM_PS / PS_PER_S:,.0f} s; expected smaller dims, "
+                "batch or micro-batch count"
+            )
 
     @property
     def num_rows(self) -> int:

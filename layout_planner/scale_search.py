@@ -755,16 +755,18 @@ def search(
             key=lambda t: t.peak_memory_bytes or 0,
             default=None,
         )
-        hint = (
-            f"; the smallest peak was {smallest.peak_memory_bytes:,} B per device "
-            f"({smallest.choice})"
-            if smallest is not None
-            else ""
-        )
+        where = f"{cfg.num_layers} layers on {devices} devices of {hw.name!r}"
+        if smallest is None:  # nothing was laid out: say why (each reason once)
+            notes = list(dict.fromkeys(t.note for t in trials if t.note))
+            more = f" (and {len(notes) - 3} more)" if len(notes) > 3 else ""
+            raise ScaleError(
+                f"no plan for {where}: none of the {len(trials)} trials could be "
+                f"laid out: {'; '.join(notes[:3])}{more}"
+            )
         raise ScaleError(
-            f"no plan for {cfg.num_layers} layers on {devices} devices of "
-            f"{hw.name!r} fits in {hw.memory_bytes:,} B per device "
-            f"({len(trials)} trials){hint}"
+            f"no plan for {where} fits in {hw.memory_bytes:,} B per device "
+            f"({len(trials)} trials); the smallest peak was "
+            f"{smallest.peak_memory_bytes:,} B per device ({smallest.choice})"
         )
     assert best.plan is not None and best.priced is not None
     plan, priced = best.plan, best.priced

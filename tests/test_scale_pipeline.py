@@ -154,6 +154,42 @@ def test_scale_planner_refuses_bad_requests_naming_the_value() -> None:
     assert mtf.convert_to_shape("pp:2;dp:4;tp:2").size == 16
 
 
+def test_sizes_that_leave_no_mesh_are_refused_saying_which_and_why() -> None:
+    # Before, each came back as "no plan ... fits in 85,899,345,920 B per
+    # device (0 trials)", which blamed the memory.
+    with pytest.raises(ScaleError, match="pp 2 x tp 8 = 16 does not divide 8"):
+        plan_transformer(CFG, 8, HW, stages=[2], tensor=[8])
+    with pytest.raises(
+        ScaleError, match="pp 1 x tp 1 leaves dp 8, which does not divide the batch 3"
+    ):
+        plan_transformer(CFG.replace(batch=3), 8, HW, stages=[1], tensor=[1])
+    with pytest.raises(ScaleError, match=r"no mesh of 4093 devices to try.*\(and"):
+        plan_transformer(CFG, 4093, HW)  # a prime: only pp 1 x tp 1, and dp 4093
+    for field in ("stages", "tensor"):
+        with pytest.raises(ScaleError, match=f"{field} is empty"):
+            plan_transformer(CFG, 8, HW, **{field: []})
+
+
+@pytest.mark.solver
+def test_a_model_too_large_to_count_in_64_bits_is_refused_naming_why() -> None:
+    # Within the service's ranges, but the step's picoseconds (a million
+    # micro-batches) or the graph's bytes overflow int64: before, CP-SAT or
+    # numpy raised and the service answered 503 "solve_failed", our bug.
+    huge = TransformerConfig(
+        num_layers=1, d_model=64, heads=1024, d_kv=64, d_ff=64, vocab=64,
+        length=65536, batch=1048576,
+    )  # fmt: skip
+    with pytest.raises(ScaleError, match="64-bit integer picoseconds") as slow:
+        plan_transformer(huge, 1, HW, time_limit_s=1, workers=1)
+    assert "none of the 1 trials could be laid out" in str(slow.value)
+    assert "fits in" not in str(slow.value)  # not a memory problem
+    with pytest.raises(ScaleError, match=r"under 2\*\*55 B") as big:
+        plan_transformer(
+            huge.replace(length=1048576), 1, HW, micro_batches=1, workers=1
+        )
+    assert "batch:1048576,heads:1024,length:1048576" in str(big.value)
+
+
 @pytest.mark.solver
 def test_the_inner_axis_stays_inside_a_host_and_4096_devices_plan() -> None:
     wide = CFG.replace(num_layers=2, d_model=2048, heads=16, d_kv=128, d_ff=8192,
