@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -86,7 +87,9 @@ def _snake(name: str) -> str:
     return "".join("_" + c.lower() if c.isupper() else c for c in name).lstrip("_")
 
 
-def _clean(err: dict[str, Any]) -> dict[str, Any]:
+def clean_validation_error(err: Mapping[str, Any]) -> dict[str, Any]:
+    """One pydantic error as the API reports it: its location, its message
+    with the offending value where short, its type."""
     # Drop ctx (exceptions) and any offending input but a short scalar (it
     # may be the whole graph): the message names the value when it can.
     msg = str(err.get("msg", ""))
@@ -102,7 +105,7 @@ def _clean(err: dict[str, Any]) -> dict[str, Any]:
 
 async def _validation(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    errors = [_clean(e) for e in exc.errors()]
+    errors = [clean_validation_error(e) for e in exc.errors()]
     parts = [f"{'.'.join(e['loc'])}: {e['msg']}" for e in errors[:5]]
     more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
     return error_response(422, "; ".join(parts) + more, errors=errors)

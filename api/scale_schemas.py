@@ -108,12 +108,13 @@ class ScalePlanRequest(BaseModel):
     optimizer: str = _name("adam", "'adam' or 'sgd'")
     stages: list[StageCount] | None = Field(
         None,
+        min_length=1,  # [] would try no mesh: omit the field to search
         max_length=16,
         description="pipeline stage counts to try (default: powers of two "
         "dividing the layers and the devices)",
     )
     tensor: list[TensorSize] | None = Field(
-        None, max_length=16, description="tensor-axis sizes to try"
+        None, min_length=1, max_length=16, description="tensor-axis sizes to try"
     )
     sequence: list[SequenceSize] | None = Field(
         None,

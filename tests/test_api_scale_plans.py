@@ -306,6 +306,37 @@ def test_form_plans_and_forwards_to_the_page(client, served):
     assert "sequence axis size 3 does not divide the length 32" in bad.text
 
 
+#: Within every range the API checks, but a million one-sequence
+#: micro-batches of 65,536 tokens make a step whose picoseconds overflow int64.
+HUGE = {
+    "model": {
+        "num_layers": 1, "d_model": 64, "heads": 1024, "d_kv": 64, "d_ff": 64,
+        "vocab": 64, "length": 65536, "batch": 1048576,
+    },
+    "devices": 1,
+    "time_limit_s": 2,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("body", "named"),
+    [
+        (HUGE, "64-bit integer picoseconds"),
+        (_with(stages=[2], tensor=[8]), "pp 2 x tp 8 = 16 does not divide 8"),
+        (_with(batch=12, stages=[1], tensor=[1]), "dp 8, which does not divide"),
+    ],
+    ids=["too-large-to-count", "no-mesh", "batch-not-split"],
+)
+def test_a_request_no_plan_can_be_made_for_is_a_422_naming_why(client, body, named):
+    # Before: the first was a 503 "solve_failed" (our bug, retried forever
+    # by a client that obeys Retry-After), the others a 422 blaming memory.
+    r = client.post("/v1/scale-plans", json=body)
+    assert r.status_code == 422, r.text
+    assert r.json()["error"] == "planner_error"
+    assert named in r.json()["detail"]
+    assert "B per device" not in r.json()["detail"]
+
+
 def test_a_request_nothing_fits_is_a_422_saying_so(client, capsys):
     r = client.post("/v1/scale-plans", json=_with(memory_limit_bytes=100_000))
     assert r.status_code == 422, r.text

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from typing import Any
 
 from fastapi import APIRouter, Query, Request, Response
@@ -26,12 +27,17 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from pydantic import ValidationError
 
 from api.deps import FormBody, JsonBody, ServiceDep, json_request_body, parse_body
-from api.errors import error_response
+from api.errors import clean_validation_error, error_response
 from api.planning import RequestError
 from api.routes import error_responses
 from api.routes.dashboard import _html_responses, _not_found, _page
 from api.routes.jobs import answer_job
-from api.scale_schemas import ScalePlanList, ScalePlanOut, ScalePlanRequest
+from api.scale_schemas import (
+    SCALE_RANGES,
+    ScalePlanList,
+    ScalePlanOut,
+    ScalePlanRequest,
+)
 from api.schemas import JobOut
 from api.service import PlannerService, iso, job_dict, job_kind
 from api.store import PlanRecord
@@ -223,11 +229,14 @@ def form_request(fields: dict[str, str]) -> ScalePlanRequest:
             value = float(gib)
         except ValueError:
             raise RequestError(f"memory_limit_gib {gib!r} is not a number") from None
-        if not 0 < value <= 2**20:
+        lo, hi = SCALE_RANGES["memory_bytes"]
+        nbytes = int(value * 2**30) if math.isfinite(value) else -1
+        if not lo <= nbytes <= hi:
             raise RequestError(
-                f"memory_limit_gib {gib!r}; expected a number of GiB in (0, 1048576]"
+                f"memory_limit_gib {gib!r}; expected a number of GiB from "
+                f"{lo} B to {hi // 2**30} GiB"
             )
-        body["memory_limit_bytes"] = int(value * 2**30)
+        body["memory_limit_bytes"] = nbytes
     return ScalePlanRequest.model_validate(body)
 
 
@@ -293,8 +302,9 @@ async def scale_from_form(
             return RedirectResponse(f"/scale-plans/{record.id}", status_code=303)
         job, _ = await run_in_threadpool(service.submit, spec)
     except ValidationError as e:
-        err = e.errors()[0]
-        message = f"{'.'.join(map(str, err['loc']))}: {err['msg']}"
+        # As the JSON API's 422: the message names the value.
+        err = clean_validation_error(e.errors(include_url=False)[0])
+        message = f"{'.'.join(err['loc'])}: {err['msg']}"
         return await run_in_threadpool(_index, request, service, fields, message, 422)
     except (MtfError, ValueError) as e:
         return await run_in_threadpool(_index, request, service, fields, str(e), 422)
