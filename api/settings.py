@@ -77,7 +77,8 @@ class Settings(BaseSettings):
     response_cache_bytes: int = Field(64 * 2**20, ge=0)
 
     # -- the database --------------------------------------------------------------------
-    #: connections one replica (one process) may hold at most
+    #: connections one replica (one process) may hold at most for requests
+    #: (it holds one more for job heartbeats and the reaper)
     db_pool_size: int = Field(8, ge=1, le=1000)
     #: how long a request waits for a free connection before a 503
     db_pool_timeout_s: float = Field(2.0, gt=0, le=60)

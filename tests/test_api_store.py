@@ -354,6 +354,32 @@ def test_an_exhausted_pool_waits_then_says_busy_and_recovers(empty_db):
         store.close()
 
 
+def test_heartbeats_and_the_reaper_run_while_every_request_connection_is_busy(
+    empty_db,
+):
+    """They have a connection of their own: before, a heartbeat waited the
+    pool's timeout and skipped its round, so a replica whose requests kept
+    every connection busy looked dead and other replicas reaped its live
+    jobs (and solved their requests again)."""
+    store = empty_db(pool_size=2, pool_timeout_s=0.5)
+    try:
+        old = store.now() - 3600
+        store.create_job(job_record("live", "r1", at=old))
+        store.create_job(job_record("dead", "r2", at=old))
+        with store._connection(), store._connection():  # both lent out
+            with pytest.raises(StoreUnavailable, match="db_pool_size=2"):
+                store.get_job("live")  # a request waits, then is refused
+            t0 = time.monotonic()
+            assert store.heartbeat("r1", ["live"]) == set()
+            assert store.reap_stale_jobs(store.now() - 600, "stale") == 1
+            assert time.monotonic() - t0 < 0.5  # neither waited for the pool
+        assert store.get_job("live").status == "running"
+        assert store.get_job("live").updated_at > old + 3000
+        assert store.get_job("dead").status == "failed"
+    finally:
+        store.close()
+
+
 def test_postgres_connections_stay_within_the_pool_bound(postgres_url):
     empty_database(postgres_url)
     store = PostgresStore(postgres_url, pool_size=3, pool_timeout_s=5)

@@ -20,7 +20,8 @@ class PostgresStore(SqlStore):
     """Plans and jobs in the database at ``url`` (``postgresql://...``).
 
     psycopg 3 with a psycopg_pool ``ConnectionPool`` of at most ``pool_size``
-    autocommit connections, each lent for one statement.  A borrower waits up
+    autocommit connections, each lent for one statement, and one more
+    connection for job heartbeats and the reaper.  A borrower waits up
     to ``pool_timeout_s`` for a free one, then gets :class:`StoreUnavailable`
     (503 and ``Retry-After``); a connection the server dropped is discarded and
     replaced, so an overload or a database restart never leaves the replica
@@ -52,6 +53,18 @@ class PostgresStore(SqlStore):
             # restart closed, before a request uses them.
             check=ConnectionPool.check_connection,
             name="mtf-planner",
+            open=True,
+        )
+        # Heartbeats and the reaper: one connection of their own, opened on
+        # first use (a replica with no job never needs it).
+        self._maintenance = ConnectionPool(
+            url,
+            min_size=0,
+            max_size=1,
+            timeout=pool_timeout_s,
+            kwargs={"autocommit": True, "connect_timeout": 5},
+            check=ConnectionPool.check_connection,
+            name="mtf-planner-heartbeats",
             open=True,
         )
 
@@ -90,11 +103,14 @@ class PostgresStore(SqlStore):
 
     def heartbeat(self, instance: str, job_ids: list[str]) -> set[str]:
         # Clocks drift: measure again at every heartbeat.
-        self._measure_clock(lambda sql: self._run(sql, (), "one"))
+        self._measure_clock(lambda sql: self._run(sql, (), "one", maintenance=True))
         return super().heartbeat(instance, job_ids)
 
     def _connection(self, timeout_s: float | None = None) -> Any:
         return self._pool.connection(timeout=timeout_s)
+
+    def _maintenance_connection(self, timeout_s: float | None = None) -> Any:
+        return self._maintenance.connection(timeout=timeout_s)
 
     def _unavailable(self, error: Exception) -> StoreUnavailable | None:
         if isinstance(error, self._pool_timeout):
@@ -113,3 +129,4 @@ class PostgresStore(SqlStore):
 
     def close(self) -> None:
         self._pool.close()
+        self._maintenance.close()

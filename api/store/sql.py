@@ -2,8 +2,11 @@
 
 Each call borrows an autocommit connection from the store's bounded pool
 (:meth:`SqlStore._connection`) for the one statement it runs and gives it
-back, so a replica never holds more than ``db_pool_size`` connections however
-many threads serve requests.  The schema is created by numbered migrations
+back, so a replica never holds more than ``db_pool_size`` connections for its
+requests however many threads serve them.  Job heartbeats and the reaper run
+on one connection of their own (:meth:`SqlStore._maintenance_connection`):
+requests that keep every pooled connection busy must not make a live job's
+heartbeat late, or other replicas reap it and solve its request again.  The schema is created by numbered migrations
 (:data:`MIGRATIONS`, recorded in ``schema_version``), applied under a lock
 that each backend provides, so replicas starting together on an empty
 database apply each migration once.
@@ -233,6 +236,11 @@ class SqlStore(Store):
         raises StoreUnavailable when none frees up in time."""
 
     @abc.abstractmethod
+    def _maintenance_connection(self, timeout_s: float | None = None) -> Any:
+        """As :meth:`_connection`, from a pool of one connection kept for
+        heartbeats and the reaper (opened on first use)."""
+
+    @abc.abstractmethod
     def _unavailable(self, error: Exception) -> StoreUnavailable | None:
         """``error`` as a StoreUnavailable if it means the database cannot
         answer now (not a bug of ours), else None."""
@@ -246,11 +254,14 @@ class SqlStore(Store):
         params: tuple[Any, ...] = (),
         fetch: str = "",
         timeout_s: float | None = None,
+        maintenance: bool = False,
     ) -> Any:
-        """Runs one statement on a borrowed connection: ``fetch`` "one" or
-        "all" returns rows, "" the row count."""
+        """Runs one statement on a borrowed connection (``maintenance``: the
+        heartbeats' own): ``fetch`` "one" or "all" returns rows, "" the row
+        count."""
+        borrow = self._maintenance_connection if maintenance else self._connection
         try:
-            with self._connection(timeout_s) as conn:
+            with borrow(timeout_s) as conn:
                 cur = conn.cursor()
                 try:
                     cur.execute(self._sql(sql), params)
@@ -524,6 +535,7 @@ class SqlStore(Store):
         self._run(
             f"UPDATE jobs SET updated_at = ? WHERE instance = ? AND {_ACTIVE}",
             (self.now(), instance),
+            maintenance=True,
         )
         if not job_ids:
             return set()
@@ -532,6 +544,7 @@ class SqlStore(Store):
             f"SELECT id FROM jobs WHERE id IN ({marks}) AND NOT {_ACTIVE}",
             tuple(job_ids),
             "all",
+            maintenance=True,
         )
         return {str(r[0]) for r in rows}
 
@@ -542,6 +555,7 @@ class SqlStore(Store):
             "UPDATE jobs SET status = 'failed', phase = 'failed', progress = 0, "
             f"error = ?, updated_at = ? WHERE {_ACTIVE} AND updated_at < ?",
             (message, self.now(), stale_before),
+            maintenance=True,
         )
         return int(changed)
 

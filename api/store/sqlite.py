@@ -17,7 +17,8 @@ class SqliteStore(SqlStore):
     WAL lets readers (the cached-plan path) run while a writer commits;
     ``synchronous=NORMAL`` keeps every committed write across a process crash
     (a power loss may lose the last few, which WAL's docs explain).  At most
-    ``pool_size`` connections, lent per statement.
+    ``pool_size`` connections, lent per statement, and one more for job
+    heartbeats and the reaper.
     """
 
     kind = "sqlite"
@@ -30,6 +31,9 @@ class SqliteStore(SqlStore):
         self._migrate()
         self._pool = BoundedPool(
             self._connect, pool_size, pool_timeout_s, broken=(sqlite3.Error,)
+        )
+        self._maintenance = BoundedPool(
+            self._connect, 1, pool_timeout_s, broken=(sqlite3.Error,)
         )
 
     def _connect(self) -> sqlite3.Connection:
@@ -71,6 +75,9 @@ class SqliteStore(SqlStore):
     def _connection(self, timeout_s: float | None = None) -> Any:
         return self._pool.connection(timeout_s)
 
+    def _maintenance_connection(self, timeout_s: float | None = None) -> Any:
+        return self._maintenance.connection(timeout_s)
+
     def _unavailable(self, error: Exception) -> StoreUnavailable | None:
         # Only "locked"/"busy" past busy_timeout: anything else is our bug.
         text = str(error).lower()
@@ -82,3 +89,4 @@ class SqliteStore(SqlStore):
 
     def close(self) -> None:
         self._pool.close()
+        self._maintenance.close()
