@@ -18,12 +18,12 @@ import numpy as np
 # picosecond keeps even a one-op graph on a CPU host (tens of nanoseconds)
 # exact to far below anything a cost model can claim.
 PS_PER_S = 10**12
-#: A program's slowest layout (every dim set at its slowest valid entry) must
-#: take less than this many picoseconds (2**61, about 27 days): CP-SAT
-#: computes in int64, and a joint recomputation program or a combined
-#: tie-break adds a few such spans.  The reference models' programs reach
-#: 2**55 (docs/scale.md, "Bad input").
-MAX_PROGRAM_PS = 2**61
+#: The time coefficients of a program (every assignment of every dim set,
+#: plus the offset) must sum to less than this many picoseconds: CP-SAT
+#: computes in int64 and refuses an objective whose terms could overflow it
+#: (the sum of every coefficient, not of each set's largest).  The
+#: reference models' programs sum to 2**58 (docs/scale.md).
+MAX_PROGRAM_PS = 2**62
 
 
 class SolveStatus(enum.Enum):
@@ -113,19 +113,20 @@ class IntegerProgram:
     x_hint: tuple[bool, ...] | None = None
 
     def __post_init__(self) -> None:
-        span = self.time_offset_ps + sum(
-            max((t for t, bad in zip(d.time_ps, d.invalid) if not bad), default=0)
-            for d in self.dimsets
-        )
-        if span >= MAX_PROGRAM_PS:
+        total = self.time_offset_ps + sum(sum(d.time_ps) for d in self.dimsets)
+        if total >= MAX_PROGRAM_PS:
             from layout_planner.errors import PlannerError
 
+            slowest = self.time_offset_ps + sum(
+                max((t for t, bad in zip(d.time_ps, d.invalid) if not bad), default=0)
+                for d in self.dimsets
+            )
             raise PlannerError(
-                f"a layout of this graph could take {span / PS_PER_S:,.0f} s "
-                f"({span:,} ps); the planner counts time in 64-bit integer "
-                f"picoseconds and takes graphs whose slowest layout is under "
-                f"{MAX_PROGRAM_PS / PS_PER_S:,.0f} s; expected smaller dims, "
-                "batch or micro-batch count"
+                f"a layout of this graph could take {slowest / PS_PER_S:,.0f} s, "
+                f"and its integer program's time coefficients sum to {total:,} "
+                f"ps; the planner's solver counts them in 64-bit integers, up to "
+                f"2**{MAX_PROGRAM_PS.bit_length() - 1} ps; expected smaller dims, "
+                "batch or micro-batch count, or faster hardware"
             )
 
     @property

@@ -321,7 +321,7 @@ HUGE = {
 @pytest.mark.parametrize(
     ("body", "named"),
     [
-        (HUGE, "64-bit integer picoseconds"),
+        (HUGE, "64-bit integers, up to 2**62 ps"),
         (_with(stages=[2], tensor=[8]), "pp 2 x tp 8 = 16 does not divide 8"),
         (_with(batch=12, stages=[1], tensor=[1]), "dp 8, which does not divide"),
     ],
