@@ -29,6 +29,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ValidationError
 
 from api.limits import BodyBudget, ClientLimiter, LimitExceeded, scan_json
+from api.planning import RequestError
 from api.service import PlannerService
 from api.settings import Settings, get_settings
 from api.store import Store
@@ -158,11 +159,14 @@ def _declared_length(request: Request) -> int | None:
 
 
 _OP_TYPE_KEY = re.compile(rb'"op_type"\s*:')
+#: ``\u0000`` in a JSON string (an odd run of backslashes before ``u0000``).
+_NUL_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
 
 
 def check_json_shape(raw: bytes, settings: Settings) -> None:
-    """422 for JSON nested too deep, with a string too long, too many values
-    or a graph of too many operations, before it is decoded."""
+    """422 for JSON nested too deep, with a string too long, too many values,
+    a NUL character in a string or a graph of too many operations, before
+    it is decoded."""
     shape = scan_json(raw)
     if shape.depth > settings.max_json_depth:
         raise LimitExceeded(
@@ -186,6 +190,15 @@ def check_json_shape(raw: bytes, settings: Settings) -> None:
             422,
             0,
         )
+    # No name or text here may hold a NUL: PostgreSQL's text columns cannot
+    # store one (graph and hardware names went there raw: a 500).
+    if b"\\u0000" in raw:
+        nul = _NUL_ESCAPE.search(raw)
+        if nul is not None:
+            raise RequestError(
+                f"the JSON body has a NUL character (\\u0000) in a string, at "
+                f"byte {nul.end() - 6}; expected names and text without NUL"
+            )
     # Every operation of the graph format has one "op_type" key.
     ops = len(_OP_TYPE_KEY.findall(raw))
     if ops > settings.max_graph_operations:

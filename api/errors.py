@@ -161,6 +161,40 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Exception, _unexpected)
 
 
+class NoNulInUrl:
+    """The JSON API's answer to a NUL character (``%00``) in a path (404: no
+    id has one) or a query string (422), before any route: PostgreSQL cannot
+    even compare a NUL (``GET /v1/plans/%00`` was a 500 there).  The
+    dashboard's pages answer their own 404 page (:mod:`api.routes.dashboard`)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path: str = scope.get("path", "")
+        if scope["type"] == "http" and path.startswith("/v1/"):
+            query: bytes = scope.get("query_string", b"")
+            answer = None
+            if "\x00" in path:
+                answer = error_response(
+                    404,
+                    "the request's path has a NUL character (%00); there is no "
+                    "resource with one (expected an id without NUL)",
+                    headers={"Connection": "close"},  # any body is left unread
+                )
+            elif b"%00" in query or b"\x00" in query:
+                answer = error_response(
+                    422,
+                    "the request's query string has a NUL character (%00); "
+                    "expected values without NUL",
+                    headers={"Connection": "close"},
+                )
+            if answer is not None:
+                await answer(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 class BodySizeLimit:
     """Answers 413 for a request body over ``max_bytes``: by Content-Length
     before anything is read, else (a chunked body) as soon as the bytes read

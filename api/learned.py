@@ -33,14 +33,26 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from api.store.base import PlanRecord, Store
+import numpy as np
+
+from api.store.base import PlanRecord, Store, StoreUnavailable
 from cost_models.calibration import Measurement, refit
-from cost_models.hardware import PRESETS, HardwareProfile
+from cost_models.hardware import PRESETS, CostModelError, HardwareProfile
 
 log = logging.getLogger(__name__)
 
 #: Measurements a refit reads (the newest), bounding its work.
 MAX_REFIT_ROWS = 200
+
+#: A measured step's seconds: from a microsecond (no framework runs a step
+#: faster) to a million seconds.  Smaller ones overflow the refit's float
+#: arithmetic (5e-324 s made every later plan on the preset a 500).
+MIN_STEP_S, MAX_STEP_S = 1e-6, 1e6
+#: How far a measured step may be from its plan's prediction (either way).
+#: Priors are off by a few hundred at most (a tiny graph's framework
+#: overhead); one measurement 10**10 times off made every later plan of the
+#: preset "too slow for the planner" for every client.
+MAX_MEASURED_FACTOR = 1e6
 
 #: A hardware's measurements on one backend: (count, newest created_at).
 Stamp = tuple[int, float]
@@ -96,6 +108,18 @@ class ProfileUsed:
         }
 
 
+def plausible(measured_s: float, predicted_s: float) -> bool:
+    """Whether a measured step is in range and within MAX_MEASURED_FACTOR of
+    its prediction (a prediction of 0 s, from a calibration of zero rates,
+    bounds nothing)."""
+    if not MIN_STEP_S <= measured_s <= MAX_STEP_S:
+        return False
+    if not predicted_s > 0:
+        return True
+    ratio = measured_s / predicted_s
+    return 1 / MAX_MEASURED_FACTOR <= ratio <= MAX_MEASURED_FACTOR
+
+
 class GraphMissing(LookupError):
     """A measured plan's graph is not in the store."""
 
@@ -142,13 +166,17 @@ def refit_profile(store: Store, hardware: str, backend: str) -> Fit | None:
     The fit starts from the preset of that name (its base profile), or, for a
     profile that is not a preset, from the one the newest measured plan was
     made with.  A measurement whose plan or graph is no longer stored is
-    left out."""
+    left out, and so is one out of the range POST /v1/measurements accepts
+    (:func:`plausible`: stored before that range was checked).  A fit that
+    fails on the numbers is a CostModelError naming the hardware."""
     records = store.list_measurements(
         hardware=hardware, backend=backend, limit=MAX_REFIT_ROWS
     )
     rows = []
     base = PRESETS[hardware].for_backend(backend) if hardware in PRESETS else None
     for m in records:
+        if not plausible(m.measured_s, m.predicted_s):
+            continue
         plan = store.get_plan(m.plan_id)
         if plan is None:
             continue
@@ -161,7 +189,13 @@ def refit_profile(store: Store, hardware: str, backend: str) -> Fit | None:
         rows.append((features, m.measured_s))
     if base is None or not rows:
         return None
-    return refit(base, rows, backend=backend), len(rows)
+    try:
+        return refit(base, rows, backend=backend), len(rows)
+    except (ArithmeticError, np.linalg.LinAlgError) as e:
+        raise CostModelError(
+            f"the {len(rows)} measurements of {hardware!r} on {backend!r} could "
+            f"not be fitted: {e}"
+        ) from None
 
 
 class LearnedProfiles:
@@ -212,7 +246,20 @@ class LearnedProfiles:
                 fit = self._fits.get(key)
             if fit is not None and fit[0] == stamp:
                 return fit[1]  # made while this one waited
-            got = refit_profile(self._store, hardware, backend)
+            try:
+                got = refit_profile(self._store, hardware, backend)
+            except StoreUnavailable:
+                raise  # a moment's overload: the next request tries again
+            except Exception:
+                # Measurements no fit can be made of must not make every plan
+                # of the preset fail: plan with the base profile (the log
+                # says why), until the next measurement changes the stamp.
+                log.exception(
+                    "refitting %s on %s from its measurements failed; planning "
+                    "with its base profile",
+                    *key,
+                )
+                got = None
             with self._lock:
                 self._fits[key] = (stamp, got)
             if got is not None:

@@ -20,7 +20,7 @@ from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
 from api.deps import Guards
-from api.errors import BodySizeLimit, install_error_handlers
+from api.errors import BodySizeLimit, NoNulInUrl, install_error_handlers
 from api.metrics import Metrics, MetricsMiddleware
 from api.routes import (
     dashboard,
@@ -104,6 +104,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     # Outermost first: metrics see every answer, 413 included.
     app.add_middleware(BodySizeLimit, max_bytes=_settings(app).max_body_bytes)
+    app.add_middleware(NoNulInUrl)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     return app
 

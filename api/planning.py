@@ -26,6 +26,7 @@ from layout_planner.plan import FORMAT_VERSION as PLAN_FORMAT_VERSION
 from layout_planner.plan import mesh_text
 from layout_planner.program import Objective
 from mtf_core.errors import MtfError
+from mtf_core.graph import Graph
 from mtf_core.serialization import LoadedGraph, graph_from_dict
 from mtf_core.shapes import Shape, convert_to_shape
 
@@ -282,12 +283,37 @@ def plan_spec(
     )
 
 
+#: An operation's points (the product of the sizes of the distinct dims of its
+#: inputs and outputs: an einsum's multiply-adds) must be at most this.  The
+#: cost model counts flops in floats: an einsum of two rank-16 tensors of
+#: 2**33-sized dims (2**1056 points) overflowed one (a 500 from /v1/evaluate,
+#: a 503 from /v1/plans).  No graph the planner takes comes near it: 2**128
+#: flops take 10**18 s at the largest peak_flops a profile may have.
+MAX_OP_POINTS = 2**128
+
+
+def check_op_points(graph: Graph) -> None:
+    """RequestError naming the first operation over :data:`MAX_OP_POINTS`."""
+    for op in graph.operations:
+        sizes = {d.name: d.size for t in (*op.inputs, *op.outputs) for d in t.shape}
+        points = math.prod(sizes.values())
+        if points > MAX_OP_POINTS:
+            raise RequestError(
+                f"operation {op.name!r} ({op.op_type}) spans {len(sizes)} dims "
+                f"whose sizes multiply to about 2**{points.bit_length() - 1}; this "
+                f"service prices operations of at most "
+                f"2**{MAX_OP_POINTS.bit_length() - 1} points (the product of the "
+                "sizes of its inputs' and outputs' dims); expected smaller dims"
+            )
+
+
 def load_graph(doc: Mapping[str, Any], settings: Settings) -> LoadedGraph:
     """Rebuilds the client's graph under the service's limits (SerializationError,
     a ValueError naming the field, for anything wrong)."""
     loaded = graph_from_dict(doc, limits=settings.graph_limits)
     if not loaded.graph.operations:
         raise RequestError("the graph has no operations; nothing to plan")
+    check_op_points(loaded.graph)
     meshes = {op.mesh.name for op in loaded.graph.operations}
     if len(meshes) > 1:
         raise RequestError(

@@ -34,7 +34,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from api.learned import LearnedProfiles
+from api.learned import REFITTED, LearnedProfiles
 from api.metrics import Metrics
 from api.planning import (
     PlanSpec,
@@ -84,6 +84,18 @@ TOO_LONG_MESSAGE = (
     "max_time_limit_s); fix stages, tensor, micro_batches or recompute to "
     "try fewer meshes, or lower time_limit_s"
 )
+
+
+def profile_hint(spec: JobSpec, error: TaskInvalid) -> TaskInvalid:
+    """The planner's refusal of a plan made with a preset refitted from
+    measurements, saying so: the measurements, not the graph, may be what
+    makes a layout "too slow" to plan."""
+    if isinstance(spec, PlanSpec) and spec.profile.source == REFITTED:
+        return TaskInvalid(
+            f"{error} (planned with {spec.profile.text}; send "
+            '"use_measurements": false to plan with the base profile)'
+        )
+    return error
 
 
 def iso(ts: float) -> str:
@@ -604,6 +616,8 @@ class PlannerService:
                 done.set_exception(e)
                 return
             except (TaskInvalid, TaskFailed) as e:
+                if isinstance(e, TaskInvalid):
+                    e = profile_hint(spec, e)
                 self._close_job(job.id, spec, JobStatus.FAILED, str(e))
                 done.set_exception(e)
                 return

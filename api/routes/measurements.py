@@ -24,9 +24,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from api.deps import JsonBody, ServiceDep, json_request_body, parse_body
 from api.learned import (
     FEATURES,
+    MAX_MEASURED_FACTOR,
     MAX_REFIT_ROWS,
+    MAX_STEP_S,
+    MIN_STEP_S,
     GraphMissing,
     graph_doc,
+    plausible,
     refit_profile,
 )
 from api.routes import error_responses
@@ -48,7 +52,11 @@ class MeasurementIn(BaseModel):
 
     plan_id: str = Field(pattern=_ID, description="The plan (GET /v1/plans).")
     step_s: float = Field(
-        gt=0, le=1e6, allow_inf_nan=False, description="Measured seconds per step."
+        ge=MIN_STEP_S,
+        le=MAX_STEP_S,
+        allow_inf_nan=False,
+        description="Measured seconds per step (1e-6 to 1e6), within a factor "
+        f"of {MAX_MEASURED_FACTOR:g} of the plan's prediction.",
     )
     backend: Literal["placement", "spmd"] = "placement"
     steps: int = Field(1, ge=1, le=10**9, strict=True, description="Steps timed.")
@@ -133,6 +141,14 @@ def _post(store: Store, body: MeasurementIn) -> dict[str, Any]:
         raise HTTPException(404, f"no plan {body.plan_id!r}")
     hw = _plan_hardware(plan).for_backend(body.backend)
     predicted = _predict(store, plan, hw)
+    if not plausible(body.step_s, predicted):
+        raise HTTPException(
+            422,
+            f"step_s {body.step_s:g} s is {body.step_s / predicted:.3g} times plan "
+            f"{plan.id}'s predicted step ({predicted:.3g} s on {hw.name}); expected "
+            f"a step within a factor of {MAX_MEASURED_FACTOR:g} of the prediction "
+            "(a step of that plan, measured on that hardware, in seconds)",
+        )
     record = MeasurementRecord(
         id=uuid.uuid4().hex,
         plan_id=plan.id,
