@@ -6,10 +6,11 @@ back, so a replica never holds more than ``db_pool_size`` connections for its
 requests however many threads serve them.  Job heartbeats and the reaper run
 on one connection of their own (:meth:`SqlStore._maintenance_connection`):
 requests that keep every pooled connection busy must not make a live job's
-heartbeat late, or other replicas reap it and solve its request again.  The schema is created by numbered migrations
-(:data:`MIGRATIONS`, recorded in ``schema_version``), applied under a lock
-that each backend provides, so replicas starting together on an empty
-database apply each migration once.
+heartbeat late, or other replicas reap it and solve its request again.
+
+The schema is created by numbered migrations (:data:`MIGRATIONS`, recorded in
+``schema_version``), applied under a lock that each backend provides, so
+replicas starting together on an empty database apply each migration once.
 """
 
 from __future__ import annotations
