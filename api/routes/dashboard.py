@@ -123,10 +123,6 @@ def _page(
     )
 
 
-#: No id has a NUL, and PostgreSQL cannot compare one (a 500): not found.
-_NUL = "\x00"
-
-
 def _not_found(request: Request, kind: str, ident: str) -> Response:
     return _page(request, "notfound.html", {"kind": kind, "ident": ident}, 404)
 
@@ -278,7 +274,7 @@ def _plan_page(
     summary="Dashboard: a plan's layout, charts, tables and dimension graph",
 )
 def plan_page(plan_id: str, request: Request, service: ServiceDep) -> Response:
-    record = None if _NUL in plan_id else service.store.get_plan(plan_id)
+    record = service.store.get_plan(plan_id)
     if record is None:
         return _not_found(request, "plan", plan_id)
     return _plan_page(request, service, record)
@@ -318,11 +314,7 @@ async def try_other(
 ) -> Response:
     """Plans the same graph with the form's mesh shape, hardware, objective.
     The form's token is checked before anything is planned (FormBody)."""
-    record = (
-        None
-        if _NUL in plan_id
-        else await run_in_threadpool(service.store.get_plan, plan_id)
-    )
+    record = await run_in_threadpool(service.store.get_plan, plan_id)
     if record is None:
         return _not_found(request, "plan", plan_id)
     if not form.authorized:
@@ -395,7 +387,7 @@ def _job_page(
     summary="Dashboard: a job's progress, elapsed time and cancel button",
 )
 def job_page(job_id: str, request: Request, service: ServiceDep) -> Response:
-    job = None if _NUL in job_id else service.store.get_job(job_id)
+    job = service.store.get_job(job_id)
     if job is None:
         return _not_found(request, "job", job_id)
     if job.status == JobStatus.DONE and job.plan_id:
@@ -415,11 +407,7 @@ def job_page(job_id: str, request: Request, service: ServiceDep) -> Response:
 async def cancel_from_page(
     job_id: str, request: Request, service: ServiceDep, form: FormBody
 ) -> Response:
-    job = (
-        None
-        if _NUL in job_id
-        else await run_in_threadpool(service.store.get_job, job_id)
-    )
+    job = await run_in_threadpool(service.store.get_job, job_id)
     if job is None:
         return _not_found(request, "job", job_id)
     if not form.authorized:

@@ -342,8 +342,7 @@ def chart_data(plan: dict[str, Any]) -> dict[str, Any]:
     response_class=HTMLResponse,
 )
 def scale_page(plan_id: str, request: Request, service: ServiceDep) -> Response:
-    # No id has a NUL, and PostgreSQL cannot compare one (a 500): not found.
-    record = None if "\x00" in plan_id else service.store.get_scale_plan(plan_id)
+    record = service.store.get_scale_plan(plan_id)
     if record is None:
         return _not_found(request, "scale plan", plan_id)
     doc = json.loads(record.plan_json)

@@ -37,6 +37,9 @@ from api.store.base import (
 log = logging.getLogger(__name__)
 
 _ACTIVE = "status IN ('queued', 'running')"
+#: No id has a NUL, and PostgreSQL cannot even compare one (a 500): an id
+#: with one is not found, whoever asks (the dashboard's pages, the jobs).
+_NUL = "\x00"
 
 #: (version, statements).  Append only; never edit an applied migration.
 MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
@@ -316,6 +319,8 @@ class SqlStore(Store):
     _PLAN = "SELECT id, request_hash, created_at, graph_hash, summary, plan FROM plans "
 
     def get_plan(self, plan_id: str) -> PlanRecord | None:
+        if _NUL in plan_id:
+            return None
         return self._plan(self._run(self._PLAN + "WHERE id = ?", (plan_id,), "one"))
 
     def get_plan_by_hash(self, request_hash: str) -> PlanRecord | None:
@@ -365,6 +370,8 @@ class SqlStore(Store):
     _SCALE = "SELECT id, request_hash, created_at, '', summary, plan FROM scale_plans "
 
     def get_scale_plan(self, plan_id: str) -> PlanRecord | None:
+        if _NUL in plan_id:
+            return None
         return self._plan(self._run(self._SCALE + "WHERE id = ?", (plan_id,), "one"))
 
     def get_scale_plan_by_hash(self, request_hash: str) -> PlanRecord | None:
@@ -495,6 +502,8 @@ class SqlStore(Store):
         return bool(changed)
 
     def get_job(self, job_id: str) -> JobRecord | None:
+        if _NUL in job_id:
+            return None
         row = self._run(
             f"SELECT {_JOB_COLUMNS} FROM jobs WHERE id = ?", (job_id,), "one"
         )
