@@ -45,6 +45,24 @@ def add_parser(sub: Any) -> None:
     c.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
+def _check_writable(path: str) -> None:
+    """Raises (naming ``path``) unless the profile, and the raw measurements
+    beside it, can be written there."""
+    if os.path.isdir(path):
+        raise ValueError(f"-o {path!r} is a directory; expected a file to write")
+    for target in (path, path + ".raw"):
+        existed = os.path.exists(target)
+        try:
+            with open(target, "a"):
+                pass
+        except OSError as e:
+            raise ValueError(
+                f"-o {path!r}: cannot write {target!r} ({e.strerror or e})"
+            ) from None
+        if not existed:
+            os.remove(target)
+
+
 def cmd_calibrate(args: argparse.Namespace) -> int:
     """Runs the calibration; 0 on success."""
     if args.devices < 2:
@@ -59,6 +77,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         if args.points
         else None
     )
+    _check_writable(args.output)  # before minutes of measuring, not after
     from tqdm import tqdm
 
     from cost_models.calibration import fit_profile
@@ -116,13 +135,13 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         )
     with open(raw_path) as f:
         raw = json.load(f)
-    os.remove(raw_path)
     profile = fit_profile(raw, keep_graphs=args.keep_graphs)
     profile["measured"]["seconds"] = time.perf_counter() - t0
     clock = profile["measured"].get("clock", "wall")
     kind = profile["measured"].get("device_kind", "cpu")
     with open(args.output, "w") as f:
         json.dump(profile, f, indent=1)
+    os.remove(raw_path)  # only now: the measurements are in the profile
     for backend, report in sorted(profile["measured"]["fit"].items()):
         print(
             f"{backend}: {report['rows']} steps fitted, largest error "

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -57,13 +58,25 @@ _MODEL_SIZES = (
 )
 
 
+def _port(text: str) -> int:
+    """``--port``: a TCP port (a larger number would wrap around in the
+    socket layer and serve on another port than the one printed)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a TCP port; expected 1..65535")
+    return port
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mtf-planner", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("serve", help="run the planner service (uvicorn)")
     s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8080)
+    s.add_argument("--port", type=_port, default=8080)
     s.add_argument("--data-dir", help="where the SQLite store lives")
     s.add_argument("--database-url", help="postgresql://... instead of SQLite")
     s.add_argument("--workers", type=int, help="solve worker processes")
@@ -138,7 +151,68 @@ def _settings(args: argparse.Namespace) -> Any:
         )
         if v is not None
     }
-    return Settings(**overrides)
+    from pydantic import ValidationError
+
+    try:
+        return Settings(**overrides)
+    except ValidationError as e:  # one line, naming the option or variable
+        err = e.errors()[0]
+        field = str(err["loc"][0]) if err["loc"] else ""
+        where = (
+            f"--{field.replace('_', '-')}"
+            if field in overrides
+            else f"MTF_PLANNER_{field.upper()}"
+        )
+        got = "" if field in _SECRET_SETTINGS else f" is {err.get('input')!r}"
+        raise ValueError(f"{where}{got}: {err['msg']}") from None
+
+
+#: Settings whose values are never printed.
+_SECRET_SETTINGS = ("api_tokens", "database_url")
+
+
+def _database_errors() -> tuple[type[BaseException], ...]:
+    """What opening or using the store raises when its database is not usable
+    (neither ValueError nor OSError): sqlite3's, and psycopg's if installed."""
+    import sqlite3
+
+    errors: list[type[BaseException]] = [sqlite3.Error]
+    try:
+        import psycopg
+    except ImportError:
+        pass
+    else:
+        errors.append(psycopg.Error)
+    return tuple(errors)
+
+
+def _database_error(settings: Any, error: BaseException) -> ValueError:
+    """``error`` as one line naming the store (never its password)."""
+    import urllib.parse
+
+    text = "; ".join(x.strip() for x in str(error).splitlines() if x.strip())
+    try:
+        password = urllib.parse.urlsplit(settings.database_url.strip()).password
+    except ValueError:
+        password = None
+    if password:
+        text = text.replace(password, "***")
+    return ValueError(
+        f"the store {settings.store_description} is not usable: "
+        f"{type(error).__name__}: {text}"
+    )
+
+
+def _check_store(settings: Any) -> None:
+    """Opens the store and closes it again, so that a data dir that cannot
+    be written or a database that does not answer fails here, in one line,
+    rather than in a traceback from the server's startup."""
+    from api.store import open_store
+
+    try:
+        open_store(settings).close()
+    except _database_errors() as e:
+        raise _database_error(settings, e) from None
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -157,6 +231,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
+    _check_store(settings)
     if not settings.tokens:
         print(
             "mtf-planner serve: warning: no API tokens; planning is open to "
@@ -186,7 +261,10 @@ def cmd_seed(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     print(f"seeding {settings.store_description} with example plans:")
-    seed(settings)
+    try:
+        seed(settings)
+    except _database_errors() as e:
+        raise _database_error(settings, e) from None
     return EXIT_OK
 
 
@@ -208,12 +286,52 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def _hardware(value: str) -> Any:
+    """A preset's name, or the profile in the .json file ``value`` as a dict,
+    checked against the ranges the service accepts (a bandwidth of 1e-300 or
+    a memory of 1e400 bytes would overflow the cost model)."""
+    from pydantic import ValidationError
+
+    from api.schemas import HardwareIn
     from cost_models.hardware import PRESETS
     from cost_models.profiles import get_hardware
 
     if value in PRESETS:
         return value
-    return get_hardware(value).to_dict()  # a profile .json on this machine
+    if not (value.endswith(".json") and os.path.isfile(value)):
+        return get_hardware(value).to_dict()  # says what it expected
+
+    def invalid(e: ValidationError) -> ValueError:
+        err = e.errors()[0]
+        return ValueError(
+            f"hardware profile {value!r}: {'.'.join(map(str, err['loc']))} is "
+            f"{err.get('input')!r}: {err['msg']}"
+        )
+
+    try:
+        profile = get_hardware(value).to_dict()  # a profile .json on this machine
+        HardwareIn.model_validate(profile)
+    except ValidationError as e:
+        raise invalid(e) from None
+    except ArithmeticError as e:  # 1e400 reads as inf: say which number
+        try:
+            HardwareIn.model_validate_json(Path(value).read_bytes())
+        except ValidationError as v:
+            raise invalid(v) from None
+        raise ValueError(f"hardware profile {value!r}: {e}") from None
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"hardware profile {value!r}: {e}") from None
+    return profile
+
+
+def _devices(n: int | None) -> int | None:
+    """``--devices``, within what the service's requests allow (the mesh
+    search factors it by trial division: 10**12 would never finish)."""
+    from api.schemas import RANGES
+
+    lo, hi = (int(x) for x in RANGES["num_devices"])
+    if n is not None and not lo <= n <= hi:
+        raise ValueError(f"--devices is {n}; expected a device count in {lo}..{hi}")
+    return n
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -221,7 +339,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from layout_planner.plan import LayoutPlan
     from mtf_core.serialization import graph_from_json
 
-    text = Path(args.graph).read_text()
+    devices = _devices(args.devices)
+    text = Path(args.graph).read_bytes()  # the reader says if it is not UTF-8
     hardware = _hardware(args.hardware)
     memory_limit = None
     if args.max_memory_fraction is not None:
@@ -233,7 +352,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         memory_limit = max(
             1, int(get_hardware(hardware).memory_bytes * args.max_memory_fraction)
         )
-    mesh: Any = args.mesh if args.mesh is not None else args.devices
+    mesh: Any = args.mesh if args.mesh is not None else devices
     from layout_planner.options import PlanOptions
 
     options = PlanOptions(
@@ -244,7 +363,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         time_limit_s=args.time_limit,
     )
     if args.server:
-        from api.client import PlannerClient, plan_request
+        from api.client import PlannerClient, plan_request, public_url
 
         loaded = graph_from_json(text)
         body = plan_request(loaded.graph, mesh, loaded.outputs, options)
@@ -254,7 +373,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
             out = client.plan(body)
         plan_dict = out["plan"]
         plan = LayoutPlan.from_dict(plan_dict)
-        where = f"{args.server} (plan {out['id']}{', cached' if out['cached'] else ''})"
+        where = (
+            f"{public_url(args.server)} (plan {out.get('id')}"
+            f"{', cached' if out.get('cached') else ''})"
+        )
         if out.get("profile"):
             where += f"; profile: {out['profile']['text']}"
     else:
@@ -363,6 +485,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return commands[args.command](args)
     except (ValueError, OSError) as e:  # MtfErrors are ValueErrors; files, network
         print(f"mtf-planner {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    except MemoryError as e:  # e.g. export --vocab 10**12: numpy says how much
+        why = str(e) or "MemoryError"
+        print(
+            f"mtf-planner {args.command}: error: out of memory: {why}", file=sys.stderr
+        )
         return EXIT_ERROR
 
 

@@ -77,8 +77,9 @@ class PlannerClient:
         if not isinstance(base_url, str) or not base_url.startswith(
             ("http://", "https://")
         ):
+            shown = public_url(base_url) if isinstance(base_url, str) else base_url
             raise PlannerError(
-                f"server {base_url!r} is not an http(s) URL; expected e.g. "
+                f"server {shown!r} is not an http(s) URL; expected e.g. "
                 "'http://127.0.0.1:8080'"
             )
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
@@ -86,6 +87,22 @@ class PlannerClient:
         import httpx
 
         self.base_url = base_url.rstrip("/")
+        #: The URL fit to print: any password in it replaced by ``***``.
+        self.shown_url = public_url(self.base_url)
+        try:
+            url = httpx.URL(self.base_url)
+            host, port = url.host, url.port
+        except httpx.InvalidURL as e:
+            host, port, why = "", None, str(e)
+        else:
+            why = "it names no host"
+            if port is not None and not 0 < port < 65536:
+                host, why = "", f"port {port} is not in 1..65535"
+        if not host:
+            raise PlannerError(
+                f"server {public_url(base_url)!r} is not a valid URL ({why}); "
+                "expected e.g. 'http://127.0.0.1:8080'"
+            )
         token = token if token is not None else os.environ.get(TOKEN_ENV) or None
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.retries = retries
@@ -131,7 +148,7 @@ class PlannerClient:
                 time.sleep(wait)
                 wait *= 2
         raise PlannerUnavailableError(
-            f"planner service {self.base_url} failed {self.retries + 1} time(s) on "
+            f"planner service {self.shown_url} failed {self.retries + 1} time(s) on "
             f"{method} {path}; last: {last}"
         )
 
@@ -139,7 +156,22 @@ class PlannerClient:
         self, method: str, path: str, json: Any = None, **params: Any
     ) -> dict[str, Any]:
         """:meth:`request`, then the response's JSON object."""
-        body: dict[str, Any] = self.request(method, path, json=json, **params).json()
+        return self._body(self.request(method, path, json=json, **params))
+
+    def _body(self, r: httpx.Response, *keys: str) -> dict[str, Any]:
+        """The answer's JSON object, which must have ``keys``; else a
+        PlannerError saying the server does not answer like the planner."""
+        try:
+            body = r.json()
+        except ValueError:
+            body = None
+        if not isinstance(body, dict) or any(k not in body for k in keys):
+            want = "a JSON object" + (f" with {list(keys)}" if keys else "")
+            raise PlannerError(
+                f"{self.shown_url} answered {r.request.method} {r.request.url.path} "
+                f"with HTTP {r.status_code} {r.text[:100]!r}, not {want}; is it a "
+                "planner service (mtf-planner serve)?"
+            )
         return body
 
     # -- endpoints ------------------------------------------------------------------------
@@ -148,10 +180,9 @@ class PlannerClient:
         ``wait_s`` passes.  Returns ``PlanOut`` (``plan`` is the LayoutPlan dict)."""
         r = self.request("POST", "/v1/plans", json=dict(request))
         if r.status_code == 202:
-            job = self.wait_job(r.json()["id"], wait_s)
+            job = self.wait_job(self._body(r, "id")["id"], wait_s)
             return self.get_plan(job["plan_id"])
-        body: dict[str, Any] = r.json()
-        return body
+        return self._body(r, "plan")
 
     def submit_job(self, request: Mapping[str, Any]) -> dict[str, Any]:
         return self.request_json("POST", "/v1/jobs", json=dict(request))
@@ -203,10 +234,9 @@ class PlannerClient:
         dtypes, sharded weight classes, recomputation and the step's parts."""
         r = self.request("POST", "/v1/scale-plans", json=dict(request))
         if r.status_code == 202:
-            job = self.wait_job(r.json()["id"], wait_s)
+            job = self.wait_job(self._body(r, "id")["id"], wait_s)
             return self.get_scale_plan(job["plan_id"])
-        body: dict[str, Any] = r.json()
-        return body
+        return self._body(r, "plan")
 
     def get_scale_plan(self, plan_id: str) -> dict[str, Any]:
         return self.request_json("GET", f"/v1/scale-plans/{plan_id}")
@@ -219,6 +249,23 @@ class PlannerClient:
 
     def health(self) -> dict[str, Any]:
         return self.request_json("GET", "/healthz")
+
+
+def public_url(url: str) -> str:
+    """``url`` with the password of its user part, if any, replaced by ``***``
+    (what error messages and the CLI print).
+
+    >>> public_url("http://me:s3cret@planner:8080")
+    'http://me:***@planner:8080'
+    """
+    # By hand, not urllib.parse: a malformed URL (``http://[::1``) must not leak
+    # its password in the error that says it is malformed.
+    scheme, sep, rest = url.partition("://") if "://" in url else ("", "", url)
+    end = min((i for i in map(rest.find, "/?#") if i >= 0), default=len(rest))
+    userinfo, at, host = rest[:end].rpartition("@")
+    if not at or ":" not in userinfo:
+        return url
+    return f"{scheme}{sep}{userinfo.split(':', 1)[0]}:***@{host}{rest[end:]}"
 
 
 def _error(r: httpx.Response) -> RemotePlannerError:

@@ -6,7 +6,8 @@
         [--stages 1,2] [--micro-batches 8] [--server URL] [--json]
 
 Prints ``ScalePlan.explain()`` (``--json``: the ``/v1/scale-plans`` answer's
-``plan``).  Exits 0 when a plan fits, 3 when none does, 1 on bad input or an
+``plan``); planning here reports each mesh it tries on stderr (``--quiet``:
+not).  Exits 0 when a plan fits, 3 when none does, 1 on bad input or an
 unreachable server.
 """
 
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from collections.abc import Callable, Sequence
 from typing import Any
 
 #: Model options (``--d-model``) -> the request's ``model`` fields.
@@ -74,6 +77,41 @@ def add_parser(sub: Any) -> None:
         "the steps the service measured",
     )
     s.add_argument("--json", action="store_true", help="print the plan as JSON")
+    s.add_argument(
+        "--quiet", action="store_true", help="no progress on stderr (planning here)"
+    )
+
+
+#: Request fields whose option is not spelled like them.
+_OPTION_OF = {"time_limit_s": "time_limit"} | {
+    field: option for option, field, _ in _SIZES
+}
+
+
+def _option(loc: Sequence[Any]) -> str:
+    """The option a validation error's location names: ``('model',
+    'num_layers')`` -> ``--layers``, ``('stages', 0)`` -> ``--stages``."""
+    parts = [str(x) for x in loc if not isinstance(x, int)]
+    name = parts[-1] if parts[:1] == ["model"] else parts[0] if parts else "?"
+    return "--" + _OPTION_OF.get(name, name).replace("_", "-")
+
+
+def _progress(quiet: bool) -> Callable[[str, float], None] | None:
+    """Reports ``(phase, fraction)`` on stderr: one line rewritten in place on
+    a terminal, a line per phase otherwise."""
+    if quiet:
+        return None
+    tty = sys.stderr.isatty()
+
+    def report(phase: str, fraction: float) -> None:
+        line = f"mtf-planner scale: [{fraction:4.0%}] {phase}"
+        if tty:
+            sys.stderr.write(f"\r\033[K{line[:200]}")
+        else:
+            sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+    return report
 
 
 def _ints(option: str, text: str | None) -> list[int] | None:
@@ -134,13 +172,17 @@ def cmd_scale(args: argparse.Namespace) -> int:
         try:
             with PlannerClient(args.server, token=args.token, timeout_s=300) as c:
                 out = c.scale_plan(body)
+                server = c.shown_url  # no password
         except PlannerError as e:  # the answer, or the job it waited for
             if "ScaleError: no plan" in str(e):
                 print(f"mtf-planner scale: nothing fits: {e}")
                 return EXIT_NOTHING_FITS
             raise
         plan = out["plan"]
-        where = f"{args.server} (scale plan {out['id']}{', cached' if out['cached'] else ''})"
+        where = (
+            f"{server} (scale plan {out.get('id')}"
+            f"{', cached' if out.get('cached') else ''})"
+        )
         if out.get("profile"):
             where += f"; profile: {out['profile']['text']}"
     else:
@@ -160,14 +202,17 @@ def cmd_scale(args: argparse.Namespace) -> int:
         except ValidationError as e:
             err = e.errors()[0]
             raise RequestError(
-                f"{'.'.join(map(str, err['loc']))}: {err['msg']} "
-                f"(got {err.get('input')!r})"
+                f"{_option(err['loc'])} is {err.get('input')!r}: {err['msg']}"
             ) from None
+        report = _progress(args.quiet)
         try:
-            scale = plan_spec_locally(spec, workers=None)
+            scale = plan_spec_locally(spec, progress=report, workers=None)
         except ScaleError as e:
             print(f"mtf-planner scale: nothing fits: {e}")
             return EXIT_NOTHING_FITS
+        finally:
+            if report is not None and sys.stderr.isatty():
+                sys.stderr.write("\n")
         plan = scale_plan_dict(
             scale, recompute_costs(scale, spec), weight_classes(scale, spec)
         )

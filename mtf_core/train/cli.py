@@ -8,6 +8,9 @@
 (also ``python -m mtf_core.train``).  A run writes checkpoints of full
 variable values; ``--resume`` continues from the newest one under any mesh
 and layout.  ``--tensorboard DIR`` writes loss and tokens/s scalars.
+
+Exits 0 on success, 2 on a bad option or a file it cannot read or write
+(one line on stderr naming it).
 """
 
 from __future__ import annotations
@@ -158,11 +161,71 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 # --------------------------------------------------------------------------
 
 
+def _config_file(path: str) -> dict[str, Any]:
+    """The ``--config`` file's TransformerConfig fields."""
+    try:
+        with open(path, "rb") as f:
+            fields = json.loads(f.read())
+    except OSError as e:
+        raise ConfigError(f"--config {path!r}: {e.strerror or e}") from None
+    except ValueError as e:  # not JSON, or not UTF-8
+        raise ConfigError(f"--config {path!r} is not valid JSON: {e}") from None
+    if not isinstance(fields, dict):
+        raise ConfigError(
+            f"--config {path!r} holds a JSON {type(fields).__name__}; expected an "
+            'object of TransformerConfig fields, e.g. {"d_model": 128}'
+        )
+    return fields
+
+
+def _check_options(args: argparse.Namespace) -> None:
+    """The numbers and paths of the options, checked before any slow work, so
+    that a typo fails at once (not after the corpus, or the whole run)."""
+
+    def at_least(option: str, low: int) -> None:
+        value = getattr(args, option)
+        if value is not None and value < low:
+            raise ConfigError(f"--{option} is {value}; expected an integer >= {low}")
+
+    if args.command == "sample":
+        at_least("max_new_tokens", 0)
+        if not math.isfinite(args.temperature) or args.temperature < 0:
+            raise ConfigError(
+                f"--temperature is {args.temperature}; expected a number >= 0 "
+                "(0: greedy)"
+            )
+        return
+    for option, low in (
+        ("steps", 1),
+        ("devices", 1),
+        ("save_every", 1),
+        ("eval_every", 0),
+        ("corpus_bytes", 1),
+    ):
+        at_least(option, low)
+    from mtf_core.optimize import make_optimizer
+
+    make_optimizer(args.optimizer, args.learning_rate)
+    if not args.resume:  # a resumed run takes its model from the checkpoint
+        model_config(args, args.vocab)  # the corpus's vocabulary may be smaller
+    for option in ("checkpoint_dir", "tensorboard"):
+        path = getattr(args, option)
+        if path:
+            try:
+                os.makedirs(path, exist_ok=True)
+            except OSError as e:
+                raise ConfigError(
+                    f"--{option} {path!r}: cannot make the directory "
+                    f"({e.strerror or e})"
+                ) from None
+            if not os.access(path, os.W_OK):
+                raise ConfigError(f"--{option} {path!r} is not writable")
+
+
 def model_config(args: argparse.Namespace, vocab_size: int) -> TransformerConfig:
     fields: dict[str, Any] = {f: getattr(args, f) for f in _MODEL_FLAGS}
     if args.config:
-        with open(args.config) as f:
-            fields.update(json.load(f))
+        fields.update(_config_file(args.config))
     fields["vocab"] = vocab_size
     fields["dropout_rate"] = args.dropout
     return TransformerConfig.from_dict(fields)
@@ -210,6 +273,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     as a measurement of plan ``--plan_id``."""
     if args.report and not args.plan_id:
         raise ConfigError("--report needs --plan_id (the plan this layout came from)")
+    _check_options(args)
     _profiled_steps(args)  # checked before any slow work
     n = device_count(args)
     auto = args.layout.strip().lower() == "auto"
@@ -355,6 +419,7 @@ def _progress(total: int, initial: int, disabled: bool) -> Any:
 
 def sample(args: argparse.Namespace) -> str:
     """Generates text from a checkpoint; returns (and prints) it."""
+    _check_options(args)
     ckpt = load_checkpoint(args.checkpoint_dir)
     choice = resolve_layout(
         args.layout or None, convert_to_shape(args.mesh).size, args.mesh
@@ -389,7 +454,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             sample(args)
         else:
             train(args)
-    except MtfError as e:
+    except (MtfError, OSError) as e:  # options; files it cannot read or write
         print(f"mtf-train: error: {e}", file=sys.stderr)
         return 2
     return 0
