@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mtf_core.errors import IndivisibleDimensionError, LayoutError
-from mtf_core.shapes import Shape, convert_to_shape
+from mtf_core.shapes import Shape, convert_to_shape, tight_colons
 
 _RULE_SEPARATORS = re.compile(r"[,;.\s]+")
 
@@ -175,7 +175,7 @@ def convert_to_layout_rules(x: Any) -> LayoutRules:
         return LayoutRules()
     if isinstance(x, str):
         pairs = []
-        for part in _RULE_SEPARATORS.split(x.strip()):
+        for part in _RULE_SEPARATORS.split(tight_colons(x.strip())):
             if not part:
                 continue
             t, sep, m = part.partition(":")

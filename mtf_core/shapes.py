@@ -22,6 +22,11 @@ from typing import Any, SupportsIndex, overload
 from mtf_core.errors import ShapeError, ShapeTypeError
 
 _SEPARATORS = re.compile(r"[,;.\s]+")
+#: A colon and the blanks around it ("x : 2" is the dimension "x:2").
+_COLON = re.compile(r"\s*:\s*")
+#: A size as written in a string: ASCII digits (int() would also take "2_0",
+#: "+2" and other scripts' digits).
+_SIZE = re.compile(r"-?[0-9]+")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-/]*$")
 
 
@@ -72,14 +77,12 @@ def convert_to_dimension(d: Any) -> Dimension | None:
         name, sep, size = d.strip().partition(":")
         if not sep:
             raise ShapeError(f"dimension {d!r} has no size; expected 'name:size'")
-        try:
-            return Dimension(name.strip(), int(size))
-        except ValueError as e:
-            if isinstance(e, ShapeError):
-                raise
+        if not _SIZE.fullmatch(size.strip()):
             raise ShapeError(
-                f"dimension {d!r} has size {size!r}; expected an integer"
-            ) from None
+                f"dimension {d!r} has size {size!r}; expected an integer written "
+                "in the digits 0-9"
+            )
+        return Dimension(name.strip(), int(size))
     if isinstance(d, (tuple, list)) and len(d) == 2:
         return Dimension(d[0], d[1])
     raise ShapeTypeError(
@@ -278,11 +281,17 @@ class Shape:
         return math.prod(d.size for d in self.dims[:axis])
 
 
+def tight_colons(text: str) -> str:
+    """``text`` without the blanks around its colons: ``"x : 2"`` is
+    ``"x:2"`` in shape strings and layout rules alike."""
+    return _COLON.sub(":", text)
+
+
 def _parse_shape_string(text: str) -> Dims:
     text = text.strip()
     if not text:
         return Dims()
-    parts = [p for p in _SEPARATORS.split(text) if p]
+    parts = [p for p in _SEPARATORS.split(tight_colons(text)) if p]
     dims = []
     for p in parts:
         d = convert_to_dimension(p)

@@ -24,6 +24,7 @@ def test_layout_rules_print_in_canonical_sorted_form() -> None:
         "a:m2;c:m1",
         "c:m1, a:m2",
         "c:m1 a:m2",
+        "c : m1 ; a: m2",
         {"c": "m1", "a": "m2"},
         [("c", "m1"), ("a", "m2")],
     ],

@@ -10,7 +10,15 @@ import mtf_core as mtf
 
 @pytest.mark.parametrize(
     "text",
-    ["a:10,b:5", "a:10;b:5", "a:10.b:5", "a:10 b:5", " a:10 ,  b:5 ", "a:10;\tb:5"],
+    [
+        "a:10,b:5",
+        "a:10;b:5",
+        "a:10.b:5",
+        "a:10 b:5",
+        " a:10 ,  b:5 ",
+        "a:10;\tb:5",
+        "a : 10 ; b :5",
+    ],
 )
 def test_shape_string_accepts_every_separator(text: str) -> None:
     shape = mtf.convert_to_shape(text)
@@ -90,6 +98,10 @@ def test_shape_arithmetic_and_queries() -> None:
     [
         ("a", "'a' has no size"),
         ("a:x", "has size 'x'"),
+        ("a:\u0661\u0662", "has size '\u0661\u0662'; expected an integer written in"),
+        ("a:2_0", "has size '2_0'"),
+        ("a:+2", "has size '+2'"),
+        ("a:", "has size ''"),
         ("a:0", "size 0"),
         ("a:-1", "size -1"),
         ("1a:2", "'1a' is invalid"),
