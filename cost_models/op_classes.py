@@ -103,7 +103,7 @@ _TRANSCENDENTAL = frozenset(
 )
 # Ops that make no TensorFlow work of their own: constants are shared per
 # device, identity passes its input (the lowering adds no op for it).
-_FREE = frozenset({"Constant", "Identity", "StopGradient"})
+_FREE = frozenset({"Constant", "CausalBias", "Identity", "StopGradient"})
 # Ops whose output is a view: overhead, no bytes (a reshape is metadata in TF,
 # a variable read aliases the variable's buffer).
 _VIEW = frozenset({"Reshape", "Variable", "CustomGradient"})

@@ -189,6 +189,16 @@ def test_export_too_large_to_build_is_one_line(monkeypatch, capsys):
     _one_line_error(capsys.readouterr().err, "out of memory", "7.28 TiB")
 
 
+def test_what_export_writes_at_length_2048_plan_reads(tmp_path, capsys):
+    # The causal bias was written as 4,194,304 numbers, which plan refused.
+    out = tmp_path / "lm.json"
+    argv = ["export", "--model", "transformer-lm", "--length", "2048", "-o", str(out)]
+    assert main(argv) == 0
+    assert out.stat().st_size < 1_000_000
+    assert main(["plan", str(out), "--mesh", "x:8"]) == 0
+    assert "batch (8) -> x" in capsys.readouterr().out
+
+
 # -- serve and seed ------------------------------------------------------------------
 
 

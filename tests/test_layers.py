@@ -265,8 +265,8 @@ def test_a_constant_made_by_a_function_is_made_only_when_its_value_is_read():
 
 def test_planning_a_causal_model_never_makes_its_attention_bias():
     from layout_planner.choices import plan_transformer
-    from mtf_core.layers.attention import _causal_bias
     from mtf_core.models import TransformerConfig
+    from mtf_core.ops.creation import causal_bias_values as _causal_bias
 
     cfg = TransformerConfig(
         num_layers=2, d_model=64, heads=4, d_kv=16, d_ff=128, vocab=128,

@@ -156,6 +156,24 @@ def test_transformer_lm_with_adam_round_trips() -> None:
     assert len(loaded.graph.trainable_variables) == len(model.graph.trainable_variables)
 
 
+def test_a_causal_bias_is_written_by_its_shape_not_its_values() -> None:
+    # As a Constant, length 2048 wrote 4,194,304 numbers (42 MB of JSON), over
+    # the reader's max_constant_elements: `export` wrote what `plan` refused.
+    from mtf_core.models import TransformerConfig, build_lm
+
+    model = build_lm(TransformerConfig(num_layers=1, length=2048, batch=2))
+    text = mtf.graph_to_json(model.graph, outputs=[model.loss])
+    assert len(text) < 200_000
+    (op,) = [o for o in json.loads(text)["operations"] if o["op_type"] == "CausalBias"]
+    assert op["attrs"] == {}
+    assert [d["size"] for d in op["outputs"][0]["shape"]] == [2048, 2048]
+    loaded = mtf.graph_from_json(text)
+    (bias,) = [o for o in loaded.graph.operations if o.op_type == "CausalBias"]
+    want = np.triu(np.full((2048, 2048), -1e9, np.float32), k=1)
+    np.testing.assert_array_equal(bias.value, want)
+    assert bias.value.dtype == np.float32
+
+
 def test_serialization_never_imports_tensorflow() -> None:
     """The planner and the REST API read graphs without loading TensorFlow."""
     code = (

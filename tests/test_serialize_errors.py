@@ -29,6 +29,28 @@ def _set(path: tuple[Any, ...], value: Any) -> Callable[[dict], None]:
     return edit
 
 
+def _causal_bias_doc(shape: list[dict[str, Any]], dtype: str = "float32") -> dict:
+    g = mtf.Graph()
+    m = mtf.Mesh(g, "m")
+    mtf.layers.attention_bias_causal(m, mtf.Dimension("q", 3), mtf.Dimension("k", 3))
+    doc = mtf.graph_to_dict(g)
+    doc["operations"][0]["outputs"][0].update(shape=shape, dtype=dtype)
+    return doc
+
+
+@pytest.mark.parametrize(
+    "shape, dtype, message",
+    [
+        ([{"name": "q", "size": 3}], "float32", r"shape: .* \[length, memory_length\]"),
+        ([{"name": "q", "size": 3}, {"name": "k", "size": 3}], "bfloat16", "bfloat16"),
+    ],
+)
+def test_a_causal_bias_of_another_rank_or_dtype_is_refused(shape, dtype, message):
+    with pytest.raises(SerializationError, match=message) as e:
+        mtf.graph_from_dict(_causal_bias_doc(shape, dtype))
+    assert str(e.value).startswith("operations[0]")
+
+
 def _delete(path: tuple[Any, ...]) -> Callable[[dict], None]:
     def edit(doc: dict) -> None:
         target = doc

@@ -10,7 +10,6 @@ local attention costs the halo exchange's neighbour shifts.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,7 +27,7 @@ from mtf_core.layers.initializers import (
 from mtf_core.ops import elementwise as ew
 from mtf_core.ops import reduce as red
 from mtf_core.ops.arguments import sized_dim
-from mtf_core.ops.creation import constant, zeros
+from mtf_core.ops.creation import CausalBias, constant, zeros
 from mtf_core.ops.einsum import einsum
 from mtf_core.ops.halo import left_halo_exchange
 from mtf_core.ops.indexing import mtf_range
@@ -46,20 +45,7 @@ def attention_bias_causal(
     """``[length, memory_length]``: 0 where key position <= query position,
     -1e9 elsewhere (added to attention logits)."""
     # Made when first lowered: a graph that is only planned never needs it.
-    bias = functools.partial(_causal_bias, length_dim.size, memory_length_dim.size)
-    return constant(mesh, bias, Shape([length_dim, memory_length_dim]), "float32")
-
-
-@functools.lru_cache(maxsize=8)
-def _causal_bias(length: int, memory_length: int) -> np.ndarray:
-    """The causal bias values, made once per size and shared, read-only, by
-    every graph that asks (a planner builds dozens of stage graphs: at length
-    4096 each array is 64 MiB and took a third of a graph's build time)."""
-    q = np.arange(length)[:, None]
-    k = np.arange(memory_length)[None, :]
-    bias = np.where(k <= q, np.float32(0.0), np.float32(-1e9))
-    bias.flags.writeable = False
-    return bias
+    return CausalBias(mesh, length_dim, memory_length_dim).outputs[0]
 
 
 def attention_bias_padding(memory_ids: Tensor, pad_id: int = 0) -> Tensor:

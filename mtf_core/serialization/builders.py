@@ -16,7 +16,7 @@ from mtf_core.autodiff import CustomGradientOp
 from mtf_core.errors import GraphError, MtfError, SerializationError
 from mtf_core.graph import Operation, Tensor
 from mtf_core.ops import elementwise as ew
-from mtf_core.ops.creation import Constant, ImportTensor
+from mtf_core.ops.creation import CausalBias, Constant, ImportTensor
 from mtf_core.ops.einsum import Einsum
 from mtf_core.ops.reduce import REDUCTIONS, Broadcast, Reduce
 from mtf_core.ops.variables import ASSIGN_MODES, Assign, Variable
@@ -78,6 +78,20 @@ def _constant(spec: OpSpec) -> Operation:
             f"{path}: non-finite values cannot be held by a {dtype} constant"
         )
     return Constant(spec.mesh, arr, spec.output_shape(), dtype, name=spec.name)
+
+
+@register(CausalBias)
+def _causal_bias(spec: OpSpec) -> Operation:
+    # Its values follow from its shape; the dtype is checked against the
+    # declared one like every op's.
+    spec.expect_inputs(0)
+    shape = spec.output_shape()
+    if len(shape) != 2:
+        raise SerializationError(
+            f"{spec.path}.outputs[0].shape: a CausalBias has the shape [length, "
+            f"memory_length], got [{shape}]"
+        )
+    return CausalBias(spec.mesh, shape[0], shape[1], name=spec.name)
 
 
 # -- variables -----------------------------------------------------------------
