@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from layout_planner import planner
@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 
 #: Environment variable with the bearer token ``auto_layout(server=...)`` sends.
 TOKEN_ENV = "MTF_PLANNER_TOKEN"
+#: Called with a job's phase and its fraction done (0..1).
+Progress = Callable[[str, float], None]
 _RETRY_STATUSES = (429, 502, 503, 504)
 
 
@@ -175,12 +177,18 @@ class PlannerClient:
         return body
 
     # -- endpoints ------------------------------------------------------------------------
-    def plan(self, request: Mapping[str, Any], wait_s: float = 600.0) -> dict[str, Any]:
+    def plan(
+        self,
+        request: Mapping[str, Any],
+        wait_s: float = 600.0,
+        progress: Progress | None = None,
+    ) -> dict[str, Any]:
         """POST /v1/plans; follows a 202 (a job) until it finishes or
-        ``wait_s`` passes.  Returns ``PlanOut`` (``plan`` is the LayoutPlan dict)."""
+        ``wait_s`` passes (``progress`` as in :meth:`wait_job`).  Returns
+        ``PlanOut`` (``plan`` is the LayoutPlan dict)."""
         r = self.request("POST", "/v1/plans", json=dict(request))
         if r.status_code == 202:
-            job = self.wait_job(self._body(r, "id")["id"], wait_s)
+            job = self.wait_job(self._body(r, "id")["id"], wait_s, progress=progress)
             return self.get_plan(job["plan_id"])
         return self._body(r, "plan")
 
@@ -194,11 +202,18 @@ class PlannerClient:
         return self.request_json("DELETE", f"/v1/jobs/{job_id}")
 
     def wait_job(
-        self, job_id: str, wait_s: float = 600.0, poll_s: float = 0.2
+        self,
+        job_id: str,
+        wait_s: float = 600.0,
+        poll_s: float = 0.2,
+        progress: Progress | None = None,
     ) -> dict[str, Any]:
         """Polls a job until done; raises PlannerError if it failed or was
-        cancelled, PlannerUnavailableError after ``wait_s``."""
+        cancelled, PlannerUnavailableError after ``wait_s``.  ``progress``
+        is called with the job's phase and fraction done whenever a poll
+        finds them changed."""
         deadline = time.monotonic() + wait_s
+        seen: tuple[str, float] | None = None
         while True:
             job = self.get_job(job_id)
             if job["status"] == "done":
@@ -207,6 +222,10 @@ class PlannerClient:
                 raise PlannerError(
                     f"planner job {job_id} {job['status']}: {job['error']}"
                 )
+            now = (str(job.get("phase") or job["status"]), job.get("progress") or 0.0)
+            if progress is not None and now != seen:
+                progress(*now)
+                seen = now
             if time.monotonic() > deadline:
                 raise PlannerUnavailableError(
                     f"planner job {job_id} is still {job['status']} ({job['phase']}) "
@@ -225,16 +244,19 @@ class PlannerClient:
         return self.request_json("POST", "/v1/evaluate", json=dict(request))
 
     def scale_plan(
-        self, request: Mapping[str, Any], wait_s: float = 600.0
+        self,
+        request: Mapping[str, Any],
+        wait_s: float = 600.0,
+        progress: Progress | None = None,
     ) -> dict[str, Any]:
         """POST /v1/scale-plans (a ``ScalePlanRequest``: a Transformer's
         shape, ``devices``, ``hardware``, dtypes and fixed choices); follows a
-        202 (a job) until it finishes or ``wait_s`` passes.  Returns
-        ``ScalePlanOut``, whose ``plan`` has the mesh, micro-batches, schedule,
+        202 (a job) until it finishes or ``wait_s`` passes (``progress`` as
+        in :meth:`wait_job`).  Returns ``ScalePlanOut``, whose ``plan`` has the mesh, micro-batches, schedule,
         dtypes, sharded weight classes, recomputation and the step's parts."""
         r = self.request("POST", "/v1/scale-plans", json=dict(request))
         if r.status_code == 202:
-            job = self.wait_job(self._body(r, "id")["id"], wait_s)
+            job = self.wait_job(self._body(r, "id")["id"], wait_s, progress=progress)
             return self.get_scale_plan(job["plan_id"])
         return self._body(r, "plan")
 

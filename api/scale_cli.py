@@ -6,8 +6,9 @@
         [--stages 1,2] [--micro-batches 8] [--server URL] [--json]
 
 Prints ``ScalePlan.explain()`` (``--json``: the ``/v1/scale-plans`` answer's
-``plan``); planning here reports each mesh it tries on stderr (``--quiet``:
-not).  Exits 0 when a plan fits, 3 when none does, 1 on bad input or an
+``plan``); it reports progress on stderr (planning here: each mesh it
+tries; with ``--server``: the job's phase while it waits; ``--quiet``:
+none).  Exits 0 when a plan fits, 3 when none does, 1 on bad input or an
 unreachable server.
 """
 
@@ -77,9 +78,7 @@ def add_parser(sub: Any) -> None:
         "the steps the service measured",
     )
     s.add_argument("--json", action="store_true", help="print the plan as JSON")
-    s.add_argument(
-        "--quiet", action="store_true", help="no progress on stderr (planning here)"
-    )
+    s.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
 
 #: Request fields whose option is not spelled like them.
@@ -112,6 +111,12 @@ def _progress(quiet: bool) -> Callable[[str, float], None] | None:
         sys.stderr.flush()
 
     return report
+
+
+def _end_progress(report: Callable[[str, float], None] | None) -> None:
+    """Ends the progress line on a terminal (rewritten in place until now)."""
+    if report is not None and sys.stderr.isatty():
+        sys.stderr.write("\n")
 
 
 def _ints(option: str, text: str | None) -> list[int] | None:
@@ -169,15 +174,18 @@ def cmd_scale(args: argparse.Namespace) -> int:
 
         if args.no_measurements:
             body["use_measurements"] = False
+        report = _progress(args.quiet)
         try:
             with PlannerClient(args.server, token=args.token, timeout_s=300) as c:
-                out = c.scale_plan(body)
+                out = c.scale_plan(body, progress=report)
                 server = c.shown_url  # no password
         except PlannerError as e:  # the answer, or the job it waited for
             if "ScaleError: no plan" in str(e):
                 print(f"mtf-planner scale: nothing fits: {e}")
                 return EXIT_NOTHING_FITS
             raise
+        finally:
+            _end_progress(report)
         plan = out["plan"]
         where = (
             f"{server} (scale plan {out.get('id')}"
@@ -211,8 +219,7 @@ def cmd_scale(args: argparse.Namespace) -> int:
             print(f"mtf-planner scale: nothing fits: {e}")
             return EXIT_NOTHING_FITS
         finally:
-            if report is not None and sys.stderr.isatty():
-                sys.stderr.write("\n")
+            _end_progress(report)
         plan = scale_plan_dict(
             scale, recompute_costs(scale, spec), weight_classes(scale, spec)
         )

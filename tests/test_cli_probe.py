@@ -147,6 +147,34 @@ def test_a_server_that_is_not_the_planner_is_a_planner_error(body, endpoint):
             getattr(c, endpoint)({})
 
 
+def test_waiting_on_a_job_reports_each_new_phase():
+    # A scale plan on a service ran for minutes with nothing on the screen.
+    states = iter(
+        [
+            {"status": "queued", "phase": None, "progress": None},
+            {"status": "running", "phase": "mesh 1 of 3", "progress": 0.1},
+            {"status": "running", "phase": "mesh 1 of 3", "progress": 0.1},
+            {"status": "running", "phase": "mesh 2 of 3", "progress": 0.4},
+            {"status": "done", "plan_id": "p1"},
+        ]
+    )
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.method == "POST":
+            return httpx.Response(202, json={"id": "j1"})
+        if request.url.path == "/v1/jobs/j1":
+            return httpx.Response(200, json=next(states))
+        assert request.url.path == "/v1/scale-plans/p1"
+        return httpx.Response(200, json={"id": "p1", "plan": {"fits": True}})
+
+    seen: list[tuple[str, float]] = []
+    transport = httpx.MockTransport(answer)
+    with PlannerClient("http://planner", transport=transport, retries=0) as c:
+        out = c.scale_plan({}, progress=lambda *a: seen.append(a))
+    assert out["plan"] == {"fits": True}
+    assert seen == [("queued", 0.0), ("mesh 1 of 3", 0.1), ("mesh 2 of 3", 0.4)]
+
+
 # -- scale ---------------------------------------------------------------------------
 
 
