@@ -22,13 +22,13 @@ and every collective blocks).  See docs/cost-model.md for formulas and units.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from cost_models.deferred import DeferredAllreduces
 from cost_models.gc_pause import gc_paused
-from cost_models.hardware import HardwareProfile
+from cost_models.hardware import CostModelError, HardwareProfile
 from cost_models.layout_cache import LayoutSizes, layout_context
 from cost_models.memory import (
     PARAM,
@@ -179,6 +179,14 @@ def _evaluate(
     memory: MemoryModel | None,
 ) -> Cost:
     hw = get_hardware(hardware)
+    if not isinstance(graph, Graph):
+        raise CostModelError(f"graph {graph!r} is not an mtf.Graph")
+    if isinstance(outputs, Tensor | str) or not isinstance(outputs, Iterable):
+        raise CostModelError(
+            f"outputs is {outputs!r}; expected a list of mtf.Tensors (or [])"
+        )
+    if memory is not None and not isinstance(memory, MemoryModel):
+        raise CostModelError(f"memory is {memory!r}; expected a MemoryModel or None")
     outputs = list(outputs)
     ops = step_operations(graph, outputs)  # raises for a foreign output
     ctx = layout_context(graph, mesh_shape, layout_rules, ops)

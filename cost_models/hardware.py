@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterable, Mapping
+import sys
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -44,9 +45,14 @@ class HardwareError(CostModelError):
 def _positive(owner: str, what: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise HardwareError(f"{owner}: {what} is {value!r}; expected a positive number")
-    if not math.isfinite(value) or value <= 0:
+    if not _finite(value) or value <= 0:
         raise HardwareError(f"{owner}: {what} is {value!r}; expected a positive number")
     return float(value)
+
+
+def _finite(value: float) -> bool:
+    """Not NaN or infinite, and (an int) within a float's range."""
+    return abs(value) <= sys.float_info.max
 
 
 @dataclass(frozen=True)
@@ -69,9 +75,14 @@ class LinkSpec:
             _positive(owner, "bandwidth_bytes_per_s", self.bandwidth_bytes_per_s),
         )
         lat = self.latency_s
-        if isinstance(lat, bool) or not isinstance(lat, (int, float)) or lat < 0:
+        if (
+            isinstance(lat, bool)
+            or not isinstance(lat, (int, float))
+            or not _finite(lat)
+            or lat < 0
+        ):
             raise HardwareError(
-                f"{owner}: latency_s is {lat!r}; expected a number >= 0"
+                f"{owner}: latency_s is {lat!r}; expected a finite number >= 0"
             )
         object.__setattr__(self, "latency_s", float(lat))
 
@@ -134,7 +145,12 @@ class HardwareProfile:
             self, "peak_flops", _positive(owner, "peak_flops", self.peak_flops)
         )
         mem = self.memory_bytes
-        if isinstance(mem, bool) or not isinstance(mem, (int, float)) or mem <= 0:
+        if (
+            isinstance(mem, bool)
+            or not isinstance(mem, (int, float))
+            or not (isinstance(mem, int) or math.isfinite(mem))
+            or mem < 1
+        ):
             raise HardwareError(
                 f"{owner}: memory_bytes is {mem!r}; expected a positive integer"
             )
@@ -159,7 +175,23 @@ class HardwareProfile:
             if isinstance(self.axis_links, Mapping)
             else self.axis_links
         )
-        canonical = tuple(sorted(((str(a), lk) for a, lk in pairs), key=_first))
+        if isinstance(pairs, str) or not isinstance(pairs, Iterable):
+            raise HardwareError(
+                f"{owner}: axis_links is {self.axis_links!r}; expected a mapping "
+                "from mesh axis name to LinkSpec"
+            )
+        entries = list(pairs)
+        for pair in entries:
+            if (
+                isinstance(pair, str)
+                or not isinstance(pair, Sequence)
+                or len(pair) != 2
+            ):
+                raise HardwareError(
+                    f"{owner}: axis_links entry {pair!r}; expected an (axis name, "
+                    "LinkSpec) pair"
+                )
+        canonical = tuple(sorted(((str(a), lk) for a, lk in entries), key=_first))
         for axis, link in canonical:
             if not isinstance(link, LinkSpec):
                 raise HardwareError(

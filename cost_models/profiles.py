@@ -38,7 +38,13 @@ def get_hardware(
             return PRESETS[hardware]
         if hardware.endswith(".json") and os.path.isfile(hardware):
             with open(hardware) as f:
-                data = json.load(f)
+                try:
+                    data = json.load(f)
+                except json.JSONDecodeError as e:
+                    raise HardwareError(
+                        f"hardware profile file {hardware!r} is not JSON ({e}); "
+                        "expected what HardwareProfile.to_dict() or calibrate writes"
+                    ) from None
             if _needs_fit(data):
                 # Raw measurements from ``python -m mtf_core.lowering.calibrate``
                 # (which cannot import the cost model): fit the rates now.

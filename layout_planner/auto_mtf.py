@@ -18,9 +18,10 @@ the same on every run.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from types import ModuleType
 
+from layout_planner.errors import PlannerError
 from layout_planner.mesh_search import search_mesh_shape
 from layout_planner.options import PlanOptions
 from layout_planner.planner import auto_layout
@@ -38,7 +39,9 @@ def layout(
     mtf_graph: Graph, mesh_shape: ShapeLike, mtf_outputs: Sequence[Tensor] = ()
 ) -> LayoutRules:
     """Layout rules minimising peak memory of ``mtf_graph`` on ``mesh_shape``."""
-    plan = auto_layout(mtf_graph, mesh_shape, list(mtf_outputs), options=_OPTIONS)
+    plan = auto_layout(
+        mtf_graph, mesh_shape, _outputs_list(mtf_outputs), options=_OPTIONS
+    )
     return plan.layout_rules
 
 
@@ -50,10 +53,15 @@ def layout_and_mesh_shape(
 ) -> tuple[LayoutRules, Shape]:
     """The mesh shape (axes ``mesh_0``, ``mesh_1``, ..., sizes non-increasing)
     and layout rules with the least peak memory on ``num_machines`` devices."""
+    dims = max_mesh_shape_dimensions
+    if isinstance(dims, bool) or not isinstance(dims, int) or dims < 1:
+        raise PlannerError(
+            f"max_mesh_shape_dimensions is {dims!r}; expected an integer >= 1"
+        )
     plan = search_mesh_shape(
         mtf_graph,
         num_machines,
-        outputs=list(mtf_outputs),
+        outputs=_outputs_list(mtf_outputs),
         hardware=_OPTIONS.hardware,
         objective=_OPTIONS.objective,
         params=_OPTIONS.solve_params(),
@@ -63,6 +71,14 @@ def layout_and_mesh_shape(
         ordered=False,
     )
     return plan.layout_rules, plan.mesh_shape
+
+
+def _outputs_list(mtf_outputs: Sequence[Tensor]) -> list[Tensor]:
+    if isinstance(mtf_outputs, Tensor | str) or not isinstance(mtf_outputs, Iterable):
+        raise PlannerError(
+            f"mtf_outputs is {mtf_outputs!r}; expected a list of mtf.Tensors (or [])"
+        )
+    return list(mtf_outputs)
 
 
 def __getattr__(name: str) -> ModuleType:

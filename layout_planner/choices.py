@@ -39,8 +39,10 @@ and the once-per-step work once).
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from cost_models.gc_pause import gc_paused
 from cost_models.hardware import HardwareProfile
@@ -62,6 +64,8 @@ from mtf_core import dtypes
 from mtf_core.layout import convert_to_layout_rules
 from mtf_core.models import TransformerConfig, build_encoder_decoder, build_lm
 from mtf_core.models.base import ModelGraph
+from mtf_core.models.transformer import RECOMPUTE_ATTENTION, RECOMPUTE_FFN
+from mtf_core.optimize import Optimizer
 
 __all__ = [
     "RECOMPUTE_TRIALS",
@@ -111,6 +115,10 @@ def sequence_sizes(
 ) -> list[int]:
     """``sizes`` of a sequence axis, checked: positive integers dividing the
     sequence ``length`` (and the ``devices``, where given), sorted."""
+    if isinstance(sizes, str) or not isinstance(sizes, Iterable):
+        raise ScaleError(
+            f"sequence is {sizes!r}; expected sizes to try, such as (1,) or (1, 2)"
+        )
     out = list(sizes)
     if not out:
         raise ScaleError("sequence is empty; expected sizes such as (1,) or (1, 2)")
@@ -141,6 +149,70 @@ def check_request(cfg: TransformerConfig, hw: HardwareProfile, devices: int) -> 
                 f"{f} {dt!r}: hardware {hw.name!r} has no {dt} arithmetic; "
                 "expected one of 'bfloat16', 'float32'"
             )
+
+
+def _check_config(config: object) -> TransformerConfig:
+    if not isinstance(config, TransformerConfig):
+        raise ScaleError(
+            f"config is {config!r}; expected an mtf_core.models.TransformerConfig"
+        )
+    return config
+
+
+def _check_sizes(what: str, given: object) -> list[int]:
+    """``stages``/``tensor`` sizes to try, checked: positive integers."""
+    if isinstance(given, str) or not isinstance(given, Iterable):
+        raise ScaleError(
+            f"{what} is {given!r}; expected sizes to try, such as [1, 2, 4], or "
+            "None to search the defaults"
+        )
+    out = list(given)
+    for s in out:
+        if isinstance(s, bool) or not isinstance(s, int) or s < 1:
+            raise ScaleError(f"{what} size {s!r}; expected a positive integer")
+    return out
+
+
+def _check_recompute(recompute: object) -> list[tuple[str, str]]:
+    """Recomputation trials, checked: (attention, ffn) pairs of known options."""
+    pairs = (
+        None
+        if isinstance(recompute, str) or not isinstance(recompute, Iterable)
+        else list(recompute)
+    )
+    if not pairs:
+        raise ScaleError(
+            f"recompute is {recompute!r}; expected (attention, ffn) pairs to try, "
+            f"such as {list(RECOMPUTE_TRIALS[:2])}"
+        )
+    for pair in pairs:
+        if (
+            isinstance(pair, str)
+            or not isinstance(pair, Sequence)
+            or len(pair) != 2
+            or pair[0] not in RECOMPUTE_ATTENTION
+            or pair[1] not in RECOMPUTE_FFN
+        ):
+            raise ScaleError(
+                f"recompute option {pair!r}; expected an (attention, ffn) pair, "
+                f"attention one of {list(RECOMPUTE_ATTENTION)} and ffn one of "
+                f"{list(RECOMPUTE_FFN)}"
+            )
+    return [(a, f) for a, f in pairs]
+
+
+def _check_flags(**flags: object) -> None:
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise ScaleError(f"{name} is {value!r}; expected True or False")
+
+
+def _check_optimizer(optimizer: object) -> None:
+    if not isinstance(optimizer, str | Optimizer):
+        raise ScaleError(
+            f"optimizer is {optimizer!r}; expected one of 'sgd', 'momentum', "
+            "'adam', 'adamw', 'adafactor' (or an mtf Optimizer)"
+        )
 
 
 # The search builds and walks graphs of thousands of ops, allocating millions
@@ -190,6 +262,7 @@ def plan_transformer(
     is the same for any number.
     """
     start = time.perf_counter()
+    _check_config(config)
     hw = (
         get_hardware(hardware)
         if not isinstance(hardware, HardwareProfile)
@@ -199,20 +272,38 @@ def plan_transformer(
         hw = hw.with_memory(memory_limit)
     check_request(config, hw, devices)
     PipelineSpec(1, 1, schedule)  # checks the schedule's name
+    _check_optimizer(optimizer)
+    _check_flags(encoder_decoder=encoder_decoder, exhaustive=exhaustive, verify=verify)
+    recompute = _check_recompute(recompute)
+    t = time_limit_s
+    if isinstance(t, bool) or not isinstance(t, numbers.Real) or not 0 < t < math.inf:
+        raise ScaleError(f"time_limit_s is {t!r}; expected seconds > 0")
+    if workers is not None:
+        if (
+            isinstance(workers, bool)
+            or not isinstance(workers, numbers.Integral)
+            or workers < 1
+        ):
+            raise ScaleError(
+                f"workers is {workers!r}; expected an integer >= 1 or None"
+            )
+        workers = int(workers)  # a numpy integer too
+    if progress is not None and not callable(progress):
+        raise ScaleError(f"progress is {progress!r}; expected a callable or None")
     cfg = config.replace(shardable_weights=True, shardable_slots=True)
     layers = cfg.num_layers
     pows = [2**i for i in range(7)]
+    for what, given in (("stages", stages), ("tensor", tensor)):
+        if given is not None and not _check_sizes(what, given):
+            raise ScaleError(
+                f"{what} is empty; expected sizes to try, such as [1, 2, 4], or "
+                "None to search the defaults"
+            )
     stage_sizes = (
         list(stages)
         if stages is not None
         else [s for s in pows if layers % s == 0 and devices % s == 0]
     )
-    for what, given in (("stages", stages), ("tensor", tensor)):
-        if given is not None and not list(given):
-            raise ScaleError(
-                f"{what} is empty; expected sizes to try, such as [1, 2, 4], or "
-                "None to search the defaults"
-            )
     for s in stage_sizes:
         if s > layers:
             raise PipelineError(
@@ -306,8 +397,16 @@ def price_layout(
 ) -> ScalePlan:
     """A given mesh, pipeline, recomputation and stage layout rules (e.g. a
     published configuration) priced exactly as the planner's trials are."""
-    hw = get_hardware(hardware) if isinstance(hardware, str) else hardware
-    cfg = config.replace(shardable_weights=True, shardable_slots=True)
+    hw = get_hardware(hardware)
+    cfg = _check_config(config).replace(shardable_weights=True, shardable_slots=True)
+    if not isinstance(choice, ScaleChoice):
+        raise ScaleError(f"choice is {choice!r}; expected a ScaleChoice")
+    for f in ("stages", "data", "tensor", "micro_batches", "sequence"):
+        v = getattr(choice, f)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ScaleError(f"choice.{f} is {v!r}; expected an integer >= 1")
+    _check_optimizer(optimizer)
+    _check_flags(encoder_decoder=encoder_decoder)
     check_request(cfg, hw, choice.devices)
     sequence_sizes((choice.sequence,), cfg.length)
     spec = PipelineSpec(choice.stages, choice.micro_batches, choice.schedule)

@@ -16,6 +16,7 @@ the final plan's assembly.)
 
 from __future__ import annotations
 
+import numbers
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -31,6 +32,9 @@ from mtf_core.graph import Graph, Tensor
 from mtf_core.shapes import Dimension, Shape
 
 AXIS_NAMES = ("x", "y", "z", "w")
+#: The most devices a search factorizes (as the planner service allows): the
+#: enumeration of mesh shapes takes time linear in the count.
+MAX_DEVICES = 2**20
 # The least solver time a shape (or the final plan) gets once the request's
 # budget is spent (the final plan must still be made).
 _MIN_SOLVE_S = 0.05
@@ -86,10 +90,14 @@ def search_mesh_shape(
     deadline = t0 + params.time_limit_s
     if (
         isinstance(num_devices, bool)
-        or not isinstance(num_devices, int)
-        or num_devices < 1
+        or not isinstance(num_devices, numbers.Integral)
+        or not 1 <= num_devices <= MAX_DEVICES
     ):
-        raise PlannerError(f"num_devices is {num_devices!r}; expected an integer >= 1")
+        raise PlannerError(
+            f"num_devices is {num_devices!r}; expected an integer >= 1 and <= "
+            f"{MAX_DEVICES}"
+        )
+    num_devices = int(num_devices)  # a numpy integer too
     if isinstance(max_dims, bool) or not isinstance(max_dims, int) or max_dims < 1:
         raise PlannerError(f"max_mesh_dims is {max_dims!r}; expected an integer >= 1")
     if max_dims > len(axis_names):

@@ -36,6 +36,10 @@ DEFAULT_TIME_LIMIT_S = 10.0
 #: and then the mesh shape is searched too.
 MeshTarget = ShapeLike | int
 
+#: CP-SAT's own bounds: at most 10000 workers, a 32-bit random seed.
+MAX_WORKERS = 10_000
+MAX_SEED = 2**31 - 1
+
 #: The parameters a planner service chooses itself: a client's values for these
 #: are not sent (``to_request_dict``) and not part of the cache key.
 SERVER_CHOSEN = ("num_workers", "seed", "verify")
@@ -106,10 +110,14 @@ class PlanOptions:
                 f"max_mesh_dims is {self.max_mesh_dims!r}; expected an integer >= 1"
             )
         w = self.num_workers
-        if w is not None and (not _is_int(w) or w < 1):
-            raise PlannerError(f"num_workers is {w!r}; expected an integer >= 1")
-        if not _is_int(self.seed) or self.seed < 0:
-            raise PlannerError(f"seed is {self.seed!r}; expected an integer >= 0")
+        if w is not None and (not _is_int(w) or not 1 <= w <= MAX_WORKERS):
+            raise PlannerError(
+                f"num_workers is {w!r}; expected an integer >= 1 and <= {MAX_WORKERS}"
+            )
+        if not _is_int(self.seed) or not 0 <= self.seed <= MAX_SEED:
+            raise PlannerError(
+                f"seed is {self.seed!r}; expected an integer >= 0 and <= {MAX_SEED}"
+            )
         if not isinstance(self.verify, bool):
             raise PlannerError(f"verify is {self.verify!r}; expected True or False")
 
@@ -128,6 +136,12 @@ class PlanOptions:
 
     def replace(self, **changes: Any) -> PlanOptions:
         """A copy with ``changes`` applied (and checked)."""
+        known = {f.name for f in fields(self)}
+        unknown = sorted(set(changes) - known)
+        if unknown:
+            raise PlannerError(
+                f"unknown plan option(s) {unknown}; expected some of {sorted(known)}"
+            )
         return replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from cost_models.costs import Cost, StepTotals
 from cost_models.hardware import HardwareProfile
 from layout_planner.errors import PlannerError
 from layout_planner.program import Objective, SolveStatus
+from mtf_core.errors import MtfError
 from mtf_core.layout import LayoutRules, convert_to_layout_rules
 from mtf_core.shapes import Shape, convert_to_shape
 
@@ -328,12 +329,29 @@ class LayoutPlan:
     def from_dict(cls, d: Mapping[str, Any]) -> LayoutPlan:
         """Rebuilds a plan from :meth:`to_dict` (``evaluation`` is not rebuilt:
         its dict form stays in ``to_dict`` for readers, not for round trips)."""
+        if not isinstance(d, Mapping):
+            raise PlannerError(
+                f"layout plan {d!r} is not a mapping; expected LayoutPlan.to_dict()'s "
+                "form"
+            )
         version = d.get("format_version")
         if version != FORMAT_VERSION:
             raise PlannerError(
                 f"layout plan format_version {version!r} is not supported; "
                 f"expected {FORMAT_VERSION}"
             )
+        try:
+            return cls._from_dict(d)
+        except MtfError:
+            raise  # names the value already
+        except (KeyError, TypeError, AttributeError, ValueError) as e:
+            raise PlannerError(
+                f"layout plan dict is malformed ({type(e).__name__}: {e}); expected "
+                "LayoutPlan.to_dict()'s form"
+            ) from None
+
+    @classmethod
+    def _from_dict(cls, d: Mapping[str, Any]) -> LayoutPlan:
         return cls(
             mesh_shape=convert_to_shape(d["mesh_shape"]),
             layout_rules=convert_to_layout_rules(d["layout_rules"]),

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
 
 from cost_models.costs import Cost, evaluate
@@ -79,6 +79,10 @@ def check_graph(graph: Graph, outputs: Sequence[Tensor]) -> Graph:
         raise PlannerError(
             f"the graph uses {len(meshes)} meshes ({meshes}); the planner lays out "
             "one mesh at a time"
+        )
+    if isinstance(outputs, Tensor | str) or not isinstance(outputs, Iterable):
+        raise PlannerError(
+            f"outputs is {outputs!r}; expected a list of mtf.Tensors (or [])"
         )
     for t in outputs:
         if not isinstance(t, Tensor) or t.graph is not graph:

@@ -11,10 +11,12 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from cost_models.hardware import HardwareProfile
+from layout_planner.errors import PlannerError
 from layout_planner.mesh_search import search_mesh_shape
 from layout_planner.options import (
     DEFAULT_TIME_LIMIT_S,
@@ -100,9 +102,11 @@ def auto_layout(
         max_mesh_dims,
         options,
     )
+    if progress is not None and not callable(progress):
+        raise PlannerError(f"progress is {progress!r}; expected a callable or None")
     params = options.solve_params()
     hw = options.hardware_with_limit
-    if isinstance(mesh_shape, int) and not isinstance(mesh_shape, bool):
+    if isinstance(mesh_shape, numbers.Integral) and not isinstance(mesh_shape, bool):
         return search_mesh_shape(
             graph,
             mesh_shape,

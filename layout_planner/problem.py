@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import sys
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -55,6 +56,9 @@ from mtf_core.errors import LayoutError
 from mtf_core.graph import Graph, Tensor
 from mtf_core.layout import LayoutRules
 from mtf_core.shapes import Shape
+
+# The longest time whose picoseconds a float holds.
+_MAX_FLOAT_S = sys.float_info.max / PS_PER_S
 
 # Collectives of a layout change (mtf_core.comm.plan_layout_change).
 _LAYOUT_CHANGES = frozenset({"alltoall", "allconcat"})
@@ -574,6 +578,15 @@ class LayoutProblem:
                     time_s += self.extra_time[1][proj]
                 buffer = np.maximum(buffer, np.asarray(table.buffer_bytes)[proj])
                 invalid |= np.asarray([r is not None for r in table.invalid])[proj]
+            if not (time_s < _MAX_FLOAT_S).all():  # inf and NaN too
+                hw = self.hw
+                raise PlannerError(
+                    f"a layout of this graph could take {time_s.max():.3g} s on "
+                    f"hardware {hw.name!r} (peak_flops {hw.peak_flops:g}, "
+                    f"hbm_bandwidth_bytes_per_s {hw.hbm_bandwidth_bytes_per_s:g}), "
+                    "more picoseconds than a float holds; expected smaller dims or "
+                    "a profile with realistic rates and link bandwidths"
+                )
             dimsets.append(
                 DimsetSpec(
                     dims=tuple(dim_id[d] for d in host.dims),

@@ -77,7 +77,7 @@ def test_plan_refuses_a_device_count_whose_search_would_never_end(
         ("default_link", '{"name": "l", "bandwidth_bytes_per_s": 1e-300, '
          '"latency_s": 0}', "default_link.bandwidth_bytes_per_s is 1e-300"),
         ("default_link", '{"name": "l", "bandwidth_bytes_per_s": 1e9, '
-         '"latency_s": NaN}', "default_link.latency_s is nan"),
+         '"latency_s": NaN}', "latency_s is nan"),
     ],
 )  # fmt: skip
 def test_plan_names_an_out_of_range_number_in_a_hardware_file(

@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
+import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,15 +97,27 @@ class TransformerConfig:
     expert_capacity_factor: float = 1.25
 
     def __post_init__(self) -> None:
+        for f in (
+            "dropout_rate",
+            "z_loss",
+            "label_smoothing",
+            "expert_capacity_factor",
+        ):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, numbers.Real):
+                raise ConfigError(f"{f} must be a number, got {v!r}")
+        for f in ("activation", "norm"):
+            if not isinstance(getattr(self, f), str):
+                raise ConfigError(f"{f} must be a string, got {getattr(self, f)!r}")
         if (
             isinstance(self.experts, bool)
             or not isinstance(self.experts, int)
             or (self.experts < 0)
         ):
             raise ConfigError(f"experts must be an integer >= 0, got {self.experts!r}")
-        if not self.expert_capacity_factor > 0:
+        if not 0 < self.expert_capacity_factor < math.inf:
             raise ConfigError(
-                "expert_capacity_factor must be > 0, got "
+                "expert_capacity_factor must be a finite number > 0, got "
                 f"{self.expert_capacity_factor!r}"
             )
         for f, allowed in (
@@ -155,8 +170,10 @@ class TransformerConfig:
             v = getattr(self, f)
             if not 0.0 <= v < 1.0:
                 raise ConfigError(f"{f} must be in [0, 1), got {v!r}")
-        if self.z_loss < 0:
-            raise ConfigError(f"z_loss must be >= 0, got {self.z_loss!r}")
+        if not 0 <= self.z_loss < math.inf:
+            raise ConfigError(
+                f"z_loss must be a finite number >= 0, got {self.z_loss!r}"
+            )
 
     # -- named dims -------------------------------------------------------------
     @property
@@ -203,6 +220,8 @@ class TransformerConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TransformerConfig:
+        if not isinstance(d, Mapping):
+            raise ConfigError(f"TransformerConfig data {d!r} is not a mapping")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
@@ -213,6 +232,13 @@ class TransformerConfig:
         return cls(**d)
 
     def replace(self, **changes: Any) -> TransformerConfig:
+        known = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(changes) - known)
+        if unknown:
+            raise ConfigError(
+                f"unknown TransformerConfig field(s) {unknown}; expected some of "
+                f"{sorted(known)}"
+            )
         return dataclasses.replace(self, **changes)
 
 
