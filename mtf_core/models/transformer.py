@@ -18,7 +18,7 @@ import contextlib
 import dataclasses
 import math
 import numbers
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -222,24 +222,22 @@ class TransformerConfig:
     def from_dict(cls, d: dict[str, Any]) -> TransformerConfig:
         if not isinstance(d, Mapping):
             raise ConfigError(f"TransformerConfig data {d!r} is not a mapping")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ConfigError(
-                f"unknown TransformerConfig field(s) {unknown}; expected some of "
-                f"{sorted(known)}"
-            )
+        cls._check_fields(d)
         return cls(**d)
 
     def replace(self, **changes: Any) -> TransformerConfig:
-        known = {f.name for f in dataclasses.fields(self)}
-        unknown = sorted(set(changes) - known)
+        self._check_fields(changes)
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def _check_fields(cls, names: Iterable[str]) -> None:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(names) - known)
         if unknown:
             raise ConfigError(
                 f"unknown TransformerConfig field(s) {unknown}; expected some of "
                 f"{sorted(known)}"
             )
-        return dataclasses.replace(self, **changes)
 
 
 def _positive_int(name: str, v: Any) -> None:
