@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from api.redact import redact_url
 from layout_planner import planner
 from layout_planner.errors import PlannerError
 from layout_planner.options import MeshTarget, PlanOptions, resolve_options
@@ -79,7 +80,7 @@ class PlannerClient:
         if not isinstance(base_url, str) or not base_url.startswith(
             ("http://", "https://")
         ):
-            shown = public_url(base_url) if isinstance(base_url, str) else base_url
+            shown = redact_url(base_url) if isinstance(base_url, str) else base_url
             raise PlannerError(
                 f"server {shown!r} is not an http(s) URL; expected e.g. "
                 "'http://127.0.0.1:8080'"
@@ -90,7 +91,7 @@ class PlannerClient:
 
         self.base_url = base_url.rstrip("/")
         #: The URL fit to print: any password in it replaced by ``***``.
-        self.shown_url = public_url(self.base_url)
+        self.shown_url = redact_url(self.base_url)
         try:
             url = httpx.URL(self.base_url)
             host, port = url.host, url.port
@@ -102,7 +103,7 @@ class PlannerClient:
                 host, why = "", f"port {port} is not in 1..65535"
         if not host:
             raise PlannerError(
-                f"server {public_url(base_url)!r} is not a valid URL ({why}); "
+                f"server {redact_url(base_url)!r} is not a valid URL ({why}); "
                 "expected e.g. 'http://127.0.0.1:8080'"
             )
         token = token if token is not None else os.environ.get(TOKEN_ENV) or None
@@ -186,10 +187,21 @@ class PlannerClient:
         """POST /v1/plans; follows a 202 (a job) until it finishes or
         ``wait_s`` passes (``progress`` as in :meth:`wait_job`).  Returns
         ``PlanOut`` (``plan`` is the LayoutPlan dict)."""
-        r = self.request("POST", "/v1/plans", json=dict(request))
+        return self._planned("/v1/plans", request, wait_s, progress)
+
+    def _planned(
+        self,
+        path: str,
+        request: Mapping[str, Any],
+        wait_s: float,
+        progress: Progress | None,
+    ) -> dict[str, Any]:
+        """POSTs ``request`` to ``path``: the answer, or for a 202 (a job)
+        the plan the job made (``GET path/<plan id>``) once it finishes."""
+        r = self.request("POST", path, json=dict(request))
         if r.status_code == 202:
             job = self.wait_job(self._body(r, "id")["id"], wait_s, progress=progress)
-            return self.get_plan(job["plan_id"])
+            return self.request_json("GET", f"{path}/{job['plan_id']}")
         return self._body(r, "plan")
 
     def submit_job(self, request: Mapping[str, Any]) -> dict[str, Any]:
@@ -252,13 +264,10 @@ class PlannerClient:
         """POST /v1/scale-plans (a ``ScalePlanRequest``: a Transformer's
         shape, ``devices``, ``hardware``, dtypes and fixed choices); follows a
         202 (a job) until it finishes or ``wait_s`` passes (``progress`` as
-        in :meth:`wait_job`).  Returns ``ScalePlanOut``, whose ``plan`` has the mesh, micro-batches, schedule,
-        dtypes, sharded weight classes, recomputation and the step's parts."""
-        r = self.request("POST", "/v1/scale-plans", json=dict(request))
-        if r.status_code == 202:
-            job = self.wait_job(self._body(r, "id")["id"], wait_s, progress=progress)
-            return self.get_scale_plan(job["plan_id"])
-        return self._body(r, "plan")
+        in :meth:`wait_job`).  Returns ``ScalePlanOut``, whose ``plan`` has
+        the mesh, micro-batches, schedule, dtypes, sharded weight classes,
+        recomputation and the step's parts."""
+        return self._planned("/v1/scale-plans", request, wait_s, progress)
 
     def get_scale_plan(self, plan_id: str) -> dict[str, Any]:
         return self.request_json("GET", f"/v1/scale-plans/{plan_id}")
@@ -271,23 +280,6 @@ class PlannerClient:
 
     def health(self) -> dict[str, Any]:
         return self.request_json("GET", "/healthz")
-
-
-def public_url(url: str) -> str:
-    """``url`` with the password of its user part, if any, replaced by ``***``
-    (what error messages and the CLI print).
-
-    >>> public_url("http://me:s3cret@planner:8080")
-    'http://me:***@planner:8080'
-    """
-    # By hand, not urllib.parse: a malformed URL (``http://[::1``) must not leak
-    # its password in the error that says it is malformed.
-    scheme, sep, rest = url.partition("://") if "://" in url else ("", "", url)
-    end = min((i for i in map(rest.find, "/?#") if i >= 0), default=len(rest))
-    userinfo, at, host = rest[:end].rpartition("@")
-    if not at or ":" not in userinfo:
-        return url
-    return f"{scheme}{sep}{userinfo.split(':', 1)[0]}:***@{host}{rest[end:]}"
 
 
 def _error(r: httpx.Response) -> RemotePlannerError:

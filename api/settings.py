@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import functools
 import socket
-import urllib.parse
 from pathlib import Path
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from api.redact import redact_url
 from mtf_core.serialization import Limits
 
 
@@ -119,29 +119,6 @@ class Settings(BaseSettings):
         if self.database_url.strip():
             return redact_url(self.database_url.strip())
         return str(self.sqlite_path)
-
-
-def redact_url(url: str) -> str:
-    """``url`` with any password replaced by ``***``, for logs.
-
-    >>> redact_url("postgresql://planner:s3cret@db:5432/plans")
-    'postgresql://planner:***@db:5432/plans'
-    >>> redact_url("postgresql://db/plans?password=s3cret&sslmode=require")
-    'postgresql://db/plans?password=***&sslmode=require'
-    """
-    parts = urllib.parse.urlsplit(url)
-    netloc = parts.netloc
-    if "@" in netloc:
-        userinfo, host = netloc.rsplit("@", 1)
-        user = userinfo.split(":", 1)[0]
-        netloc = f"{user}:***@{host}" if ":" in userinfo else f"{user}@{host}"
-    query = "&".join(
-        f"{k}=***" if k.lower() == "password" else f"{k}={v}" if v or "=" in pair else k
-        for pair in parts.query.split("&")
-        if pair
-        for k, _, v in [pair.partition("=")]
-    )
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
 @functools.lru_cache(maxsize=1)

@@ -128,13 +128,13 @@ def test_plan_names_a_malformed_server_url(graph, capsys, server, named):
 
 
 def test_an_unreachable_server_is_named_without_its_password():
-    from api.client import public_url
+    from api.redact import redact_url
 
     with PlannerClient("http://me:s3cret@127.0.0.1:1", retries=0) as c:
         with pytest.raises(PlannerUnavailableError) as e:
             c.health()
     assert "me:***@127.0.0.1:1" in str(e.value) and "s3cret" not in str(e.value)
-    assert public_url("http://u:pw@h/?next=http://x") == "http://u:***@h/?next=http://x"
+    assert redact_url("http://u:pw@h/?next=http://x") == "http://u:***@h/?next=http://x"
 
 
 @pytest.mark.parametrize("body", [b"{}", b"[1, 2]", b"<html>hi</html>"])

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from api.settings import Settings, redact_url
+from api.redact import redact_url
+from api.settings import Settings
 from api.store.base import JobRecord, PlanRecord, Store, StoreUnavailable
 from mtf_core.errors import ConfigError
 
