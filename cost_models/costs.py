@@ -22,7 +22,7 @@ and every collective blocks).  See docs/cost-model.md for formulas and units.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,7 +49,7 @@ from cost_models.units import (
 from mtf_core.comm import CollectiveSpec
 from mtf_core.graph import Graph, Tensor
 from mtf_core.layout import LayoutRulesLike
-from mtf_core.liveness import step_operations
+from mtf_core.liveness import output_list, step_operations
 from mtf_core.shapes import ShapeLike
 
 __all__ = [
@@ -181,14 +181,10 @@ def _evaluate(
     hw = get_hardware(hardware)
     if not isinstance(graph, Graph):
         raise CostModelError(f"graph {graph!r} is not an mtf.Graph")
-    if isinstance(outputs, Tensor | str) or not isinstance(outputs, Iterable):
-        raise CostModelError(
-            f"outputs is {outputs!r}; expected a list of mtf.Tensors (or [])"
-        )
     if memory is not None and not isinstance(memory, MemoryModel):
         raise CostModelError(f"memory is {memory!r}; expected a MemoryModel or None")
-    outputs = list(outputs)
-    ops = step_operations(graph, outputs)  # raises for a foreign output
+    outputs = output_list(outputs, graph)
+    ops = step_operations(graph, outputs)
     ctx = layout_context(graph, mesh_shape, layout_rules, ops)
     sim = DeferredAllreduces(ctx)
     sizes = LayoutSizes(ctx)

@@ -18,7 +18,7 @@ the same on every run.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from types import ModuleType
 
 from layout_planner.errors import PlannerError
@@ -28,6 +28,7 @@ from layout_planner.planner import auto_layout
 from layout_planner.program import Objective
 from mtf_core.graph import Graph, Tensor
 from mtf_core.layout import LayoutRules
+from mtf_core.liveness import output_list
 from mtf_core.shapes import Shape, ShapeLike
 
 # The memory objective needs no hardware (time only breaks ties), and Mesh
@@ -39,9 +40,8 @@ def layout(
     mtf_graph: Graph, mesh_shape: ShapeLike, mtf_outputs: Sequence[Tensor] = ()
 ) -> LayoutRules:
     """Layout rules minimising peak memory of ``mtf_graph`` on ``mesh_shape``."""
-    plan = auto_layout(
-        mtf_graph, mesh_shape, _outputs_list(mtf_outputs), options=_OPTIONS
-    )
+    outputs = output_list(mtf_outputs, name="mtf_outputs", error=PlannerError)
+    plan = auto_layout(mtf_graph, mesh_shape, outputs, options=_OPTIONS)
     return plan.layout_rules
 
 
@@ -61,7 +61,7 @@ def layout_and_mesh_shape(
     plan = search_mesh_shape(
         mtf_graph,
         num_machines,
-        outputs=_outputs_list(mtf_outputs),
+        outputs=output_list(mtf_outputs, name="mtf_outputs", error=PlannerError),
         hardware=_OPTIONS.hardware,
         objective=_OPTIONS.objective,
         params=_OPTIONS.solve_params(),
@@ -71,14 +71,6 @@ def layout_and_mesh_shape(
         ordered=False,
     )
     return plan.layout_rules, plan.mesh_shape
-
-
-def _outputs_list(mtf_outputs: Sequence[Tensor]) -> list[Tensor]:
-    if isinstance(mtf_outputs, Tensor | str) or not isinstance(mtf_outputs, Iterable):
-        raise PlannerError(
-            f"mtf_outputs is {mtf_outputs!r}; expected a list of mtf.Tensors (or [])"
-        )
-    return list(mtf_outputs)
 
 
 def __getattr__(name: str) -> ModuleType:

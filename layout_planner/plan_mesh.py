@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 
 from cost_models.costs import Cost, evaluate
@@ -46,6 +46,7 @@ from layout_planner.program import (
 )
 from mtf_core.graph import Graph, Tensor
 from mtf_core.layout import LayoutRulesLike
+from mtf_core.liveness import output_list
 from mtf_core.shapes import Shape, convert_to_shape
 
 # Relative tolerance between the solver's float sums and evaluate()'s: the two
@@ -80,15 +81,7 @@ def check_graph(graph: Graph, outputs: Sequence[Tensor]) -> Graph:
             f"the graph uses {len(meshes)} meshes ({meshes}); the planner lays out "
             "one mesh at a time"
         )
-    if isinstance(outputs, Tensor | str) or not isinstance(outputs, Iterable):
-        raise PlannerError(
-            f"outputs is {outputs!r}; expected a list of mtf.Tensors (or [])"
-        )
-    for t in outputs:
-        if not isinstance(t, Tensor) or t.graph is not graph:
-            raise PlannerError(
-                f"output {t!r} is not a tensor of this graph; expected mtf.Tensors"
-            )
+    output_list(outputs, graph, error=PlannerError)
     return graph
 
 

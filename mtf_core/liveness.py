@@ -22,7 +22,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Iterable, Sequence
 
-from mtf_core.errors import GraphError
+from mtf_core.errors import GraphError, MtfError
 from mtf_core.graph import Graph, Operation, Tensor
 from mtf_core.ops.variables import Assign
 
@@ -68,6 +68,27 @@ def step_targets(
     return [*outputs, *graph_updates(graph)] if outputs else None
 
 
+def output_list(
+    outputs: object,
+    graph: Graph | None = None,
+    *,
+    name: str = "outputs",
+    error: type[MtfError] = GraphError,
+) -> list[Tensor]:
+    """``outputs`` as a list of tensors (of ``graph``, where given); ``error``
+    naming ``name`` (or the tensor) for anything else: None, a lone Tensor, a
+    string, a tensor of another graph."""
+    if isinstance(outputs, Tensor | str) or not isinstance(outputs, Iterable):
+        raise error(f"{name} is {outputs!r}; expected a list of mtf.Tensors (or [])")
+    out = list(outputs)
+    for t in out:
+        if not isinstance(t, Tensor) or (graph is not None and t.graph is not graph):
+            raise error(
+                f"output {t!r} is not a tensor of this graph; expected mtf.Tensors"
+            )
+    return out
+
+
 def step_operations(
     graph: Graph, outputs: Sequence[Tensor] = ()
 ) -> tuple[Operation, ...]:
@@ -75,12 +96,7 @@ def step_operations(
     order: those the outputs and the graph's updates need.  Without outputs,
     every operation (a graph lowered whole).  Cached per graph, its number of
     operations and the outputs."""
-    outputs = list(outputs)
-    for t in outputs:
-        if not isinstance(t, Tensor) or t.graph is not graph:
-            raise GraphError(
-                f"output {t!r} is not a tensor of this graph; expected mtf.Tensors"
-            )
+    outputs = output_list(outputs, graph)
     if not outputs:
         return tuple(graph.operations)
     key = (len(graph.operations), tuple(id(t) for t in outputs))
