@@ -138,7 +138,11 @@ def sequence_sizes(
 
 def check_request(cfg: TransformerConfig, hw: HardwareProfile, devices: int) -> None:
     """Clear errors for requests no plan can satisfy."""
-    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+    if (
+        isinstance(devices, bool)
+        or not isinstance(devices, numbers.Integral)
+        or devices < 1
+    ):
         raise ScaleError(f"devices must be a positive integer, got {devices!r}")
     if devices > 4096:
         raise ScaleError(f"{devices} devices; the scale planner plans up to 4096")
@@ -160,7 +164,8 @@ def _check_config(config: object) -> TransformerConfig:
 
 
 def _check_sizes(what: str, given: object) -> list[int]:
-    """``stages``/``tensor`` sizes to try, checked: positive integers."""
+    """``stages``/``tensor`` sizes to try, checked: positive integers (numpy
+    ones as plain ``int``)."""
     if isinstance(given, str) or not isinstance(given, Iterable):
         raise ScaleError(
             f"{what} is {given!r}; expected sizes to try, such as [1, 2, 4], or "
@@ -168,9 +173,9 @@ def _check_sizes(what: str, given: object) -> list[int]:
         )
     out = list(given)
     for s in out:
-        if isinstance(s, bool) or not isinstance(s, int) or s < 1:
+        if isinstance(s, bool) or not isinstance(s, numbers.Integral) or s < 1:
             raise ScaleError(f"{what} size {s!r}; expected a positive integer")
-    return out
+    return [int(s) for s in out]
 
 
 def _check_recompute(recompute: object) -> list[tuple[str, str]]:
@@ -271,6 +276,7 @@ def plan_transformer(
     if memory_limit is not None:
         hw = hw.with_memory(memory_limit)
     check_request(config, hw, devices)
+    devices = int(devices)  # a numpy integer too
     PipelineSpec(1, 1, schedule)  # checks the schedule's name
     _check_optimizer(optimizer)
     _check_flags(encoder_decoder=encoder_decoder, exhaustive=exhaustive, verify=verify)
@@ -293,16 +299,17 @@ def plan_transformer(
     cfg = config.replace(shardable_weights=True, shardable_slots=True)
     layers = cfg.num_layers
     pows = [2**i for i in range(7)]
+    sizes: dict[str, list[int]] = {}
     for what, given in (("stages", stages), ("tensor", tensor)):
-        if given is not None and not _check_sizes(what, given):
-            raise ScaleError(
-                f"{what} is empty; expected sizes to try, such as [1, 2, 4], or "
-                "None to search the defaults"
-            )
-    stage_sizes = (
-        list(stages)
-        if stages is not None
-        else [s for s in pows if layers % s == 0 and devices % s == 0]
+        if given is not None:
+            sizes[what] = _check_sizes(what, given)  # read once: an iterator too
+            if not sizes[what]:
+                raise ScaleError(
+                    f"{what} is empty; expected sizes to try, such as [1, 2, 4], "
+                    "or None to search the defaults"
+                )
+    stage_sizes = sizes.get(
+        "stages", [s for s in pows if layers % s == 0 and devices % s == 0]
     )
     for s in stage_sizes:
         if s > layers:
@@ -313,10 +320,8 @@ def plan_transformer(
     # Tensor axes up to two hosts' worth (the cost model decides whether one
     # host's is best); any size on meshes without a host hierarchy.
     per_host = hw.devices_per_host
-    tensor_sizes = (
-        list(tensor)
-        if tensor is not None
-        else [t for t in pows if per_host is None or t <= 2 * per_host]
+    tensor_sizes = sizes.get(
+        "tensor", [t for t in pows if per_host is None or t <= 2 * per_host]
     )
     sp_sizes = sequence_sizes(sequence, cfg.length, devices)
     builder: Callable[..., ModelGraph] = (
@@ -401,10 +406,20 @@ def price_layout(
     cfg = _check_config(config).replace(shardable_weights=True, shardable_slots=True)
     if not isinstance(choice, ScaleChoice):
         raise ScaleError(f"choice is {choice!r}; expected a ScaleChoice")
-    for f in ("stages", "data", "tensor", "micro_batches", "sequence"):
+    sizes = ("stages", "data", "tensor", "micro_batches", "sequence")
+    for f in sizes:
         v = getattr(choice, f)
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
             raise ScaleError(f"choice.{f} is {v!r}; expected an integer >= 1")
+    # numpy integers as plain ones (the plan's JSON and mesh strings)
+    choice = dataclasses.replace(
+        choice,
+        stages=int(choice.stages),
+        data=int(choice.data),
+        tensor=int(choice.tensor),
+        micro_batches=int(choice.micro_batches),
+        sequence=int(choice.sequence),
+    )
     _check_optimizer(optimizer)
     _check_flags(encoder_decoder=encoder_decoder)
     check_request(cfg, hw, choice.devices)

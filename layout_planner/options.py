@@ -17,6 +17,7 @@ True
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
@@ -46,7 +47,8 @@ SERVER_CHOSEN = ("num_workers", "seed", "verify")
 
 
 def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    """An integer (a numpy one too), not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,7 @@ class PlanOptions:
         t = self.time_limit_s
         if (
             isinstance(t, bool)
-            or not isinstance(t, int | float)
+            or not isinstance(t, numbers.Real)
             or not math.isfinite(t)
             or t <= 0
         ):
@@ -120,6 +122,16 @@ class PlanOptions:
             )
         if not isinstance(self.verify, bool):
             raise PlannerError(f"verify is {self.verify!r}; expected True or False")
+        for f in (
+            "memory_limit_bytes",
+            "top_k",
+            "max_mesh_dims",
+            "num_workers",
+            "seed",
+        ):
+            v = getattr(self, f)
+            if v is not None:
+                set_(self, f, int(v))  # a numpy integer as a plain one
 
     @property
     def hardware_with_limit(self) -> HardwareProfile:

@@ -243,3 +243,66 @@ def test_transformer_config_replace_and_from_dict_check_their_input() -> None:
     assert TransformerConfig(dropout_rate=np.float32(0.1)).dropout_rate == np.float32(
         0.1
     )  # type: ignore[arg-type]
+
+
+# -- numpy numbers, as sizes computed with numpy are ---------------------------------
+def test_configs_and_options_take_numpy_numbers_as_plain_ones() -> None:
+    cfg = TransformerConfig(
+        num_layers=np.int64(2),  # type: ignore[arg-type]
+        batch=np.int32(8),  # type: ignore[arg-type]
+        experts=np.int8(0),  # type: ignore[arg-type]
+        dropout_rate=np.float32(0.5),  # type: ignore[arg-type]
+    )
+    assert (cfg.num_layers, cfg.batch, cfg.experts) == (2, 8, 0)
+    assert type(cfg.num_layers) is int and type(cfg.dropout_rate) is float
+    assert cfg == TransformerConfig(num_layers=2, batch=8, dropout_rate=0.5)
+    opts = PlanOptions(
+        top_k=np.int16(3),  # type: ignore[arg-type]
+        num_workers=np.int64(2),  # type: ignore[arg-type]
+        time_limit_s=np.float32(1.5),  # type: ignore[arg-type]
+        memory_limit_bytes=np.uint64(10**9),  # type: ignore[arg-type]
+    )
+    assert (opts.top_k, opts.num_workers, opts.memory_limit_bytes) == (3, 2, 10**9)
+    assert type(opts.num_workers) is int and opts.time_limit_s == 1.5
+    # a numpy float or bool is still no count
+    with pytest.raises(
+        ConfigError, match=r"num_layers must be .* got np.float64\(2.0\)"
+    ):
+        TransformerConfig(num_layers=np.float64(2.0))  # type: ignore[arg-type]
+    with pytest.raises(PlannerError, match=r"seed is np.True_"):
+        PlanOptions(seed=np.bool_(True))  # type: ignore[arg-type]
+
+
+def test_plan_transformer_and_price_layout_take_numpy_sizes() -> None:
+    sizes = iter([np.int64(1), np.int64(2)])  # an iterator is read once
+    plan = plan_transformer(
+        CFG,
+        np.int64(4),  # type: ignore[arg-type]
+        "cpu-host",
+        stages=sizes,
+        tensor=np.array([1, 2]),
+        workers=1,
+        verify=False,
+    )
+    assert plan.devices == 4 and type(plan.devices) is int
+    assert {t.choice.stages for t in plan.trials} <= {1, 2}
+    assert {t.choice.tensor for t in plan.trials} == {1, 2}
+    plain = plan_transformer(
+        CFG, 4, "cpu-host", stages=[1, 2], tensor=[1, 2], workers=1, verify=False
+    )
+    assert [t.choice for t in plan.trials] == [t.choice for t in plain.trials]
+    numpy_choice = ScaleChoice(
+        np.int64(1),
+        np.int64(2),
+        2,
+        np.int32(4),
+        "1f1b",
+        "none",
+        "none",  # type: ignore[arg-type]
+    )
+    priced = price_layout(CFG, numpy_choice, "batch:dp;heads:tp", "cpu-host")
+    assert priced.choice == CHOICE
+    assert (
+        priced.pipeline
+        == price_layout(CFG, CHOICE, "batch:dp;heads:tp", "cpu-host").pipeline
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 from mtf_core import layers
@@ -28,10 +29,11 @@ class MlpConfig:
     def __post_init__(self) -> None:
         for f in ("batch", "features", "hidden", "classes", "num_hidden_layers"):
             v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
                 raise ConfigError(
                     f"MlpConfig.{f} must be a positive integer, got {v!r}"
                 )
+            object.__setattr__(self, f, int(v))  # numpy integers too
 
 
 def build_mlp_classifier(

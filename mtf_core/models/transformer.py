@@ -106,15 +106,17 @@ class TransformerConfig:
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, numbers.Real):
                 raise ConfigError(f"{f} must be a number, got {v!r}")
+            object.__setattr__(self, f, float(v))  # numpy floats too
         for f in ("activation", "norm"):
             if not isinstance(getattr(self, f), str):
                 raise ConfigError(f"{f} must be a string, got {getattr(self, f)!r}")
         if (
             isinstance(self.experts, bool)
-            or not isinstance(self.experts, int)
+            or not isinstance(self.experts, numbers.Integral)
             or (self.experts < 0)
         ):
             raise ConfigError(f"experts must be an integer >= 0, got {self.experts!r}")
+        object.__setattr__(self, "experts", int(self.experts))  # numpy ints too
         if not 0 < self.expert_capacity_factor < math.inf:
             raise ConfigError(
                 "expert_capacity_factor must be a finite number > 0, got "
@@ -153,10 +155,17 @@ class TransformerConfig:
                 raise ConfigError(
                     f"{flag} must be True or False, got {getattr(self, flag)!r}"
                 )
-        for f in ("num_layers", "d_model", "heads", "d_kv", "d_ff", "vocab"):
-            _positive_int(f, getattr(self, f))
-        _positive_int("length", self.length)
-        _positive_int("batch", self.batch)
+        for f in (
+            "num_layers",
+            "d_model",
+            "heads",
+            "d_kv",
+            "d_ff",
+            "vocab",
+            "length",
+            "batch",
+        ):
+            object.__setattr__(self, f, _positive_int(f, getattr(self, f)))
         if self.activation not in _ACTIVATIONS:
             raise ConfigError(
                 f"activation {self.activation!r} is unknown; expected one of "
@@ -240,9 +249,12 @@ class TransformerConfig:
             )
 
 
-def _positive_int(name: str, v: Any) -> None:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+def _positive_int(name: str, v: Any) -> int:
+    """``v`` as an ``int`` (a numpy integer too); a bool, a non-integer or a
+    value below 1 is a ConfigError naming ``name``."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
         raise ConfigError(f"{name} must be a positive integer, got {v!r}")
+    return int(v)
 
 
 # --------------------------------------------------------------------------
