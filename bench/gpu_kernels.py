@@ -95,8 +95,9 @@ def fitted_profile(
     favours the kernels a step spends its time in.  The same rates serve both
     lowering backends (their kernels are the same ops)."""
     from cost_models.calibration import SWEEP_PRIOR_WEIGHT, fit_rates
+    from cost_models.feature_names import FEATURES
     from cost_models.hardware import PRESETS
-    from cost_models.op_classes import FEATURES, roofline_rates
+    from cost_models.op_classes import roofline_rates
 
     count: dict[int, int] = defaultdict(int)
     mesh = {}

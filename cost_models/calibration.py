@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from cost_models.deferred import DeferredAllreduces
+from cost_models.feature_names import FEATURES
 from cost_models.gc_pause import gc_paused
 from cost_models.hardware import (
     BACKENDS,
@@ -44,7 +45,6 @@ from cost_models.hardware import (
 )
 from cost_models.layout_cache import LayoutSizes, layout_context
 from cost_models.op_classes import (
-    FEATURES,
     collective_features,
     op_features,
     roofline_rates,

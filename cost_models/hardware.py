@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from cost_models.feature_names import FEATURES
 from mtf_core.errors import MtfError
 from mtf_core.shapes import Shape, ShapeLike, convert_to_shape
 
@@ -323,12 +324,15 @@ class HardwareProfile:
 BACKENDS = ("placement", "spmd")
 
 
+_FEATURE_SET = frozenset(FEATURES)
+
+
 @dataclass(frozen=True)
 class Calibration:
     """Fitted per-op-class rates of a profile, per lowering backend.
 
     ``coefficients`` holds, per backend, seconds per unit of each feature
-    named in :data:`cost_models.op_classes.FEATURES` (per-op overhead, matmul
+    named in :data:`cost_models.feature_names.FEATURES` (per-op overhead, matmul
     flops and bytes, elementwise bytes, ..., each collective kind's bytes and
     steps); ``backend`` is the one this profile prices.  Stored as sorted
     pairs so that the profile stays hashable.
@@ -352,6 +356,11 @@ class Calibration:
             items = coefs.items() if isinstance(coefs, Mapping) else coefs
             clean = []
             for k, v in items:
+                if k not in _FEATURE_SET:
+                    raise HardwareError(
+                        f"calibration[{backend!r}] has a rate for {k!r}, which is no "
+                        f"feature; expected some of {sorted(_FEATURE_SET)}"
+                    )
                 if isinstance(v, bool) or not isinstance(v, (int, float)):
                     raise HardwareError(
                         f"calibration[{backend!r}][{k!r}] is {v!r}; expected a "

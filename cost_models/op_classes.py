@@ -56,6 +56,10 @@ import math
 from collections.abc import Mapping
 
 from cost_models.einsum_transposes import kernel_transposes, moved_operands
+from cost_models.feature_names import (
+    COLLECTIVE_KINDS,
+    COMPUTE_CLASSES,
+)
 from cost_models.hardware import CostModelError, HardwareProfile
 from cost_models.layout_cache import LayoutSizes
 from mtf_core import dtypes
@@ -63,24 +67,6 @@ from mtf_core.comm import CollectiveSpec, LayoutContext
 from mtf_core.graph import Operation
 from mtf_core.ops.onehot_einsum import OneHotEinsumPlan
 
-COMPUTE_CLASSES = (
-    "matmul",
-    "elementwise",
-    "transcendental",
-    "reduce",
-    "gather",
-    "random",
-    "movement",
-    "assign",
-)
-COLLECTIVE_KINDS = ("allreduce", "allconcat", "alltoall", "shift", "broadcast")
-COMPUTE_FEATURES = (
-    "ops",
-    "matmul_flops",
-    "large_bytes",
-    "outer_reduce_bytes",
-    "transpose_bytes",
-) + (tuple(f"{c}_bytes" for c in COMPUTE_CLASSES))
 #: ``outer_reduce_bytes``: the page a strided read crosses (prefetchers stop
 #: at its boundary), and the rows of a strided walk past which its lines are
 #: no longer cached for the next one.  Chosen on single-thread timings of
@@ -92,11 +78,6 @@ STRIDED_ROWS = 2048
 #: A slice at least this large no longer stays in a core's cache between ops:
 #: its bytes also count as ``large_bytes`` (main-memory traffic).
 LARGE_SLICE_BYTES = 1 << 20
-COLLECTIVE_FEATURES = tuple(
-    f"{k}_{t}" for k in COLLECTIVE_KINDS for t in ("bytes", "steps")
-)
-#: Every feature a calibrated profile has a rate for.
-FEATURES = COMPUTE_FEATURES + COLLECTIVE_FEATURES
 
 _TRANSCENDENTAL = frozenset(
     "exp log sqrt rsqrt sigmoid tanh sin cos softplus silu gelu elu selu reciprocal".split()

@@ -19,8 +19,9 @@ from cost_models.calibration import (
     refit,
     step_features,
 )
+from cost_models.feature_names import FEATURES
 from cost_models.hardware import Calibration, HardwareError
-from cost_models.op_classes import FEATURES, op_class, roofline_rates
+from cost_models.op_classes import op_class, roofline_rates
 from cost_models.units import cost_units, unit_cost
 from mtf_core.liveness import step_operations
 from mtf_core.models import MlpConfig, TransformerConfig, build_lm, build_mlp_classifier
@@ -263,6 +264,17 @@ def test_calibration_round_trips_and_checks_its_values() -> None:
         Calibration("placement", (("placement", (("ops", -1.0),)),))
     with pytest.raises(HardwareError, match="has no coefficients"):
         Calibration("spmd", (("placement", (("ops", 1.0),)),))
+    # A misspelt feature would be priced at nothing: refused, naming it.
+    with pytest.raises(HardwareError, match=r"rate for 'matmul_flop', which is no"):
+        get_hardware(
+            {
+                **hw.to_dict(),
+                "calibration": {
+                    "backend": "placement",
+                    "coefficients": {"placement": {"matmul_flop": 1e-12}},
+                },
+            }
+        )
     # Uncalibrated profiles ignore the backend: the roofline cannot tell.
     assert get_hardware("h100-nvlink-ib").for_backend("spmd") == get_hardware(
         "h100-nvlink-ib"
