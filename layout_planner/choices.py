@@ -299,16 +299,16 @@ def plan_transformer(
     cfg = config.replace(shardable_weights=True, shardable_slots=True)
     layers = cfg.num_layers
     pows = [2**i for i in range(7)]
-    sizes: dict[str, list[int]] = {}
+    asked: dict[str, list[int]] = {}
     for what, given in (("stages", stages), ("tensor", tensor)):
         if given is not None:
-            sizes[what] = _check_sizes(what, given)  # read once: an iterator too
-            if not sizes[what]:
+            asked[what] = _check_sizes(what, given)  # read once: an iterator too
+            if not asked[what]:
                 raise ScaleError(
                     f"{what} is empty; expected sizes to try, such as [1, 2, 4], "
                     "or None to search the defaults"
                 )
-    stage_sizes = sizes.get(
+    stage_sizes = asked.get(
         "stages", [s for s in pows if layers % s == 0 and devices % s == 0]
     )
     for s in stage_sizes:
@@ -320,7 +320,7 @@ def plan_transformer(
     # Tensor axes up to two hosts' worth (the cost model decides whether one
     # host's is best); any size on meshes without a host hierarchy.
     per_host = hw.devices_per_host
-    tensor_sizes = sizes.get(
+    tensor_sizes = asked.get(
         "tensor", [t for t in pows if per_host is None or t <= 2 * per_host]
     )
     sp_sizes = sequence_sizes(sequence, cfg.length, devices)
