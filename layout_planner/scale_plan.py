@@ -193,6 +193,15 @@ class ScalePlan:
             f"({p.spec.in_flight} micro-batches in flight, each other one "
             f"holding {p.held_bytes / gib:.2f} GiB); MFU {self.mfu:.1%}",
         ]
+        if self.encoder_decoder and self.choice.stages > 1:
+            n = self.config.num_layers // self.choice.stages
+            lines.append(
+                f"  encoder-decoder pipeline: each stage priced as {n} encoder "
+                f"and {n} decoder layers in a line of stages; the encoder "
+                "output's sends to the decoder layers of other stages are not "
+                "priced, and this plan is not lowered (stages=[1] plans one "
+                "that is)"
+            )
         on_mesh: dict[tuple[int, str, str], ScaleTrial] = {}
         for t in self.trials:
             c = t.choice

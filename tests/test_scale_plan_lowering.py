@@ -308,6 +308,12 @@ def test_bad_plans_are_refused_naming_the_value(devices: list[str]) -> None:
         micro_batches=2,
     )  # fmt: skip
     assert encdec.encoder_decoder and not plan.encoder_decoder
+    # The plan says what of its pipeline is not priced, and that it does not lower.
+    assert (
+        "encoder-decoder pipeline: each stage priced as 2 encoder and 2 decoder "
+        "layers" in encdec.explain()
+    )
+    assert "not lowered" in encdec.explain() and "not lowered" not in plan.explain()
     with pytest.raises(PipelineConfigError, match="is for an encoder-decoder"):
         encdec.pipelined_model(OPTIMIZER)
     with pytest.raises(PipelineConfigError, match="is for an encoder-decoder"):
