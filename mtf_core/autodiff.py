@@ -6,7 +6,7 @@ needs TensorFlow gradients of collectives.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from mtf_core.errors import GraphError
@@ -36,11 +36,22 @@ def gradients(
     """
     if isinstance(ys, Tensor):
         ys = [ys]
-    ys = list(ys)
+    for name, arg in (("ys", ys), ("xs", xs)):
+        if isinstance(arg, str) or not isinstance(arg, Iterable):
+            raise GraphError(
+                f"gradients: {name} is {arg!r}; expected a list of mtf.Tensors"
+            )
+    ys = [_as_tensor(y) for y in ys]
     xs = [_as_tensor(x) for x in xs]
     if not ys:
         raise GraphError("gradients needs at least one y")
     graph = ys[0].graph
+    for t in [*ys, *xs]:
+        if t.graph is not graph:  # its gradient would be None, unasked
+            raise GraphError(
+                f"gradients: {t.name} belongs to another graph than "
+                f"{ys[0].name}; ys and xs must be tensors of one graph"
+            )
     ops = list(graph.operations)
     # tensors downstream of xs
     downstream: set[Tensor] = set(xs)

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from mtf_core import dtypes
-from mtf_core.errors import DTypeError, GraphError, ShapeError
+from mtf_core.errors import DTypeError, GraphError, GraphTypeError, ShapeError
 from mtf_core.shapes import Shape, convert_to_shape
 
 if TYPE_CHECKING:
@@ -247,14 +247,21 @@ class Operation:
     ) -> None:
         inputs = list(inputs)
         for t in inputs:
-            if not isinstance(t, Tensor):
-                raise GraphError(
-                    f"{type(self).__name__} input {t!r} is not an mtf.Tensor"
-                )
+            check_tensor(t, f"{type(self).__name__} input")
         if mesh is None:
             if not inputs:
                 raise GraphError(f"{type(self).__name__} needs a mesh or inputs")
             mesh = inputs[0].mesh
+        elif not isinstance(mesh, Mesh):
+            raise GraphTypeError(
+                f"{type(self).__name__}: mesh {mesh!r} is not an mtf.Mesh; expected "
+                "mtf.Mesh(graph, name)"
+            )
+        if name is not None and not isinstance(name, str):
+            raise GraphError(
+                f"{type(self).__name__}: name {name!r} is not a string; expected a "
+                "name such as 'my_op' (or None)"
+            )
         for t in inputs:
             if t.graph is not mesh.graph:
                 raise GraphError(
@@ -357,9 +364,19 @@ class Operation:
         return f"<{self.op_type} {self.name}({ins})>"
 
 
+def check_tensor(x: Any, what: str) -> Tensor:
+    """``x`` if it is an mtf.Tensor; a GraphTypeError naming it otherwise
+    (a NumPy array or None where a tensor belongs)."""
+    if not isinstance(x, Tensor):
+        raise GraphTypeError(f"{what} {x!r} is not an mtf.Tensor")
+    return x
+
+
 def check_same_mesh(tensors: Iterable[Tensor]) -> Mesh:
     """The mesh ``tensors`` share; raises GraphError naming two that differ."""
-    tensors = list(tensors)
+    tensors = [check_tensor(t, "input") for t in tensors]
+    if not tensors:
+        raise GraphError("expected at least one mtf.Tensor, got none")
     mesh = tensors[0].mesh
     for t in tensors[1:]:
         if t.mesh is not mesh:

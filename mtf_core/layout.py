@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mtf_core.errors import IndivisibleDimensionError, LayoutError
-from mtf_core.shapes import Shape, convert_to_shape, tight_colons
+from mtf_core.shapes import Shape, convert_to_shape, is_dimension_name, tight_colons
 
 _RULE_SEPARATORS = re.compile(r"[,;.\s]+")
 
@@ -73,7 +73,7 @@ class LayoutRules:
     pairs: tuple[tuple[str, str], ...]
 
     def __init__(self, pairs: Iterable[tuple[str, str]] = ()) -> None:
-        canonical = tuple(sorted({(str(t), str(m)) for t, m in pairs}))
+        canonical = tuple(sorted({_rule(t, m) for t, m in pairs}))
         seen: dict[str, str] = {}
         for t, m in canonical:
             if t in seen:
@@ -161,6 +161,19 @@ class LayoutRules:
         return TensorLayout(tuple(axes))
 
 
+def _rule(tensor_dim: Any, mesh_dim: Any) -> tuple[str, str]:
+    """One rule's names, if both can name a dimension: a rule naming
+    anything else (``5``, ``"rows:cols"``) could never apply."""
+    for name in (tensor_dim, mesh_dim):
+        if not isinstance(name, str) or not is_dimension_name(name):
+            raise LayoutError(
+                f"layout rule ({tensor_dim!r}, {mesh_dim!r}) names {name!r}, which "
+                "is not a dimension name; expected 'tensor_dim:mesh_dim' such as "
+                "'batch:rows'"
+            )
+    return tensor_dim, mesh_dim
+
+
 #: What :func:`convert_to_layout_rules` accepts (None: no rules).
 LayoutRulesLike = (
     LayoutRules | str | Mapping[str, str] | Iterable[tuple[str, str]] | None
@@ -179,7 +192,7 @@ def convert_to_layout_rules(x: Any) -> LayoutRules:
             if not part:
                 continue
             t, sep, m = part.partition(":")
-            if not sep or not t or not m:
+            if not sep or not t or not m or ":" in m:
                 raise LayoutError(
                     f"layout rule {part!r} is malformed; expected 'tensor_dim:mesh_dim'"
                 )

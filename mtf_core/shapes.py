@@ -19,6 +19,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, SupportsIndex, overload
 
+import numpy as np
+
 from mtf_core.errors import ShapeError, ShapeTypeError
 
 _SEPARATORS = re.compile(r"[,;.\s]+")
@@ -45,11 +47,15 @@ class Dimension:
             )
         size = self.size
         if isinstance(size, bool) or not isinstance(size, int):
+            is_bool = isinstance(size, (bool, np.bool_)) or (
+                getattr(getattr(size, "dtype", None), "kind", "") == "b"
+            )
             try:
                 as_int = int(size)  # numpy integers
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):  # OverflowError: inf
                 as_int = None
-            if as_int is None or isinstance(size, bool) or as_int != size:
+            # A bool (NumPy's too) is no size, though int(True) is 1.
+            if as_int is None or is_bool or as_int != size:
                 raise ShapeError(
                     f"dimension {self.name!r} has size {size!r}; expected an integer"
                 )
@@ -64,6 +70,11 @@ class Dimension:
 
 
 DimensionLike = Dimension | tuple[str, int] | str
+
+
+def is_dimension_name(name: str) -> bool:
+    """Whether ``name`` can name a dimension (of a tensor or a mesh)."""
+    return bool(_NAME.match(name))
 
 
 def convert_to_dimension(d: Any) -> Dimension | None:
@@ -210,9 +221,28 @@ class Shape:
         return Shape(self.dims + convert_to_shape(other).dims)
 
     def __sub__(self, other: Any) -> Shape:
-        """Removes the dims of ``other`` (names or dims) from this shape."""
-        if isinstance(other, Dimension):
+        """Removes the dims of ``other`` (names or dims) from this shape.
+
+        As in Mesh TF, ``shape - None`` is the shape and ``shape - dim`` needs
+        ``dim`` in the shape (``shape - [dim]`` is for a dim that may be
+        absent); a bare name is one dim, a string with sizes a shape.
+        """
+        if other is None:
+            return self
+        if isinstance(other, str) and ":" in other:
+            other = convert_to_shape(other)
+        elif isinstance(other, (Dimension, str)):
+            found = self.get_dim_by_name(dimension_name(other))
+            if isinstance(other, Dimension) and other != found:
+                raise ShapeError(
+                    f"shape [{self}] has {found}, not {other}, to subtract"
+                )
             other = [other]
+        elif not isinstance(other, Iterable):
+            raise ShapeTypeError(
+                f"cannot subtract {other!r} from shape [{self}]; expected a "
+                "dimension, a name, a list of them or a Shape"
+            )
         names = {dimension_name(d) for d in other}
         return Shape([d for d in self.dims if d.name not in names])
 
@@ -254,7 +284,7 @@ class Shape:
         return name in self.dimension_names
 
     def index(self, dim: Dimension | str) -> int:
-        name = dim if isinstance(dim, str) else dim.name
+        name = dimension_name(dim)
         try:
             return self.dimension_names.index(name)
         except ValueError:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any
 
+import numpy as np
+
 from mtf_core.errors import LoweringError
 from mtf_core.graph import Graph, Mesh, Operation, Tensor
 from mtf_core.lazy_sum import LazyAllreduceSum  # noqa: F401  (re-exported)
@@ -71,9 +73,11 @@ class Lowering:
         del autostack  # accepted for Mesh TensorFlow compatibility
         self.tf = FAST_TF  # tf, making the common ops faster (fast_tf.py)
         self.graph = graph
-        self.mesh_to_impl = dict(mesh_to_impl)
-        self.feeds = dict(feeds or {})
-        self.seed = seed
+        self.mesh_to_impl = _checked_impls(graph, mesh_to_impl)
+        self.feeds = _checked_feeds(graph, feeds)
+        if targets is not None:
+            targets = _checked_targets(graph, targets)
+        self.seed = _checked_seed(seed)
         self.counters = Counters()
         self.tensors = _TensorMap()
         self.lowered_operations: dict[Operation, Any] = {}
@@ -121,8 +125,19 @@ class Lowering:
 
     # -- what ops use ----------------------------------------------------------
     def mesh_impl(self, x: Tensor | Operation | Mesh) -> MeshImpl:
+        if not isinstance(x, (Tensor, Operation, Mesh)):
+            raise LoweringError(
+                f"{x!r} is not an mtf.Tensor, Operation or Mesh of the lowered graph"
+            )
         mesh = x if isinstance(x, Mesh) else x.mesh
-        return self.mesh_to_impl[mesh]
+        try:
+            return self.mesh_to_impl[mesh]
+        except KeyError:
+            what = "" if isinstance(x, Mesh) else f"{x.name} is on "
+            raise LoweringError(
+                f"{what}mesh {mesh.name!r}, which this lowering has no mesh "
+                f"implementation for (given: {[m.name for m in self.mesh_to_impl]})"
+            ) from None
 
     def set_tensor_lowering(self, t: Tensor, laid_out: Any) -> None:
         self.tensors[t] = laid_out
@@ -149,6 +164,8 @@ class Lowering:
         """What lowering ``op`` produced (for assignments: the per-device updates)."""
         if isinstance(op, Tensor):
             op = op.operation
+        if not isinstance(op, Operation):
+            raise LoweringError(f"{op!r} is not an mtf.Operation or mtf.Tensor")
         if op in self.lowered_operations:
             return self.lowered_operations[op]
         if op.outputs:
@@ -169,3 +186,74 @@ class Lowering:
     def copy_slices_to_masters(self) -> Any:
         """Sets every master variable from its slices (before a save)."""
         return self.variables.masters.copy_from_slices()
+
+
+def _checked_impls(graph: Any, mesh_to_impl: Any) -> dict[Mesh, MeshImpl]:
+    """``{mesh: MeshImpl}``, checked before lowering starts."""
+    if not isinstance(graph, Graph):
+        raise LoweringError(f"graph {graph!r} is not an mtf.Graph")
+    if not isinstance(mesh_to_impl, Mapping):
+        raise LoweringError(
+            f"mesh_to_impl is {mesh_to_impl!r}; expected a dict {{mesh: MeshImpl}}"
+        )
+    for mesh, impl in mesh_to_impl.items():
+        if not isinstance(mesh, Mesh):
+            raise LoweringError(f"mesh_to_impl key {mesh!r} is not an mtf.Mesh")
+        if not isinstance(impl, MeshImpl):
+            raise LoweringError(
+                f"mesh_to_impl[{mesh.name!r}] is {impl!r}; expected a MeshImpl "
+                "such as mtf.placement_mesh_impl.PlacementMeshImpl"
+            )
+    return dict(mesh_to_impl)
+
+
+def _checked_feeds(graph: Graph, feeds: Any) -> dict[Tensor, Any]:
+    """``feeds`` whose keys are the graph's imported tensors (placeholders):
+    a value for any other tensor would be ignored."""
+    from mtf_core.ops.creation import ImportTensor
+
+    if feeds is None:
+        return {}
+    if not isinstance(feeds, Mapping):
+        raise LoweringError(
+            f"feeds is {feeds!r}; expected a dict {{placeholder: value}}"
+        )
+    for t in feeds:
+        if not (
+            isinstance(t, Tensor)
+            and isinstance(t.operation, ImportTensor)
+            and t.graph is graph
+        ):
+            raise LoweringError(
+                f"feeds key {t!r} is not a placeholder of this graph; expected "
+                "tensors made by mtf.placeholder"
+            )
+    return dict(feeds)
+
+
+def _checked_targets(graph: Graph, targets: Iterable[Any]) -> list[Tensor | Operation]:
+    if isinstance(targets, (Tensor, Operation, str)) or not isinstance(
+        targets, Iterable
+    ):
+        raise LoweringError(
+            f"targets is {targets!r}; expected a list of mtf.Tensors or Operations"
+        )
+    out = list(targets)
+    for t in out:
+        if not isinstance(t, (Tensor, Operation)) or t.graph is not graph:
+            raise LoweringError(
+                f"target {t!r} is not a tensor or operation of this graph"
+            )
+    return out
+
+
+def _checked_seed(seed: Any) -> Any:
+    """An integer seed, or a scalar integer TF tensor (a compiled step's
+    counter); a float or a string would be cast, or fail in TF."""
+    if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
+        return seed
+    if getattr(getattr(seed, "dtype", None), "is_integer", False):
+        return seed
+    raise LoweringError(
+        f"seed is {seed!r}; expected an integer or a scalar integer tf.Tensor"
+    )

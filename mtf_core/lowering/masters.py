@@ -18,6 +18,7 @@ from typing import Any
 import tensorflow as tf
 
 from mtf_core.lowering.initial_values import default_initializer, outside_all_rewrites
+from mtf_core.ops.creation import check_full_value
 
 
 def _device(var: Any) -> Any:
@@ -35,7 +36,13 @@ def make_master(var: Any, device: Any, value: Any = None) -> tf.Variable:
         init = var.initializer
         if init is None:
             init = default_initializer(var.name)
-        value = init(var.shape.to_integer_list(), tf.as_dtype(var.master_dtype))
+        value = check_full_value(
+            tf.convert_to_tensor(
+                init(var.shape.to_integer_list(), tf.as_dtype(var.master_dtype))
+            ),
+            var,
+            f"the initializer's value for variable {var.name}",
+        )
     with outside_all_rewrites(), tf.compat.v1.device(device):
         master = tf.Variable(
             tf.cast(value, var.master_dtype), name=var.name, trainable=var.trainable

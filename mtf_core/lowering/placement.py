@@ -71,6 +71,11 @@ class PlacementMeshImpl(MeshImpl):
         super().__init__(shape, layout)
         if devices is None:
             devices = [""] * self.size
+        if isinstance(devices, str):  # a string would be its letters
+            raise LoweringError(
+                f"devices is {devices!r}; expected a list of device names, one per "
+                "processor"
+            )
         devices = [_normalize_device(d) for d in devices]
         if len(devices) != self.size:
             raise LoweringError(

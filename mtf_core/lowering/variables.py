@@ -18,6 +18,7 @@ from mtf_core.errors import LoweringError, ShapeError
 from mtf_core.graph import Graph, Mesh, Tensor
 from mtf_core.lowering.initial_values import default_initializer
 from mtf_core.lowering.masters import MasterVariables
+from mtf_core.ops.creation import check_full_value
 
 
 def _variable_op(var: Any) -> Any:
@@ -44,7 +45,12 @@ class VariableStore:
             impl = self.mesh_to_impl[var.mesh]
             init = var.initializer or default_initializer(var.name)
             full = init(var.shape.to_integer_list(), tf.as_dtype(var.dtype))
-            full = tf.cast(tf.convert_to_tensor(full), var.dtype)
+            full = check_full_value(
+                tf.convert_to_tensor(full),
+                var,
+                f"the initializer's value for variable {var.name}",
+            )
+            full = tf.cast(full, var.dtype)
             laid = impl.import_tf_tensor(full, var.shape)
             self._slices[var] = impl.make_variables(laid, var.name, var.trainable)
             initial[var] = full

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from mtf_core.errors import ShapeError
-from mtf_core.graph import Mesh, Tensor
+from mtf_core.graph import Mesh, Tensor, check_tensor
 from mtf_core.shapes import Dimension, convert_to_dimension
 
 
@@ -39,6 +39,7 @@ def sized_dim(dim: Any, what: str) -> Dimension:
 def dim_of(x: Tensor, dim: Any, what: str) -> Dimension:
     """The dimension of ``x`` that ``dim`` names: a name, or a dimension whose
     size must be the one ``x`` has."""
+    check_tensor(x, f"{what}:")
     given = None if _is_bare_name(dim) else sized_dim(dim, what)
     name = dim if given is None else given.name
     if name not in x.shape.dimension_names:

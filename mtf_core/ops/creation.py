@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 
 from mtf_core import dtypes
-from mtf_core.errors import GraphError, LoweringError
-from mtf_core.graph import Mesh, Operation, Tensor
+from mtf_core.errors import DTypeError, GraphError, LoweringError, ShapeError
+from mtf_core.graph import Mesh, Operation, Tensor, check_tensor
 from mtf_core.seams import LoweringContext
 from mtf_core.shapes import Dimension, Shape, convert_to_shape
 
@@ -77,13 +77,35 @@ class ImportTensor(Operation):
                 "feeds={tensor: value} to Lowering"
             )
         tf = lowering.tf
-        value = tf.cast(tf.convert_to_tensor(value), out.dtype)
+        what = f"the value fed for placeholder {out.name}"
+        if out not in lowering.feeds:
+            what = f"the value of {out.name}"
+        value = tf.cast(
+            check_full_value(tf.convert_to_tensor(value), out, what), out.dtype
+        )
         lowering.set_tensor_lowering(
             out, lowering.mesh_impl(self).import_tf_tensor(value, out.shape)
         )
 
     def attrs(self) -> dict[str, Any]:
         return {"placeholder": self.is_placeholder}
+
+
+def check_full_value(value: Any, like: Any, what: str) -> Any:
+    """``value`` (a ``tf.Tensor``) if its shape can be ``like``'s (a Tensor or
+    Variable; dims TensorFlow does not know pass) and it holds numbers: a
+    backend would slice a value of another shape without a word, and give a
+    tensor other sizes than its dims say."""
+    sizes = like.shape.to_integer_list()
+    if not value.shape.is_compatible_with(sizes):
+        raise ShapeError(
+            f"{what} has shape {value.shape.as_list()}; expected [{like.shape}] "
+            f"({sizes})"
+        )
+    dt = value.dtype
+    if not (dt.is_floating or dt.is_integer or dt.is_bool):
+        raise DTypeError(f"{what} has dtype {dt.name}; expected numbers ({like.dtype})")
+    return value
 
 
 def import_tf_tensor(
@@ -121,17 +143,19 @@ class Constant(Operation):
         shape = convert_to_shape(shape)
         self._make: Callable[[], Any] | None = None
         self._value: np.ndarray | None = None
+        dtype = dtypes.as_dtype_name(dtype)
         if callable(value):
             self._make = value
         else:
-            self._value = _checked_value(value, shape)
-        self._add_output(shape, dtypes.as_dtype_name(dtype))
+            self._value = _checked_value(value, shape, dtype)
+        self._add_output(shape, dtype)
 
     @property
     def value(self) -> np.ndarray:
         if self._value is None:
             assert self._make is not None
-            self._value = _checked_value(self._make(), self.outputs[0].shape)
+            out = self.outputs[0]
+            self._value = _checked_value(self._make(), out.shape, out.dtype)
             self._make = None
         return self._value
 
@@ -204,13 +228,40 @@ def causal_bias_values(length: int, memory_length: int) -> np.ndarray:
     return bias
 
 
-def _checked_value(value: Any, shape: Shape) -> np.ndarray:
+def _checked_value(value: Any, shape: Shape, dtype: str) -> np.ndarray:
+    """``value`` as an array, if its numbers fit ``dtype`` as they are:
+    TensorFlow would wrap 2**40 round in an int32 and truncate 0.5 to 0
+    in an array (a scalar 0.5 it refuses, at lowering)."""
     arr = np.asarray(value)
     if arr.ndim and list(arr.shape) != shape.to_integer_list():
         raise GraphError(
             f"constant: value of shape {list(arr.shape)} does not match [{shape}]"
         )
+    if arr.dtype.kind not in "biuf":
+        if isinstance(value, int):  # past int64: NumPy holds it as an object
+            raise DTypeError(f"constant: value {value} does not fit {dtype}")
+        raise DTypeError(
+            f"constant: value {_short(value)} is not a number; expected a number, "
+            "a bool or an array of them"
+        )
+    if dtype in dtypes.INTEGER and arr.size and arr.dtype.kind != "b":
+        info = np.iinfo(dtype)
+        if arr.dtype.kind == "f" and not np.all(np.isfinite(arr) & (arr % 1 == 0)):
+            raise DTypeError(
+                f"constant: value {_short(value)} has a fraction or is not finite; "
+                f"a {dtype} holds whole numbers (cast to a float dtype, or round)"
+            )
+        if arr.min() < info.min or arr.max() > info.max:
+            raise DTypeError(
+                f"constant: value {_short(value)} does not fit {dtype} "
+                f"([{info.min}, {info.max}])"
+            )
     return arr
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def constant(
@@ -236,10 +287,12 @@ def ones(
 
 
 def zeros_like(t: Tensor) -> Tensor:
+    check_tensor(t, "zeros_like:")
     return zeros(t.mesh, t.shape, t.dtype)
 
 
 def ones_like(t: Tensor) -> Tensor:
+    check_tensor(t, "ones_like:")
     return ones(t.mesh, t.shape, t.dtype)
 
 

@@ -13,12 +13,18 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from mtf_core.comm import CollectiveSpec, LayoutContext, allreduce_collectives
-from mtf_core.errors import ShapeError
-from mtf_core.graph import Operation, Tensor, check_same_dtype, check_same_mesh
+from mtf_core.errors import GraphTypeError, ShapeError
+from mtf_core.graph import (
+    Operation,
+    Tensor,
+    check_same_dtype,
+    check_same_mesh,
+    check_tensor,
+)
 from mtf_core.lazy_sum import LazyAllreduceSum
 from mtf_core.ops._local import einsum_equation
 from mtf_core.ops.onehot_einsum import (
@@ -160,10 +166,13 @@ def einsum(
     """
     if isinstance(xs, Tensor):
         xs = [xs]
+    elif not isinstance(xs, Iterable):
+        raise GraphTypeError(f"einsum: xs is {xs!r}; expected a list of mtf.Tensors")
     xs = list(xs)
     rest = list(more)
     while rest and isinstance(rest[0], Tensor):
         xs.append(rest.pop(0))
+    xs = [check_tensor(x, "einsum: input") for x in xs]
     if rest:
         if output_shape is not None:
             raise ShapeError("einsum: output_shape given twice")

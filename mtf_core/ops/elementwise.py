@@ -9,17 +9,18 @@ None of these ops communicate.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from mtf_core import dtypes
-from mtf_core.errors import ArgumentError, DTypeError, ShapeError
+from mtf_core.errors import ArgumentError, DTypeError, GraphTypeError, ShapeError
 from mtf_core.graph import (
     Operation,
     Tensor,
     check_same_dtype,
     check_same_mesh,
     check_same_shape,
+    check_tensor,
 )
 from mtf_core.lazy_sum import LazyAllreduceSum
 from mtf_core.ops._local import align, tf_function
@@ -138,6 +139,14 @@ class BinaryOp(Operation):
             )
         check_same_mesh([x, y])
         check_same_dtype([x, y], fn_name)
+        if fn_name == "divide" and x.dtype not in dtypes.FLOATING:
+            # TensorFlow's divide of integers is a float64 the op's dtype
+            # would not say.
+            raise DTypeError(
+                f"divide: {x.name} and {y.name} have dtype {x.dtype}; expected a "
+                "floating dtype (use floordiv for whole-number division, or cast "
+                "to float32 first)"
+            )
         super().__init__([x, y], name=name or fn_name)
         self.fn_name = fn_name
         shape = broadcast_shape([x.shape, y.shape])
@@ -382,6 +391,8 @@ def add_n(xs: Sequence[Tensor]) -> Any:
     """The sum of ``xs``, broadcast by dim names as ``add`` does; the sum of
     no tensors is the number 0 (as in Mesh TF, where programs write
     ``loss += mtf.add_n(extra_losses)``)."""
+    if isinstance(xs, Tensor) or not isinstance(xs, Iterable):
+        raise GraphTypeError(f"add_n: xs is {xs!r}; expected a list of mtf.Tensors")
     xs = list(xs)
     if not xs:
         return 0
@@ -423,6 +434,7 @@ class CastOp(Operation):
 
 
 def cast(x: Tensor, dtype: Any, name: str | None = None) -> Tensor:
+    check_tensor(x, "cast:")
     if dtypes.as_dtype_name(dtype) == x.dtype:
         return x
     return CastOp(x, dtype, name).outputs[0]

@@ -13,14 +13,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from mtf_core import dtypes
-from mtf_core.errors import DTypeError, ShapeError
-from mtf_core.graph import Operation, Tensor
+from mtf_core.errors import ArgumentError, DTypeError, ShapeError
+from mtf_core.graph import Operation, Tensor, check_tensor
 from mtf_core.ops.arguments import sized_dim
 from mtf_core.seams import LoweringContext
 from mtf_core.shapes import Dimension
 
 
 def check_indices(indices: Tensor, what: str) -> None:
+    check_tensor(indices, f"{what}: indices")
     if indices.dtype not in dtypes.INTEGER:
         raise DTypeError(
             f"{what}: indices {indices.name} have dtype {indices.dtype}; expected "
@@ -31,6 +32,19 @@ def check_indices(indices: Tensor, what: str) -> None:
 def wide_ids(tf: Any, i: Any) -> Any:
     """Ids as int32/int64 (what tf.one_hot and tf.gather take)."""
     return i if i.dtype in (tf.int32, tf.int64) else tf.cast(i, tf.int32)
+
+
+def _number(value: Any, what: str) -> float:
+    """``value`` as the float one_hot fills with; a string is refused, though
+    float() would parse "1"."""
+    try:
+        if isinstance(value, (str, bytes)):
+            raise TypeError(value)
+        return float(value)
+    except (TypeError, ValueError):
+        raise ArgumentError(
+            f"one_hot: {what} is {value!r}; expected a number"
+        ) from None
 
 
 class OneHot(Operation):
@@ -55,8 +69,8 @@ class OneHot(Operation):
             )
         super().__init__([indices], name=name or "one_hot")
         self.output_dim = output_dim
-        self.on_value = float(on_value)
-        self.off_value = float(off_value)
+        self.on_value = _number(on_value, "on_value")
+        self.off_value = _number(off_value, "off_value")
         self._add_output(indices.shape + [output_dim], dtypes.as_dtype_name(dtype))
 
     @property

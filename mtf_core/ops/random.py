@@ -17,7 +17,7 @@ from typing import Any
 
 from mtf_core import dtypes
 from mtf_core.errors import ArgumentError, DTypeError, ShapeError
-from mtf_core.graph import Mesh, Operation, Tensor
+from mtf_core.graph import Mesh, Operation, Tensor, check_tensor
 from mtf_core.ops.arguments import check_mesh
 from mtf_core.seams import LoweringContext
 from mtf_core.shapes import convert_to_shape
@@ -169,6 +169,7 @@ def dropout(
     """
     from mtf_core.ops import elementwise as ew
 
+    check_tensor(x, "dropout:")
     if isinstance(is_training, float):
         # dropout(x, 0.1): a rate where Mesh TensorFlow's order has is_training.
         raise ArgumentError(
@@ -182,6 +183,8 @@ def dropout(
         )
     if keep_prob is None:
         keep_prob = 1.0 - float(rate)  # type: ignore[arg-type]
+        if not 0.0 < keep_prob <= 1.0:  # named as the caller gave it
+            raise ArgumentError(f"dropout: rate {rate!r} must be in [0, 1)")
     if not 0.0 < keep_prob <= 1.0:
         raise ArgumentError(f"dropout: keep_prob {keep_prob!r} must be in (0, 1]")
     shape = x.shape if noise_shape is None else convert_to_shape(noise_shape)

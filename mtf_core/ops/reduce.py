@@ -12,12 +12,13 @@ from typing import Any
 
 from mtf_core.comm import CollectiveSpec, LayoutContext, allreduce_collectives
 from mtf_core.errors import ArgumentError, ShapeError
-from mtf_core.graph import Operation, Tensor
+from mtf_core.graph import Operation, Tensor, check_tensor
 from mtf_core.lazy_sum import LazyAllreduceSum
 from mtf_core.ops import elementwise as ew
 from mtf_core.ops._local import align, maybe_transpose
+from mtf_core.ops.arguments import dim_of
 from mtf_core.seams import LoweringContext
-from mtf_core.shapes import Dimension, Shape, convert_to_shape, dimension_name
+from mtf_core.shapes import Dimension, Shape, convert_to_shape
 
 #: Reductions :class:`Reduce` knows, with the ``tf.math`` function of each.
 REDUCTIONS = {
@@ -115,6 +116,7 @@ class Reduce(Operation):
 
 
 def _output_shape(x: Tensor, output_shape: Any, reduced_dim: Any) -> Shape:
+    check_tensor(x, "reduce:")
     if output_shape is not None and reduced_dim is not None:
         raise ShapeError("give output_shape or reduced_dim, not both")
     if output_shape is not None:
@@ -131,12 +133,9 @@ def _output_shape(x: Tensor, output_shape: Any, reduced_dim: Any) -> Shape:
         )
         else [reduced_dim]
     )
-    names = set()
-    for d in dims:
-        name = dimension_name(d)
-        if name not in x.shape.dimension_names:
-            raise ShapeError(f"reduce: {x.name} [{x.shape}] has no dimension {name!r}")
-        names.add(name)
+    # A dim of the tensor's name but another size is a mistake, not a
+    # dim to skip (Mesh TF's ``shape - dim`` refuses it too).
+    names = {dim_of(x, d, "reduce").name for d in dims}
     return Shape([d for d in x.shape if d.name not in names])
 
 
@@ -298,6 +297,7 @@ class Broadcast(Operation):
 
 
 def broadcast(x: Tensor, new_shape: Any) -> Tensor:
+    check_tensor(x, "broadcast:")
     new_shape = convert_to_shape(new_shape)
     if new_shape == x.shape:
         return x
@@ -306,6 +306,7 @@ def broadcast(x: Tensor, new_shape: Any) -> Tensor:
 
 def transpose(x: Tensor, new_shape: Any) -> Tensor:
     """Reorders dims (a broadcast to the same dims in another order)."""
+    check_tensor(x, "transpose:")
     new_shape = convert_to_shape(new_shape)
     if set(new_shape.dimension_names) != set(x.shape.dimension_names):
         raise ShapeError(

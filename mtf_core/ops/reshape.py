@@ -34,7 +34,7 @@ from typing import Any
 
 from mtf_core.comm import CollectiveSpec, LayoutContext, layout_change_collectives
 from mtf_core.errors import ShapeError
-from mtf_core.graph import Operation, Tensor
+from mtf_core.graph import Operation, Tensor, check_tensor
 from mtf_core.layout import TensorLayout
 from mtf_core.seams import LoweringContext
 from mtf_core.shapes import Dimension, Shape, convert_to_dimension, convert_to_shape
@@ -243,6 +243,7 @@ def rename_dimension(
 ) -> Tensor:
     """Renames dimension ``old_name`` of ``x`` to ``new_name`` (a reshape, so a
     layout change when the two names map to different mesh axes)."""
+    check_tensor(x, "rename_dimension:")
     if old_name not in x.shape.dimension_names:
         raise ShapeError(
             f"rename_dimension: {x.name} [{x.shape}] has no dimension {old_name!r}; "

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from mtf_core import dtypes, weight_handoff
-from mtf_core.errors import ArgumentError, GraphError, ShapeError
+from mtf_core.errors import ArgumentError, GraphError, GraphTypeError, ShapeError
 from mtf_core.graph import Mesh, Operation, Tensor
 from mtf_core.ops.elementwise import CastOp, cast
 from mtf_core.seams import LoweringContext
@@ -135,6 +135,17 @@ def get_variable(
     >>> (w.dtype, as_variable(w).dtype)
     ('bfloat16', 'float32')
     """
+    if not isinstance(name, str) or not name:
+        # Variables are found again, and checkpointed, by name.
+        raise GraphError(
+            f"get_variable: name {name!r} is not a non-empty string; expected a "
+            "name such as 'w1'"
+        )
+    if not isinstance(mesh, Mesh):
+        raise GraphTypeError(
+            f"get_variable {name!r}: mesh {mesh!r} is not an mtf.Mesh; expected "
+            "mtf.Mesh(graph, name)"
+        )
     if kwargs:
         raise ArgumentError(
             f"get_variable {name!r}: unknown arguments {sorted(kwargs)}; "
