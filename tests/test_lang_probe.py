@@ -7,6 +7,7 @@ of another shape sliced as if it fit, 2**40 wrapped round in an int32)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
@@ -20,9 +21,11 @@ from mtf_core.errors import (
     GraphTypeError,
     LayoutError,
     LoweringError,
+    SerializationError,
     ShapeError,
     ShapeTypeError,
 )
+from mtf_core.train.checkpoint import load_checkpoint, save_checkpoint
 
 A, B, C = mtf.Dimension("a", 4), mtf.Dimension("b", 6), mtf.Dimension("c", 8)
 #: Wrong arguments, typed Any: the calls below are the careless ones.
@@ -310,3 +313,25 @@ def test_lowering_names_bad_arguments(devices: list[str]) -> None:
     with pytest.raises(LoweringError, match="None is not an mtf.Tensor"):
         lowering.export_to_tf_tensor(None)
     assert lowering.export_to_tf_tensor(y).numpy().tolist() == [0.0] * 4
+
+
+# -- checkpoints ---------------------------------------------------------------------
+@pytest.mark.parametrize("step", [-1, 1.5, True])
+def test_a_checkpoint_step_must_be_a_whole_number(tmp_path: Path, step: object) -> None:
+    # -1 wrote ckpt--00001 as the latest, and every later save failed pruning.
+    with pytest.raises(
+        SerializationError, match=f"checkpoint step is {step!r}; expected"
+    ):
+        save_checkpoint(tmp_path, step, {"w": np.zeros(3)})  # type: ignore[arg-type]
+    assert list(tmp_path.iterdir()) == []
+    save_checkpoint(tmp_path, 2, {"w": np.zeros(3)})
+    assert load_checkpoint(tmp_path).step == 2
+
+
+def test_a_checkpoint_directory_that_is_a_file_is_named(tmp_path: Path) -> None:
+    f = tmp_path / "ckpt"
+    f.write_text("x")
+    with pytest.raises(
+        SerializationError, match="checkpoint directory .*ckpt' is a file"
+    ):
+        save_checkpoint(f, 1, {"w": np.zeros(3)})

@@ -45,7 +45,18 @@ def save_checkpoint(
 ) -> Path:
     """Writes ``values`` and ``metadata`` as checkpoint ``step``; keeps the
     newest ``keep`` checkpoints.  Returns the path of the ``.npz`` file."""
+    # A negative step wrote "ckpt--00001", whose name no later save could
+    # read back (each then failed pruning); a float failed half-way.
+    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+        raise SerializationError(
+            f"checkpoint step is {step!r}; expected an integer >= 0"
+        )
+    step = int(step)
     d = Path(directory)
+    if d.exists() and not d.is_dir():
+        raise SerializationError(
+            f"checkpoint directory {str(d)!r} is a file; expected a directory"
+        )
     d.mkdir(parents=True, exist_ok=True)
     base = d / _name(step)
     meta = {"format": FORMAT, "step": int(step), **(metadata or {})}
