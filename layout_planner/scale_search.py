@@ -129,14 +129,22 @@ class _SignaturePricer(UnitPricer):
         shared: dict[tuple[object, ...], UnitCost] | None = None,
     ) -> None:
         super().__init__(mesh_shape, hw)
-        self._known: dict[tuple[object, ...], UnitCost | LayoutError] = {}
+        #: Layouts the lowering rejects, by the key of ``shared`` (their
+        #: messages name this mesh).
+        self._rejected: dict[tuple[object, ...], LayoutError] = {}
         #: Tables priced with this pricer (``LayoutProblem``'s ``table_memo``):
         #: a mesh's recomputation options share most of them.
         self.tables: dict[Hashable, PricedTable] = {}
         self._shared = {} if shared is None else shared
+        # Each axis as one string (its hash is computed once, where a
+        # LinkSpec's is computed at every lookup): equal strings are equal
+        # (name, size, link), as float reprs round-trip.
         self._axes = [
-            (d.name, d.size, hw.link_for_axis(d.name, mesh_shape)) for d in mesh_shape
+            repr((d.name, d.size, hw.link_for_axis(d.name, mesh_shape)))
+            for d in mesh_shape
         ]
+        #: ``split`` -> the same pairs with each axis as its string.
+        self._splits: dict[tuple[tuple[str, int], ...], tuple[object, ...]] = {}
 
     def cost(
         self,
@@ -151,26 +159,23 @@ class _SignaturePricer(UnitPricer):
             split = tuple(
                 (n, axes_of[n]) for n in sorted(unit.dim_names) if n in axes_of
             )
-        key = (unit.signature, unit.dim_names, split)
-        got = self._known.get(key)
-        if got is None:
+        on_axes = self._splits.get(split)
+        if on_axes is None:
             axes = self._axes
-            shared_key = (
-                unit.signature,
-                unit.dim_names,
-                tuple((n, axes[a]) for n, a in split),
-            )
-            got = self._shared.get(shared_key)
-            if got is None:
-                try:
-                    got = self._shared[shared_key] = super().cost(
-                        unit, CachedLayoutContext.wrap(ctx)
-                    )
-                except LayoutError as e:  # its message names this mesh
-                    got = e
-            self._known[key] = got
-        if isinstance(got, LayoutError):
-            raise got
+            on_axes = self._splits[split] = tuple((n, axes[a]) for n, a in split)
+        key = (unit.signature, unit.dim_names, on_axes)
+        got = self._shared.get(key)
+        if got is None:
+            rejected = self._rejected.get(key)
+            if rejected is not None:
+                raise rejected
+            try:
+                got = self._shared[key] = super().cost(
+                    unit, CachedLayoutContext.wrap(ctx)
+                )
+            except LayoutError as e:  # its message names this mesh
+                self._rejected[key] = e
+                raise
         return got
 
 
