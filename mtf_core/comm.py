@@ -81,6 +81,11 @@ class Reduction(StrEnum):
             ) from None
 
 
+#: Each member by its string (what CollectiveKind(s) and Reduction(s) return).
+_KINDS = {k.value: k for k in CollectiveKind}
+_REDUCTIONS = {r.value: r for r in Reduction}
+
+
 @dataclass(frozen=True)
 class CollectiveSpec:
     """A collective an op will issue under a layout.
@@ -97,8 +102,16 @@ class CollectiveSpec:
     reduction: str = "SUM"  # a Reduction (canonicalized)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "kind", CollectiveKind(self.kind))
-        object.__setattr__(self, "reduction", Reduction(self.reduction))
+        # Members by their strings first: the cost model makes these by the
+        # hundred thousand, and an enum's call is slow.
+        kind = self.kind
+        if type(kind) is not CollectiveKind:
+            got = _KINDS.get(kind) if type(kind) is str else None
+            object.__setattr__(self, "kind", got or CollectiveKind(kind))
+        reduction = self.reduction
+        if type(reduction) is not Reduction:
+            got_r = _REDUCTIONS.get(reduction) if type(reduction) is str else None
+            object.__setattr__(self, "reduction", got_r or Reduction(reduction))
 
 
 @dataclass
@@ -238,7 +251,10 @@ class LayoutStep:
     bytes_per_device: int  # local slice bytes going in (0 for allsplit)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "kind", CollectiveKind(self.kind))
+        kind = self.kind
+        if type(kind) is not CollectiveKind:
+            got = _KINDS.get(kind) if type(kind) is str else None
+            object.__setattr__(self, "kind", got or CollectiveKind(kind))
 
 
 def plan_layout_change(

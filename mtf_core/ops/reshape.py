@@ -27,7 +27,6 @@ is case 2: one alltoall moving the axis from ``b`` to ``a``.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -104,15 +103,14 @@ class ReshapePlan:
     out_layout: TensorLayout
 
 
-@functools.lru_cache(maxsize=4096)
-def _prefixes(shape: Shape) -> tuple[int, ...]:
-    """Each dim's flat prefix: the product of the sizes before it (shapes
-    repeat across the layouts the planner prices, so they are remembered)."""
+def _prefixes(shape: Shape) -> list[int]:
+    """Each dim's flat prefix: the product of the sizes before it (a few
+    multiplications: cheaper than hashing the Shape to remember them)."""
     out, prefix = [], 1
     for d in shape.dims:
         out.append(prefix)
         prefix *= d.size
-    return tuple(out)
+    return out
 
 
 def plan_reshape(ctx: LayoutContext, in_shape: Shape, out_shape: Shape) -> ReshapePlan:
