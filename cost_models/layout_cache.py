@@ -51,6 +51,8 @@ class CachedLayoutContext(LayoutContext):
         self._bytes_of: dict[tuple[int, str], tuple[Shape, int]] = {}
         self._elem_bytes: dict[str, int] = {}
         self._axis_sizes = [d.size for d in self.mesh_shape.dims]
+        #: Each mesh axis's size, by index.
+        self.axis_sizes: Sequence[int] = self._axis_sizes
 
     @classmethod
     def wrap(cls, ctx: LayoutContext) -> CachedLayoutContext:
@@ -71,9 +73,25 @@ class CachedLayoutContext(LayoutContext):
         hit = self._layout_of.get(id(shape))
         if hit is not None and hit[0] is shape:
             return hit[1]
-        layout = super().tensor_layout(shape)
+        layout = self._tensor_layout(shape)
         self._layout_of[id(shape)] = (shape, layout)
         return layout
+
+    def _tensor_layout(self, shape: Shape) -> TensorLayout:
+        # LayoutRules.tensor_layout from the memoized axes, for layouts it
+        # accepts (no mesh axis twice, every split size divisible); anything
+        # else goes to the base class, which raises the lowering's error.
+        axes: list[int | None] = []
+        used = 0
+        split = self.split_axes
+        for d in shape.dims:
+            a = split.get(d.name)
+            if a is not None:
+                if used >> a & 1 or d.size % self._axis_sizes[a]:
+                    return super().tensor_layout(shape)
+                used |= 1 << a
+            axes.append(a)
+        return TensorLayout(tuple(axes))
 
     def slice_bytes(self, shape: Any, dtype: Any) -> int:
         if type(shape) is not Shape or type(dtype) is not str:

@@ -28,7 +28,7 @@ from cost_models.hardware import HardwareProfile
 from cost_models.layout_cache import LayoutSizes as LayoutSizes
 from cost_models.op_classes import op_features, priced
 from mtf_core.comm import LayoutContext
-from mtf_core.graph import Operation
+from mtf_core.graph import Operation, Tensor
 from mtf_core.ops.elementwise import Identity
 from mtf_core.ops.random import RandomOp
 from mtf_core.ops.variables import Variable
@@ -62,14 +62,23 @@ def hbm_bytes_per_device(
     op: Operation, ctx: LayoutContext, sizes: LayoutSizes | None = None
 ) -> int:
     """Local bytes ``op`` reads and writes (inputs plus outputs)."""
-    if isinstance(op, _ALIASING):
-        return 0
-    if isinstance(op, RandomOp):
-        return sum(t.size_bytes for t in op.outputs)
-    tensors = op.inputs + op.outputs
+    fixed, tensors = hbm_tensors(op)
+    if not tensors:
+        return fixed
     if sizes is not None:
         return sum(sizes.slice_bytes(t) for t in tensors)
     return sum(ctx.slice_bytes(t.shape, t.dtype) for t in tensors)
+
+
+def hbm_tensors(op: Operation) -> tuple[int, tuple[Tensor, ...]]:
+    """What :func:`hbm_bytes_per_device` reads of ``op`` whatever the layout:
+    ``(bytes, ())`` when that is all it moves, else ``(0, tensors)`` whose
+    local slices it moves."""
+    if isinstance(op, _ALIASING):
+        return 0, ()
+    if isinstance(op, RandomOp):
+        return sum(t.size_bytes for t in op.outputs), ()
+    return 0, tuple(op.inputs + op.outputs)
 
 
 def op_compute(

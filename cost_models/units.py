@@ -32,6 +32,7 @@ price one and reuse it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Hashable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -41,7 +42,7 @@ from cost_models.deferred import DeferredAllreduces, may_defer, static_deferral
 from cost_models.gc_pause import gc_paused
 from cost_models.hardware import CostModelError, HardwareProfile
 from cost_models.layout_cache import CachedLayoutContext, LayoutSizes
-from cost_models.op_costs import op_compute
+from cost_models.op_costs import hbm_tensors, op_compute
 from cost_models.signatures import Signature, Signer
 from mtf_core.comm import CollectiveSpec, LayoutContext
 from mtf_core.graph import Graph, Operation, Tensor
@@ -143,6 +144,7 @@ class UnitPricer:
         self._times: dict[CollectiveSpec, float] = {}
         # The units of one layout are priced one after the other.
         self._sizes: tuple[LayoutContext | None, LayoutSizes | None] = (None, None)
+        self._tensors: dict[Operation, tuple[int, tuple[Tensor, ...]]] = {}
 
     def cost(
         self,
@@ -163,18 +165,16 @@ class UnitPricer:
         ctx = CachedLayoutContext.wrap(ctx)
         if unit.kind == OP:
             (op,) = unit.ops
-            flops, names, _ = self._op_statics(op)
+            flops, names, defers = self._op_statics(op)
             specs = self._communication(op, names, ctx)
-            if not self._op_statics(op)[2] and any(s.pending for s in specs):
+            if not defers and any(s.pending for s in specs):
                 raise CostModelError(
                     f"{op.op_type} {op.name} leaves an allreduce pending, but "
                     "cost_models.deferred.may_defer does not know that op type "
                     "defers; teach it, or the cost units would miss that allreduce"
                 )
             issued = [s for s in specs if not s.pending]
-            if self._sizes[0] is not ctx:
-                self._sizes = (ctx, LayoutSizes(ctx))
-            flops_pd, seconds = op_compute(op, ctx, self.hw, self._sizes[1], flops)
+            flops_pd, seconds = self._compute(op, ctx, flops, names)
             by_axis = self._by_axis(issued)
             once = 0.0
             if unit.once and unit.once[0]:
@@ -217,6 +217,37 @@ class UnitPricer:
                 may_defer(op),
             )
         return got
+
+    def _compute(
+        self,
+        op: Operation,
+        ctx: CachedLayoutContext,
+        flops: float,
+        names: Sequence[str],
+    ) -> tuple[float, float]:
+        """``op_compute(op, ctx, hw)``; for a roofline profile, from the
+        memoized axes and slice bytes (the same arithmetic)."""
+        hw = self.hw
+        if hw.rates is not None:
+            if self._sizes[0] is not ctx:
+                self._sizes = (ctx, LayoutSizes(ctx))
+            return op_compute(op, ctx, hw, self._sizes[1], flops)
+        tensors = self._tensors.get(op)
+        if tensors is None:
+            tensors = self._tensors[op] = hbm_tensors(op)
+        fixed, moved = tensors
+        nbytes = fixed
+        if moved:
+            nbytes = sum(ctx.slice_bytes(t.shape, t.dtype) for t in moved)
+        flops_pd = 0.0
+        if flops:
+            split = ctx.split_axes
+            sizes = ctx.axis_sizes
+            axes = {split[n] for n in names if n in split}
+            flops_pd = flops / math.prod(sizes[a] for a in axes)
+        return flops_pd, max(
+            flops_pd / hw.peak_flops, nbytes / hw.hbm_bandwidth_bytes_per_s
+        )
 
     def _communication(
         self, op: Operation, names: tuple[str, ...], ctx: CachedLayoutContext
