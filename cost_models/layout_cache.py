@@ -64,6 +64,11 @@ class CachedLayoutContext(LayoutContext):
     def mesh_axis(self, dim: Any) -> int | None:
         return self.split_axes.get(dim if isinstance(dim, str) else dim.name)
 
+    def devices_splitting(self, dim_names: Iterable[str]) -> int:
+        split = self.split_axes
+        axes = {a for n in dim_names if (a := split.get(n)) is not None}
+        return math.prod(self._axis_sizes[a] for a in axes)
+
     def effective_mesh_axis(self, dim: Any) -> int | None:
         return self._live_axes.get(dim if isinstance(dim, str) else dim.name)
 

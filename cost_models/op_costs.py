@@ -53,21 +53,25 @@ def flops_per_device(
     n = (
         sizes.devices_splitting(names)
         if sizes is not None
-        else ctx.devices_splitting(sorted(names))
+        else ctx.devices_splitting(names)
     )
     return flops / n
 
 
 def hbm_bytes_per_device(
-    op: Operation, ctx: LayoutContext, sizes: LayoutSizes | None = None
+    op: Operation,
+    ctx: LayoutContext,
+    sizes: LayoutSizes | None = None,
+    tensors: tuple[int, tuple[Tensor, ...]] | None = None,
 ) -> int:
-    """Local bytes ``op`` reads and writes (inputs plus outputs)."""
-    fixed, tensors = hbm_tensors(op)
-    if not tensors:
+    """Local bytes ``op`` reads and writes (inputs plus outputs);
+    ``tensors``: :func:`hbm_tensors` of ``op``, if the caller keeps it."""
+    fixed, moved = hbm_tensors(op) if tensors is None else tensors
+    if not moved:
         return fixed
     if sizes is not None:
-        return sum(sizes.slice_bytes(t) for t in tensors)
-    return sum(ctx.slice_bytes(t.shape, t.dtype) for t in tensors)
+        return sum(sizes.slice_bytes(t) for t in moved)
+    return sum(ctx.slice_bytes(t.shape, t.dtype) for t in moved)
 
 
 def hbm_tensors(op: Operation) -> tuple[int, tuple[Tensor, ...]]:
@@ -87,9 +91,11 @@ def op_compute(
     hw: HardwareProfile,
     sizes: LayoutSizes | None = None,
     flops: float | None = None,
+    tensors: tuple[int, tuple[Tensor, ...]] | None = None,
 ) -> tuple[float, float]:
     """``(flops_per_device, compute_time_s)`` of ``op`` (``flops``: ``op.flops()``,
-    if the caller knows it already)."""
+    and ``tensors``: :func:`hbm_tensors` of ``op``, if the caller knows them
+    already)."""
     flops = flops_per_device(op, ctx, sizes, flops)
     rates = hw.rates
     if rates is not None:
@@ -98,7 +104,7 @@ def op_compute(
         return flops, priced(op_features(op, ctx, sizes, flops), rates)
     return flops, max(
         flops / hw.peak_flops,
-        hbm_bytes_per_device(op, ctx, sizes) / hw.hbm_bandwidth_bytes_per_s,
+        hbm_bytes_per_device(op, ctx, sizes, tensors) / hw.hbm_bandwidth_bytes_per_s,
     )
 
 

@@ -32,7 +32,6 @@ price one and reuse it.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Collection, Hashable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -174,7 +173,7 @@ class UnitPricer:
                     "defers; teach it, or the cost units would miss that allreduce"
                 )
             issued = [s for s in specs if not s.pending]
-            flops_pd, seconds = self._compute(op, ctx, flops, names)
+            flops_pd, seconds = self._compute(op, ctx, flops)
             by_axis = self._by_axis(issued)
             once = 0.0
             if unit.once and unit.once[0]:
@@ -219,35 +218,19 @@ class UnitPricer:
         return got
 
     def _compute(
-        self,
-        op: Operation,
-        ctx: CachedLayoutContext,
-        flops: float,
-        names: Sequence[str],
+        self, op: Operation, ctx: CachedLayoutContext, flops: float
     ) -> tuple[float, float]:
-        """``op_compute(op, ctx, hw)``; for a roofline profile, from the
-        memoized axes and slice bytes (the same arithmetic)."""
-        hw = self.hw
-        if hw.rates is not None:
+        """``op_compute(op, ctx, hw)``; on a roofline profile with the
+        tensors whose bytes it counts kept per op (they do not depend on the
+        layout) and sizes from ``ctx``'s memos."""
+        if self.hw.rates is not None:  # the op's features, by a LayoutSizes
             if self._sizes[0] is not ctx:
                 self._sizes = (ctx, LayoutSizes(ctx))
-            return op_compute(op, ctx, hw, self._sizes[1], flops)
+            return op_compute(op, ctx, self.hw, self._sizes[1], flops)
         tensors = self._tensors.get(op)
         if tensors is None:
             tensors = self._tensors[op] = hbm_tensors(op)
-        fixed, moved = tensors
-        nbytes = fixed
-        if moved:
-            nbytes = sum(ctx.slice_bytes(t.shape, t.dtype) for t in moved)
-        flops_pd = 0.0
-        if flops:
-            split = ctx.split_axes
-            sizes = ctx.axis_sizes
-            axes = {split[n] for n in names if n in split}
-            flops_pd = flops / math.prod(sizes[a] for a in axes)
-        return flops_pd, max(
-            flops_pd / hw.peak_flops, nbytes / hw.hbm_bandwidth_bytes_per_s
-        )
+        return op_compute(op, ctx, self.hw, None, flops, tensors)
 
     def _communication(
         self, op: Operation, names: tuple[str, ...], ctx: CachedLayoutContext

@@ -23,7 +23,7 @@ contributes (its local input slice).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
@@ -189,7 +189,7 @@ class LayoutContext:
             {a for n in dim_names if (a := self.effective_mesh_axis(n)) is not None}
         )
 
-    def devices_splitting(self, dim_names: Sequence[str]) -> int:
+    def devices_splitting(self, dim_names: Iterable[str]) -> int:
         """Product of the sizes of the mesh axes splitting any of ``dim_names``."""
         axes = {self.mesh_axis(n) for n in dim_names}
         return math.prod(self.mesh_shape[a].size for a in axes if a is not None)
