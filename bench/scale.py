@@ -201,6 +201,7 @@ def run(
     notes = []
     for case in cases:
         start = time.perf_counter()
+        ours = None
         try:
             pub = case.published
             narrow = {}
@@ -250,7 +251,14 @@ def run(
             rows.append(f"| | published | not priced: {e} |||||||||")
             continue
         rows.append("| | published | " + " | ".join(_row(pub, None)) + " |")
-        notes.append(f"* {case.title}: published layout from {case.source}.")
+        note = f"* {case.title}: published layout from {case.source}."
+        if case.encoder_decoder and ours is not None and ours.choice.stages > 1:
+            note += (
+                " The planned pipeline of an encoder-decoder is priced, not "
+                "lowered, and without the encoder output's sends to other "
+                "stages (docs/scale.md)."
+            )
+        notes.append(note)
         print("published:", pub.explain(), flush=True)
     return "\n".join(rows) + "\n\n" + "\n".join(notes)
 
