@@ -51,8 +51,6 @@ class CachedLayoutContext(LayoutContext):
         self._bytes_of: dict[tuple[int, str], tuple[Shape, int]] = {}
         self._elem_bytes: dict[str, int] = {}
         self._axis_sizes = [d.size for d in self.mesh_shape.dims]
-        #: Each mesh axis's size, by index.
-        self.axis_sizes: Sequence[int] = self._axis_sizes
 
     @classmethod
     def wrap(cls, ctx: LayoutContext) -> CachedLayoutContext:
@@ -160,16 +158,12 @@ def layout_context(
 class LayoutSizes:
     """Slice bytes and work division under one layout.
 
-    Answers what ``ctx.slice_bytes`` and ``ctx.devices_splitting`` answer:
-    slice bytes from a :class:`CachedLayoutContext` (by shape: most tensors
-    share a few shapes; layouts the lowering rejects raise as there), the
-    work division from a dim-name -> mesh-axis map.
+    Answers what ``ctx.slice_bytes`` and ``ctx.devices_splitting`` answer, by
+    tensor, from a :class:`CachedLayoutContext` (slice bytes by shape: most
+    tensors share a few shapes; layouts the lowering rejects raise as there).
     """
 
     def __init__(self, ctx: LayoutContext) -> None:
-        names = ctx.mesh_shape.dimension_names
-        self._axis = {t: names.index(m) for t, m in ctx.rules if m in names}
-        self._sizes = ctx.mesh_shape.to_integer_list()
         self._ctx = CachedLayoutContext.wrap(ctx)
 
     def slice_bytes(self, t: Tensor) -> int:
@@ -179,5 +173,4 @@ class LayoutSizes:
         return self._ctx.slice_shape(t.shape)
 
     def devices_splitting(self, dim_names: Iterable[str]) -> int:
-        axes = {a for n in dim_names if (a := self._axis.get(n)) is not None}
-        return math.prod(self._sizes[a] for a in axes)
+        return self._ctx.devices_splitting(dim_names)

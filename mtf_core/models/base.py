@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
+from mtf_core.errors import ConfigError
 from mtf_core.graph import Graph, Mesh, Tensor
 from mtf_core.ops.variables import Assign
 from mtf_core.optimize import Optimizer, make_optimizer, training_gradients
@@ -58,3 +60,11 @@ def add_training(
     model.grads = training_gradients([model.loss], variables)
     model.updates = opt.apply_grads(model.grads, variables)
     return model
+
+
+def positive_int(name: str, v: Any) -> int:
+    """``v`` as an ``int`` (a numpy integer too); a bool, a non-integer or a
+    value below 1 is a ConfigError naming ``name`` (a model config's field)."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+        raise ConfigError(f"{name} must be a positive integer, got {v!r}")
+    return int(v)

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 
 from mtf_core import layers
-from mtf_core.errors import ConfigError
 from mtf_core.graph import Graph, Mesh
-from mtf_core.models.base import ModelGraph, add_training
+from mtf_core.models.base import ModelGraph, add_training, positive_int
 from mtf_core.ops import elementwise as ew
 from mtf_core.ops import reduce as red
 from mtf_core.ops.creation import placeholder
@@ -28,12 +26,9 @@ class MlpConfig:
 
     def __post_init__(self) -> None:
         for f in ("batch", "features", "hidden", "classes", "num_hidden_layers"):
-            v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
-                raise ConfigError(
-                    f"MlpConfig.{f} must be a positive integer, got {v!r}"
-                )
-            object.__setattr__(self, f, int(v))  # numpy integers too
+            object.__setattr__(
+                self, f, positive_int(f"MlpConfig.{f}", getattr(self, f))
+            )
 
 
 def build_mlp_classifier(

@@ -25,7 +25,7 @@ from typing import Any
 from mtf_core import dtypes, layers
 from mtf_core.errors import ConfigError, DTypeError
 from mtf_core.graph import Graph, Mesh, Tensor
-from mtf_core.models.base import ModelGraph, add_training
+from mtf_core.models.base import ModelGraph, add_training, positive_int
 from mtf_core.models.moe import moe_feed_forward
 from mtf_core.ops import elementwise as ew
 from mtf_core.ops import reduce as red
@@ -165,7 +165,7 @@ class TransformerConfig:
             "length",
             "batch",
         ):
-            object.__setattr__(self, f, _positive_int(f, getattr(self, f)))
+            object.__setattr__(self, f, positive_int(f, getattr(self, f)))
         if self.activation not in _ACTIVATIONS:
             raise ConfigError(
                 f"activation {self.activation!r} is unknown; expected one of "
@@ -247,14 +247,6 @@ class TransformerConfig:
                 f"unknown TransformerConfig field(s) {unknown}; expected some of "
                 f"{sorted(known)}"
             )
-
-
-def _positive_int(name: str, v: Any) -> int:
-    """``v`` as an ``int`` (a numpy integer too); a bool, a non-integer or a
-    value below 1 is a ConfigError naming ``name``."""
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
-        raise ConfigError(f"{name} must be a positive integer, got {v!r}")
-    return int(v)
 
 
 # --------------------------------------------------------------------------
