@@ -252,11 +252,10 @@ def run(
             continue
         rows.append("| | published | " + " | ".join(_row(pub, None)) + " |")
         note = f"* {case.title}: published layout from {case.source}."
-        if case.encoder_decoder and ours is not None and ours.choice.stages > 1:
+        if case.encoder_decoder:
             note += (
-                " The planned pipeline of an encoder-decoder is priced, not "
-                "lowered, and without the encoder output's sends to other "
-                "stages (docs/scale.md)."
+                " An encoder-decoder is planned on one stage (docs/scale.md, "
+                '"An encoder-decoder is planned on one stage").'
             )
         notes.append(note)
         print("published:", pub.explain(), flush=True)

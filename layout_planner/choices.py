@@ -220,6 +220,20 @@ def _check_optimizer(optimizer: object) -> None:
         )
 
 
+def _one_stage(stages: Sequence[int]) -> None:
+    """An encoder-decoder is planned on one stage: a pipeline of its stages
+    would send the encoder output to the decoder layers of every stage (and
+    their gradients back), which is neither priced nor built
+    (:func:`mtf_core.pipeline.build_pipelined_encoder_decoder`)."""
+    if any(s != 1 for s in stages):
+        raise ScaleError(
+            f"stages {list(stages)} for an encoder-decoder; expected [1]: its "
+            "encoder output would have to reach every stage's decoder layers, "
+            "which is neither priced nor built (docs/scale.md, "
+            '"An encoder-decoder is planned on one stage")'
+        )
+
+
 # The search builds and walks graphs of thousands of ops, allocating millions
 # of small objects and few cycles: a paused collector saves a quarter of the
 # time (cost_models.gc_pause).
@@ -247,7 +261,7 @@ def plan_transformer(
 
     ``stages`` / ``tensor`` restrict the pipeline and tensor-axis sizes tried
     (default: every power of two up to 64 that divides; stages must divide the
-    layers); ``sequence`` the sizes of a sequence axis ``sp`` tried (default
+    layers; an ``encoder_decoder`` has one stage, :func:`_one_stage`); ``sequence`` the sizes of a sequence axis ``sp`` tried (default
     none: on the reference models it never won, and each size multiplies
     the meshes searched, docs/scale.md "A sequence axis"; each must divide
     the length); ``micro_batches`` fixes the micro-batch count (default: one
@@ -308,8 +322,13 @@ def plan_transformer(
                     f"{what} is empty; expected sizes to try, such as [1, 2, 4], "
                     "or None to search the defaults"
                 )
+    if encoder_decoder:
+        _one_stage(asked.get("stages", [1]))
     stage_sizes = asked.get(
-        "stages", [s for s in pows if layers % s == 0 and devices % s == 0]
+        "stages",
+        [1]
+        if encoder_decoder
+        else [s for s in pows if layers % s == 0 and devices % s == 0],
     )
     for s in stage_sizes:
         if s > layers:
@@ -422,6 +441,8 @@ def price_layout(
     )
     _check_optimizer(optimizer)
     _check_flags(encoder_decoder=encoder_decoder)
+    if encoder_decoder:
+        _one_stage([choice.stages])
     check_request(cfg, hw, choice.devices)
     sequence_sizes((choice.sequence,), cfg.length)
     spec = PipelineSpec(choice.stages, choice.micro_batches, choice.schedule)

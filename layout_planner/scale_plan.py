@@ -160,8 +160,8 @@ class ScalePlan:
         the one the plan was priced with (``self.optimizer``).  Lower it with
         ``mtf_core.lowering.pipeline_step.PipelinedStep(model,
         plan.choice.full_mesh, plan.layout_rules)``, or the whole hand-off
-        with ``PipelinedStep.from_plan(plan)``.  Raises
-        ``PipelineConfigError`` for an encoder-decoder plan."""
+        with ``PipelinedStep.from_plan(plan)``.  An encoder-decoder's plan
+        (one stage) is :func:`mtf_core.pipeline.build_pipelined_encoder_decoder`."""
         return build_planned_lm(self, optimizer, learning_rate)
 
     def explain(self) -> str:
@@ -193,15 +193,6 @@ class ScalePlan:
             f"({p.spec.in_flight} micro-batches in flight, each other one "
             f"holding {p.held_bytes / gib:.2f} GiB); MFU {self.mfu:.1%}",
         ]
-        if self.encoder_decoder and self.choice.stages > 1:
-            n = self.config.num_layers // self.choice.stages
-            lines.append(
-                f"  encoder-decoder pipeline: each stage priced as {n} encoder "
-                f"and {n} decoder layers in a line of stages; the encoder "
-                "output's sends to the decoder layers of other stages are not "
-                "priced, and this plan is not lowered (stages=[1] plans one "
-                "that is)"
-            )
         on_mesh: dict[tuple[int, str, str], ScaleTrial] = {}
         for t in self.trials:
             c = t.choice

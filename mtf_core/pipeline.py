@@ -21,6 +21,10 @@ seeds each micro-batch's backward with ``1/m`` and the step's loss is the
 mean of the micro-batches' losses, so loss and gradients equal those of the
 unpipelined step on the whole batch.
 
+An encoder-decoder is built in micro-batches on one stage only
+(:func:`build_pipelined_encoder_decoder`): across stages its encoder output
+would have to reach every stage's decoder layers.
+
 The schedules (GPipe, 1F1B) and the order units are built in are
 :mod:`mtf_core.pipeline_schedule`'s.
 
@@ -50,6 +54,7 @@ from mtf_core.models.transformer import (
     _feed_forward,
     _logits_and_loss,
     _storage,
+    encoder_decoder_loss,
 )
 from mtf_core.ops import elementwise as ew
 from mtf_core.ops.creation import constant, placeholder
@@ -135,8 +140,10 @@ class PipelinedModel:
     Attributes:
       graph, meshes: the graph and one mesh per stage.
       spec, config: the pipeline and the whole model's config.
-      inputs: placeholders in call order: ``inputs_j`` then ``targets_j`` for
-        each micro-batch ``j`` (``[batch/m, length]`` int32).
+      inputs: placeholders in call order: for each micro-batch ``j``, one
+        per name of ``feed_names`` (``inputs_j``, ``targets_j``; an
+        encoder-decoder's ``decoder_inputs_j`` between them), each
+        ``[batch/m, length]`` int32.
       loss: the step's loss (mean of the micro-batches' losses, each the mean
         over its tokens).
       grads, variables: accumulated gradients and the trainable variables.
@@ -146,6 +153,7 @@ class PipelinedModel:
       sends: every StageSend op.
       accumulations: the adds summing a weight's gradient over micro-batches
         (``m - 1`` per weight, in the backward units).
+      feed_names: what each micro-batch is fed, in call order.
     """
 
     graph: Graph
@@ -161,17 +169,17 @@ class PipelinedModel:
     order: list[Work] = field(default_factory=list)
     sends: list[StageSend] = field(default_factory=list)
     accumulations: list[Operation] = field(default_factory=list)
+    feed_names: tuple[str, ...] = ("inputs", "targets")
 
     def feeds(self, batch: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-        """One value per placeholder: ``batch["inputs"]`` and
-        ``batch["targets"]`` (``[batch, length]``) cut into micro-batches."""
+        """One value per placeholder: each of ``feed_names`` in ``batch``
+        (``[batch, length]``) cut into micro-batches."""
         m = self.spec.micro_batches
         out: dict[str, list[np.ndarray]] = {}
-        for name in ("inputs", "targets"):
+        for name in self.feed_names:
             if name not in batch:
-                raise ConfigError(
-                    f"batch lacks {name!r}; the model takes 'inputs' and 'targets'"
-                )
+                takes = " and ".join(repr(n) for n in self.feed_names)
+                raise ConfigError(f"batch lacks {name!r}; the model takes {takes}")
             full = np.asarray(batch[name])
             if full.shape != (self.config.batch, self.config.length):
                 raise ConfigError(
@@ -179,9 +187,7 @@ class PipelinedModel:
                     f"[{self.config.batch}, {self.config.length}]"
                 )
             out[name] = np.split(full, m, axis=0)
-        return [
-            piece for j in range(m) for piece in (out["inputs"][j], out["targets"][j])
-        ]
+        return [out[name][j] for j in range(m) for name in self.feed_names]
 
 
 def held_bytes(
@@ -194,7 +200,8 @@ def held_bytes(
     :func:`~mtf_core.liveness.step_operations`).  Under 1F1B the first stage
     holds ``p`` micro-batches' worth at once
     (:func:`~mtf_core.pipeline_schedule.in_flight`)."""
-    mine = set(model.inputs[2 * micro_batch : 2 * micro_batch + 2])
+    k = len(model.feed_names)
+    mine = set(model.inputs[k * micro_batch : k * (micro_batch + 1)])
     backward = Work(stage, micro_batch, "B")
     ops = model.graph.operations
     first = next(i for i, op in enumerate(ops) if model.work.get(op) == backward)
@@ -234,6 +241,41 @@ def build_pipelined_lm(
 
     (``tests/test_scale_pipeline_lowering.py`` checks this order.)
     """
+    return _build_pipelined(config, spec, optimizer, learning_rate, False)
+
+
+def build_pipelined_encoder_decoder(
+    config: TransformerConfig,
+    spec: PipelineStages,
+    optimizer: Optimizer | str,
+    learning_rate: float | None = None,
+) -> PipelinedModel:
+    """The training step of :func:`~mtf_core.models.build_encoder_decoder`'s
+    model in ``spec.micro_batches`` micro-batches on one stage, their
+    weight gradients accumulated and the optimizer run once (what the scale
+    planner prices for an encoder-decoder).  Its micro-batches are fed
+    ``inputs``, ``decoder_inputs`` and ``targets``.
+
+    An encoder-decoder has no pipeline of several stages here: the encoder's
+    output would go to the decoder layers of every stage and its gradients
+    back, which neither this builder nor the planner's price has, so
+    ``spec.stages`` other than 1 raises :class:`PipelineConfigError`.
+    """
+    if spec.stages != 1:
+        raise PipelineConfigError(
+            f"{spec.stages} pipeline stages for an encoder-decoder; expected 1 "
+            "(its encoder output would cross stages, which is not built)"
+        )
+    return _build_pipelined(config, spec, optimizer, learning_rate, True)
+
+
+def _build_pipelined(
+    config: TransformerConfig,
+    spec: PipelineStages,
+    optimizer: Optimizer | str,
+    learning_rate: float | None,
+    encoder_decoder: bool,
+) -> PipelinedModel:
     cfg = config
     spec.check(cfg.num_layers, cfg.batch)
     p, m = spec.stages, spec.micro_batches
@@ -245,17 +287,31 @@ def build_pipelined_lm(
         if isinstance(optimizer, str)
         else optimizer
     )
+    names = (
+        ("inputs", "decoder_inputs", "targets")
+        if encoder_decoder
+        else ("inputs", "targets")
+    )
     inputs: list[Tensor] = []
     work: dict[Operation, Work] = {}
     with _storage(cfg, graph):
         shape = Shape([mb_cfg.batch_dim, cfg.length_dim])
-        ids: list[Tensor] = []
-        targets: list[Tensor] = []
+        feeds: list[dict[str, Tensor]] = []
         for j in range(m):
-            ids.append(placeholder(meshes[0], shape, "int32", name=f"inputs_{j}"))
-            targets.append(placeholder(meshes[-1], shape, "int32", name=f"targets_{j}"))
-            inputs += [ids[-1], targets[-1]]
-        builder = _StageBuilder(mb_cfg, cfg.num_layers, spec, meshes, ids, targets)
+            # the ids on the first stage, the targets on the last
+            feeds.append(
+                {
+                    n: placeholder(
+                        meshes[-1 if n == "targets" else 0],
+                        shape,
+                        "int32",
+                        name=f"{n}_{j}",
+                    )  # fmt: skip
+                    for n in names
+                }
+            )
+            inputs += feeds[-1].values()
+        builder = _StageBuilder(mb_cfg, cfg.num_layers, spec, meshes, feeds)
         order = global_order(spec)
         for w in order:
             first = len(graph.operations)
@@ -270,7 +326,7 @@ def build_pipelined_lm(
     sends = [op for op in graph.operations if isinstance(op, StageSend)]
     return PipelinedModel(
         graph, meshes, spec, cfg, inputs, loss, grads, variables, updates,
-        work, order, sends, builder.accumulations,
+        work, order, sends, builder.accumulations, names,
     )  # fmt: skip
 
 
@@ -308,14 +364,15 @@ class _StageBuilder:
         num_layers: int,
         spec: PipelineStages,
         meshes: list[Mesh],
-        ids: list[Tensor],
-        targets: list[Tensor],
+        feeds: list[dict[str, Tensor]],
     ) -> None:
         self.cfg = cfg
         self.spec = spec
         self.meshes = meshes
-        self.ids = ids
-        self.targets = targets
+        #: Each micro-batch's placeholders by name.
+        self.feeds = feeds
+        # An encoder-decoder (one stage) runs its whole model in a unit.
+        self.encoder_decoder = "decoder_inputs" in feeds[0]
         per = num_layers // spec.stages
         self.layers = [range(s * per, (s + 1) * per) for s in range(spec.stages)]
         self.inputs: dict[tuple[int, int], Tensor] = {}
@@ -327,11 +384,12 @@ class _StageBuilder:
         # A stored (ZeRO) weight's gathered read, per (stage, micro-batch).
         self.reads: dict[tuple[int, int], dict[Variable, Tensor]] = {}
         self.losses: list[Tensor] = []
-        # Made before any unit, shared by all: each stage's causal mask and
-        # the last stage's 1/m (the seed of each micro-batch's backward).
+        # Made before any unit, shared by all: each stage's causal mask (an
+        # encoder-decoder makes its own, where build_encoder_decoder does)
+        # and the last stage's 1/m (the seed of each micro-batch's backward).
         self.bias = [
             attention_bias_causal(mesh, cfg.length_dim, cfg.memory_length_dim)
-            for mesh in meshes
+            for mesh in (() if self.encoder_decoder else meshes)
         ]
         self.inv_m = constant(meshes[-1], 1.0 / spec.micro_batches, (), "float32")
 
@@ -346,17 +404,24 @@ class _StageBuilder:
         graph = mesh.graph
         before = len(graph.trainable_variables)
         first_op = len(graph.operations)
-        if s == 0:
-            x = _embed(cfg, self.ids[j], "token")
+        fed = self.feeds[j]
+        if self.encoder_decoder:  # one stage: the whole model
+            _, x = encoder_decoder_loss(
+                cfg, fed["inputs"], fed["decoder_inputs"], fed["targets"]
+            )
+            self.losses.append(x)
+        elif s == 0:
+            x = _embed(cfg, fed["inputs"], "token")
         else:
             x = send(self.outputs[(s - 1, j)], mesh)
             self.inputs[(s, j)] = x
-        for i in self.layers[s]:
-            x = _attend(cfg, x, f"layer_{i:03d}/self_attention", self.bias[s])
-            x = _feed_forward(cfg, x, f"layer_{i:03d}/ffn")
-        if s == self.spec.stages - 1:
-            _, x = _logits_and_loss(cfg, x, self.targets[j])
-            self.losses.append(x)
+        if not self.encoder_decoder:
+            for i in self.layers[s]:
+                x = _attend(cfg, x, f"layer_{i:03d}/self_attention", self.bias[s])
+                x = _feed_forward(cfg, x, f"layer_{i:03d}/ffn")
+            if s == self.spec.stages - 1:
+                _, x = _logits_and_loss(cfg, x, fed["targets"])
+                self.losses.append(x)
         self.outputs[(s, j)] = x
         if j == 0:
             self.stage_variables[s] = list(graph.trainable_variables[before:])
@@ -453,8 +518,8 @@ class PipelinePlan(Protocol):
     """A plan for a pipelined Transformer (the scale planner's ``ScalePlan``):
     the model's config (weights stored shardable), the mesh, pipeline and
     recomputation chosen, the stage's layout rules over the mesh without the
-    pipeline axis, and the device count.  ``encoder_decoder`` plans have no
-    pipelined lowering."""
+    pipeline axis, and the device count.  An ``encoder_decoder`` plan has one
+    stage."""
 
     @property
     def config(self) -> TransformerConfig: ...
@@ -478,17 +543,16 @@ def build_planned_lm(
     """:func:`build_pipelined_lm` for ``plan``: its config with the chosen
     recomputation, cut into the chosen stages, micro-batches and schedule (a
     plan of one stage is a one-stage pipeline: its ``m`` micro-batches'
-    gradients accumulated, as the planner priced it).  ``optimizer``: by
-    default the one the plan was priced with (``plan.optimizer``)."""
-    if plan.encoder_decoder:
-        raise PipelineConfigError(
-            f"the plan ({plan.choice.full_mesh}) is for an encoder-decoder; "
-            "only a Transformer LM (encoder_decoder=False) has a pipelined lowering"
-        )
+    gradients accumulated, as the planner priced it); for an
+    encoder-decoder's plan (one stage) :func:`build_pipelined_encoder_decoder`.
+    ``optimizer``: by default the one the plan was priced with
+    (``plan.optimizer``)."""
     c = plan.choice
     cfg = plan.config.replace(
         recompute_attention=c.recompute_attention, recompute_ffn=c.recompute_ffn
     )
     spec = PipelineStages(c.stages, c.micro_batches, c.schedule)
     chosen = plan.optimizer if optimizer is None else optimizer
+    if plan.encoder_decoder:
+        return build_pipelined_encoder_decoder(cfg, spec, chosen, learning_rate)
     return build_pipelined_lm(cfg, spec, chosen, learning_rate)

@@ -507,6 +507,15 @@ def test_encoder_decoder_and_experts_equal_plan_transformer(client, extra):
         assert r.json()["model"].startswith("encoder-decoder 2 layers")
 
 
+def test_an_encoder_decoder_pipeline_is_a_4xx_naming_the_stages(client):
+    body = _with(stages=[1, 2])
+    body["model"]["encoder_decoder"] = True
+    r = client.post("/v1/scale-plans", json=body)
+    assert r.status_code == 422, r.text
+    assert "stages [1, 2] for an encoder-decoder; expected [1]" in r.text
+    assert set(r.json()) >= {"error", "detail"}
+
+
 def test_a_sequence_axis_over_http_equals_plan_transformer(client, capsys):
     """``sequence: [1, 2]`` searches meshes with and without a sequence axis;
     the answer is plan_transformer's, each trial says its sequence size."""

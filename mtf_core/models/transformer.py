@@ -459,30 +459,46 @@ def build_encoder_decoder(
     cfg = config
     with _storage(cfg, graph):
         ph = _placeholders(mesh, cfg, ["inputs", "decoder_inputs", "targets"])
-        mem_ids = rename_dimension(ph["inputs"], "length", "memory_length")
-        padding = layers.attention_bias_padding(mem_ids, pad_id)
-        x = _embed(cfg, ph["inputs"], "encoder")
-        for i in range(cfg.num_layers):
-            x = _attend(cfg, x, f"encoder_{i:03d}/self_attention", padding)
-            x = _feed_forward(cfg, x, f"encoder_{i:03d}/ffn")
-        memory = _norm(cfg, x, "encoder_final_norm")
-        y = _embed(cfg, ph["decoder_inputs"], "decoder")
-        causal = layers.attention_bias_causal(
-            mesh, cfg.length_dim, cfg.memory_length_dim
+        logits, loss = encoder_decoder_loss(
+            cfg, ph["inputs"], ph["decoder_inputs"], ph["targets"], pad_id
         )
-        for i in range(cfg.num_layers):
-            if i:
-                # Each decoder layer reads the encoder output through its own
-                # identity (free: it aliases the buffer), so the backward pass
-                # sums that output's gradient layer by layer as it meets the
-                # layers, as frameworks accumulate it, instead of holding every
-                # layer's part for one sum at the end; and every layer is the
-                # same ops (layout_planner.stacked prices deep stages from a
-                # few layers).
-                memory = ew.identity(memory, name=f"decoder_{i:03d}/encoder_output")
-            y = _attend(cfg, y, f"decoder_{i:03d}/self_attention", causal)
-            y = _attend(cfg, y, f"decoder_{i:03d}/encdec_attention", padding, memory)
-            y = _feed_forward(cfg, y, f"decoder_{i:03d}/ffn")
-        logits, loss = _logits_and_loss(cfg, y, ph["targets"])
         model = ModelGraph(graph, mesh, ph, loss, logits, cfg)
         return add_training(model, optimizer, learning_rate)
+
+
+def encoder_decoder_loss(
+    cfg: TransformerConfig,
+    inputs: Tensor,
+    decoder_inputs: Tensor,
+    targets: Tensor,
+    pad_id: int = 0,
+) -> tuple[Tensor, Tensor]:
+    """:func:`build_encoder_decoder`'s forward pass on one batch of
+    ``[batch, length]`` token ids: its logits and mean loss.  Call it inside the model's weight
+    storage policy (``_storage``); a second call reuses the weights by name
+    (a pipeline's micro-batches, :mod:`mtf_core.pipeline`)."""
+    mem_ids = rename_dimension(inputs, "length", "memory_length")
+    padding = layers.attention_bias_padding(mem_ids, pad_id)
+    x = _embed(cfg, inputs, "encoder")
+    for i in range(cfg.num_layers):
+        x = _attend(cfg, x, f"encoder_{i:03d}/self_attention", padding)
+        x = _feed_forward(cfg, x, f"encoder_{i:03d}/ffn")
+    memory = _norm(cfg, x, "encoder_final_norm")
+    y = _embed(cfg, decoder_inputs, "decoder")
+    causal = layers.attention_bias_causal(
+        inputs.mesh, cfg.length_dim, cfg.memory_length_dim
+    )
+    for i in range(cfg.num_layers):
+        if i:
+            # Each decoder layer reads the encoder output through its own
+            # identity (free: it aliases the buffer), so the backward pass
+            # sums that output's gradient layer by layer as it meets the
+            # layers, as frameworks accumulate it, instead of holding every
+            # layer's part for one sum at the end; and every layer is the
+            # same ops (layout_planner.stacked prices deep stages from a
+            # few layers).
+            memory = ew.identity(memory, name=f"decoder_{i:03d}/encoder_output")
+        y = _attend(cfg, y, f"decoder_{i:03d}/self_attention", causal)
+        y = _attend(cfg, y, f"decoder_{i:03d}/encdec_attention", padding, memory)
+        y = _feed_forward(cfg, y, f"decoder_{i:03d}/ffn")
+    return _logits_and_loss(cfg, y, targets)
