@@ -37,6 +37,17 @@ tensor of one class has the same dim names, so the same number of elements,
 and a class's bytes in a row are that number times the itemsizes of its
 live tensors; a different batch size scales each column of every row by one
 factor, so each check of affinity has the reference's answer.
+
+The 3-layer graph need not be built again either (:meth:`LayerStack.resized`
+without it): its rows are the reference's 3-layer rows, each column times
+the factor that takes the reference's 2-layer column to the new one (the
+ratio of the class's elements; checked to be one factor for the whole
+column, and to give whole bytes), and its unit counts are the 2-layer
+graph's plus the reference's steps.  What that takes on trust, as carrying
+the 4-layer graph over already does: a 3-layer graph repeats the
+reference's op for op when its 2-layer graph does (the builder makes its
+layers alike at every batch size).  The winner's full stage graph is built
+and checked.
 """
 
 from __future__ import annotations
@@ -49,7 +60,7 @@ import numpy as np
 
 from cost_models.signatures import Signer
 from cost_models.units import UnitClass
-from layout_planner.analysis import GraphAnalysis, unique_rows
+from layout_planner.analysis import MAX_GRAPH_BYTES, GraphAnalysis, unique_rows
 from layout_planner.errors import PlannerError
 
 #: Stages of at most this many layers are analysed as they are.
@@ -66,12 +77,7 @@ def per_op_rows(
     """Unsplit bytes per tensor class (columns in ``classes`` order) alive at
     each op of ``analysis``'s graph (rows in op order)."""
     memory = analysis.memory
-    index = {c: i for i, c in enumerate(classes)}
-    column = np.fromiter(
-        (index[tuple(sorted(t.shape.dimension_names))] for t in memory.buffers),
-        dtype=np.int64,
-        count=len(memory.buffers),
-    )
+    column = _columns(analysis, classes)
     n_ops = len(analysis.graph.operations)
     rows = np.zeros((n_ops + 1, len(classes)), dtype=np.int64)
     nbytes = np.asarray(memory.nbytes, dtype=np.int64)
@@ -79,6 +85,18 @@ def per_op_rows(
     np.subtract.at(rows, (np.asarray(memory.end, dtype=np.int64) + 1, column), nbytes)
     out: np.ndarray = np.cumsum(rows[:-1], axis=0)
     return out
+
+
+def _columns(analysis: GraphAnalysis, classes: Sequence[tuple[str, ...]]) -> np.ndarray:
+    """Each buffer's tensor class, as its index in ``classes``."""
+    buffers = analysis.memory.buffers
+    index = {c: i for i, c in enumerate(classes)}
+    column: np.ndarray = np.fromiter(
+        (index[tuple(sorted(t.shape.dimension_names))] for t in buffers),
+        dtype=np.int64,
+        count=len(buffers),
+    )
+    return column
 
 
 def _op_keys(
@@ -152,7 +170,8 @@ class LayerStack:
         r2, r3, r4 = (per_op_rows(a, tensor_classes) for a in (two, three, four))
         kept = _kept_rows(k2, k3, k4, r2, r3, r4)
         shapes = (_primitive(r2), _primitive(r3))
-        self._made(two, unit_steps, kept, (k2, k3), r2, r3, shapes)
+        bytes3 = _class_bytes(three, tensor_classes)
+        self._made(two, unit_steps, kept, (k2, k3), r2, r3[kept[1]], bytes3, shapes)
 
     def _made(
         self,
@@ -161,55 +180,119 @@ class LayerStack:
         kept: tuple[np.ndarray, np.ndarray],
         keys: tuple[list[int], list[int]],
         r2: np.ndarray,
-        r3: np.ndarray,
+        three_rows: np.ndarray,
+        three_bytes: np.ndarray,
         shapes: tuple[np.ndarray, np.ndarray],
     ) -> None:
+        """``three_rows``: the 3-layer graph's rows of the kept ops (``r3[i3]``
+        for ``kept = (i2, i3)``); ``three_bytes``: its bytes per class."""
         self.two = two
         self.tensor_classes = list(two.tensor_classes)
         self.unit_steps = unit_steps
-        #: What :meth:`resized` compares and carries over.
+        #: What :meth:`resized` compares and carries over (and, without a
+        #: 3-layer graph, scales: the 2-layer rows' column gcds, the 3-layer
+        #: graph's kept rows and bytes).
         self._keys = keys
         self._kept = kept
         self._shapes = shapes  # _primitive(r2), _primitive(r3)
         self._counts = _class_counts(two)
-        i2, i3 = kept
-        base, step = r2[i2], r3[i3] - r2[i2]
+        self._gcd2 = np.gcd.reduce(r2, axis=0)
+        self._three_rows = three_rows
+        self._three_bytes = three_bytes
+        i2 = kept[0]
+        base, step = r2[i2], three_rows - r2[i2]
         # Rows whose base and step are equal are one row for every n.
         pairs = unique_rows(np.concatenate([base, step], axis=1))
         width = len(self.tensor_classes)
         self.row_base, self.row_step = pairs[:, :width], pairs[:, width:]
 
-    def resized(self, two: GraphAnalysis, three: GraphAnalysis) -> LayerStack:
+    def resized(
+        self, two: GraphAnalysis, three: GraphAnalysis | None = None
+    ) -> LayerStack:
         """The stack of ``two`` and ``three``, the 2- and 3-layer graphs of
         this stack's stage at another micro-batch size, without their
         4-layer graph (see the module docstring).  Raises
         :class:`StackingError` when they do not repeat this stack's graphs
-        op for op (build the 4-layer graph and stack them afresh)."""
-        if list(two.tensor_classes) != self.tensor_classes or set(
-            three.tensor_classes
-        ) != set(self.tensor_classes):
+        op for op (build the 4-layer graph and stack them afresh).
+
+        Without ``three``, the 3-layer graph is not built either: its rows
+        are this stack's 3-layer rows with each column scaled by the factor
+        that scales the column of ``two``'s rows (checked to be one factor,
+        exactly), and its ops and unit counts are taken to repeat this
+        stack's 3-layer graph as ``two`` repeats its 2-layer graph.  Raises
+        :class:`StackingError` where that scaling is not exact in integers
+        (build the 3-layer graph and pass it)."""
+        if list(two.tensor_classes) != self.tensor_classes or (
+            three is not None and set(three.tensor_classes) != set(self.tensor_classes)
+        ):
             raise StackingError("the stage graphs' tensor classes differ")
         if _class_counts(two) != self._counts:
             raise StackingError("the 2-layer graph's cost-unit classes differ")
-        k2, k3 = _op_keys((two, three))
-        if (k2, k3) != self._keys:
+        keys = _op_keys((two,) if three is None else (two, three))
+        if keys != list(self._keys[: len(keys)]):
             raise StackingError("the stage graphs' ops differ from the reference's")
-        c3 = {_unit_key(c): c.count for c in three.unit_classes}
-        if len(c3) != len(two.unit_classes) or any(
-            c3.get(_unit_key(c)) != c.count + step
-            for c, step in zip(two.unit_classes, self.unit_steps)
-        ):
-            raise StackingError("the 3-layer graph's cost-unit counts differ")
-        r2, r3 = (per_op_rows(a, self.tensor_classes) for a in (two, three))
-        for rows, shape in zip((r2, r3), self._shapes):
-            if not np.array_equal(_primitive(rows), shape):
+        if three is not None:
+            c3 = {_unit_key(c): c.count for c in three.unit_classes}
+            if len(c3) != len(two.unit_classes) or any(
+                c3.get(_unit_key(c)) != c.count + step
+                for c, step in zip(two.unit_classes, self.unit_steps)
+            ):
+                raise StackingError("the 3-layer graph's cost-unit counts differ")
+        r2 = per_op_rows(two, self.tensor_classes)
+        if not np.array_equal(_primitive(r2), self._shapes[0]):
+            raise StackingError(
+                "the stage graphs' memory rows are not the reference's scaled"
+            )
+        if three is None:
+            three_rows, three_bytes = self._scaled_three(r2)
+        else:
+            r3 = per_op_rows(three, self.tensor_classes)
+            if not np.array_equal(_primitive(r3), self._shapes[1]):
                 raise StackingError(
                     "the stage graphs' memory rows are not the reference's scaled"
                 )
+            three_rows = r3[self._kept[1]]
+            three_bytes = _class_bytes(three, self.tensor_classes)
         out = LayerStack.__new__(LayerStack)
-        keys, steps = self._keys, list(self.unit_steps)
-        out._made(two, steps, self._kept, keys, r2, r3, self._shapes)
+        out._made(
+            two,
+            list(self.unit_steps),
+            self._kept,
+            self._keys,
+            r2,
+            three_rows,
+            three_bytes,
+            self._shapes,
+        )
         return out
+
+    def _scaled_three(self, r2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The kept 3-layer rows and bytes per class of the stage whose
+        2-layer rows are ``r2`` (each column the reference's times one
+        factor, as :meth:`resized` checked): the reference's, each column
+        times that factor ``a / b`` (in lowest terms)."""
+        g = np.gcd.reduce(r2, axis=0)
+        common = np.gcd(g, self._gcd2)
+        empty = common == 0  # the column is all zero in both 2-layer graphs
+        divisor = np.where(empty, 1, common)
+        a, b = g // divisor, np.where(empty, 1, self._gcd2 // divisor)
+        rows, nbytes = self._three_rows, self._three_bytes
+        if (
+            (rows[:, empty] != 0).any()
+            or (nbytes[empty] != 0).any()
+            or (rows % b != 0).any()
+            or (nbytes % b != 0).any()
+        ):
+            raise StackingError(
+                "the 3-layer graph's memory rows do not scale exactly; build it"
+            )
+        # In Python integers: under the analyses' bound, no row overflows.
+        scaled = [int(n) // int(d) * int(m) for n, d, m in zip(nbytes, b, a)]
+        if sum(scaled) >= MAX_GRAPH_BYTES:
+            # Its analysis says what is too large.
+            raise StackingError("the 3-layer graph may be too large; build it")
+        out: np.ndarray = rows // b * a
+        return out, np.asarray(scaled, dtype=np.int64)
 
     def analysis(self, n: int) -> StackedAnalysis:
         """The analysis of the ``n``-layer stage."""
@@ -248,6 +331,18 @@ class StackedAnalysis(GraphAnalysis):
 
 def _class_counts(analysis: GraphAnalysis) -> list[tuple[frozenset[str], int]]:
     return [(c.unit.dim_names, c.count) for c in analysis.unit_classes]
+
+
+def _class_bytes(
+    analysis: GraphAnalysis, classes: Sequence[tuple[str, ...]]
+) -> np.ndarray:
+    """Unsplit bytes of all of ``analysis``'s buffers per tensor class
+    (``classes`` order): what :class:`GraphAnalysis` bounds by
+    :data:`~layout_planner.analysis.MAX_GRAPH_BYTES`."""
+    out = np.zeros(len(classes), dtype=np.int64)
+    nbytes = np.asarray(analysis.memory.nbytes, dtype=np.int64)
+    np.add.at(out, _columns(analysis, classes), nbytes)
+    return out
 
 
 def _primitive(rows: np.ndarray) -> np.ndarray:

@@ -143,21 +143,26 @@ def test_stages_whose_layers_are_not_identical_are_refused_by_name():
 )
 def test_a_stack_resized_to_another_batch_is_the_stack_made_afresh(cfg, builder):
     reference = LayerStack(*[_analysis(cfg, k, builder) for k in (2, 3, 4)])
-    for batch in (8, 12):
+    for batch in (2, 8, 12):
         other = cfg.replace(batch=batch)
         two, three, four = (_analysis(other, k, builder) for k in (2, 3, 4))
-        resized = reference.resized(two, three)
         fresh = LayerStack(two, three, four)
-        assert resized.tensor_classes == fresh.tensor_classes
-        assert resized.unit_steps == fresh.unit_steps
-        assert (resized.row_base == fresh.row_base).all()
-        assert (resized.row_step == fresh.row_step).all()
-        # Another batch: other bytes, so the rows are really the new graphs'.
-        assert not (resized.row_base == reference.row_base).all()
-        got, want = resized.analysis(7), _analysis(other, 7, builder)
-        assert {(c.unit.signature, c.count) for c in got.unit_classes} == {
-            (c.unit.signature, c.count) for c in want.unit_classes
-        }
+        # With its 3-layer graph, and without (its rows scaled from the
+        # reference's 3-layer graph's by the 2-layer graphs' factors).
+        for resized in (reference.resized(two, three), reference.resized(two)):
+            assert resized.tensor_classes == fresh.tensor_classes
+            assert resized.unit_steps == fresh.unit_steps
+            assert (resized.row_base == fresh.row_base).all()
+            assert (resized.row_step == fresh.row_step).all()
+            # What a further resize scales: the new 3-layer graph's own.
+            assert (resized._three_rows == fresh._three_rows).all()
+            assert (resized._three_bytes == fresh._three_bytes).all()
+            # Another batch: other bytes, so the rows are really the new graphs'.
+            assert not (resized.row_base == reference.row_base).all()
+            got, want = resized.analysis(7), _analysis(other, 7, builder)
+            assert {(c.unit.signature, c.count) for c in got.unit_classes} == {
+                (c.unit.signature, c.count) for c in want.unit_classes
+            }
 
 
 def test_resizing_refuses_graphs_that_are_not_the_reference_at_another_batch():
@@ -174,8 +179,9 @@ def test_resizing_refuses_graphs_that_are_not_the_reference_at_another_batch():
     i = next(i for i, e in enumerate(end) if e + 1 < len(two.graph.operations))
     end[i] += 1
     longer.memory = dataclasses.replace(two.memory, end=tuple(end))
-    with pytest.raises(StackingError, match="rows are not the reference's scaled"):
-        reference.resized(longer, three)
+    for resized_with in ((three,), ()):
+        with pytest.raises(StackingError, match="rows are not the reference's scaled"):
+            reference.resized(longer, *resized_with)
     assert reference.resized(two, three).unit_steps == reference.unit_steps
     # The 3-layer graph of another stage.
     deeper = BASE.replace(batch=8)
@@ -211,3 +217,29 @@ def test_unique_rows_is_numpys_unique_over_rows(shape):
     want = np.unique(a, axis=0)
     assert got.dtype == want.dtype and got.shape == want.shape
     np.testing.assert_array_equal(got, want)
+
+
+def test_a_resize_without_the_three_layer_graph_refuses_rows_that_do_not_scale(
+    monkeypatch,
+):
+    reference = LayerStack(*[_analysis(BASE, k) for k in (2, 3, 4)])
+    half = _analysis(BASE.replace(batch=2), 2)
+    assert reference.resized(half) is not None
+    # A 3-layer row that half the batch would make a fraction of a byte.
+    odd = copy.copy(reference)
+    odd._three_rows = reference._three_rows.copy()
+    batch = [c for c, names in enumerate(reference.tensor_classes) if "batch" in names]
+    row, column = next(
+        (r, c) for r, c in np.argwhere(odd._three_rows > 0) if c in batch
+    )
+    odd._three_rows[row, column] += 1
+    with pytest.raises(StackingError, match="do not scale exactly"):
+        odd.resized(half)
+    assert odd.resized(half, _analysis(BASE.replace(batch=2), 3)) is not None
+    # A 3-layer graph the analysis would refuse as too large is built.
+    import layout_planner.stacked as stacked
+
+    limit = int(reference._three_bytes.sum()) // 2 + 1
+    monkeypatch.setattr(stacked, "MAX_GRAPH_BYTES", limit)
+    with pytest.raises(StackingError, match="may be too large"):
+        reference.resized(_analysis(BASE.replace(batch=8), 2))
