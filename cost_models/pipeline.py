@@ -49,7 +49,7 @@ logits too), and stages whose layer counts differ (``L`` must divide evenly).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from cost_models.collectives import collective_time_s, shift_time_s
@@ -61,6 +61,7 @@ from mtf_core.comm import LayoutContext
 from mtf_core.graph import Graph, Tensor
 from mtf_core.ops.creation import Constant
 from mtf_core.ops.variables import Variable
+from mtf_core.shapes import Shape
 
 SCHEDULES = ("gpipe", "1f1b")
 
@@ -218,6 +219,14 @@ class HeldBytes:
             )
         ]
         self.counts = memory.counts_by_class(mask)
+
+    @classmethod
+    def of_counts(cls, counts: Mapping[tuple[Shape, str], int]) -> HeldBytes:
+        """The held buffers counted per (shape, dtype) as ``counts`` (those
+        of a graph not built, e.g. derived from another graph's)."""
+        out = cls.__new__(cls)
+        out.counts = dict(counts)
+        return out
 
     def __call__(self, ctx: LayoutContext) -> int:
         """Per device, the bytes one micro-batch holds under ``ctx``."""

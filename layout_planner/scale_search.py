@@ -15,7 +15,9 @@ trials from graphs of 2, 3 and 4 layers (:mod:`layout_planner.stacked`):
   ``evaluate`` of the 2- and 3-layer graphs; step time and peak come from the
   extrapolated program's tables;
 * small graphs are built and analysed once per (micro-batch, recomputation)
-  and reused by every mesh that shares them; stages of at most
+  and reused by every mesh that shares them (a micro-batch size's stack
+  resized from another's needs its 2-layer graph only,
+  :meth:`~layout_planner.stacked.LayerStack.resized`); stages of at most
   :data:`~layout_planner.stacked.DIRECT_LAYERS` layers, and stages whose
   layers do not stack (an encoder-decoder's decoder reads the encoder output
   in every layer), are planned on their own graph.
@@ -224,6 +226,47 @@ class _Graph:
 
 
 @dataclass(frozen=True)
+class _Derived:
+    """A 3-layer stage graph not built (:meth:`_Stages._new_stack`): what one
+    micro-batch holds in it, derived from other graphs' (:func:`_held_resized`)."""
+
+    held: HeldBytes
+
+
+def _held_resized(ref2: HeldBytes, ref3: HeldBytes, two: HeldBytes) -> HeldBytes | None:
+    """What one micro-batch holds in the 3-layer graph of a stage whose
+    2-layer graph holds ``two``, where ``ref2`` and ``ref3`` are what it
+    holds in the stage's 2- and 3-layer graphs at another micro-batch size:
+    ``ref3``'s counts, each class with the shape that ``two`` gives its dim
+    names.  None unless ``two`` holds ``ref2``'s classes (by dim names and
+    dtype), as many of each, and each class of ``ref3`` is one of ``ref2``'s
+    (the same sizes: none depends on the layers)."""
+
+    def by_names(
+        counts: Mapping[tuple[Shape, str], int],
+    ) -> dict[tuple[tuple[str, ...], str], tuple[Shape, int]]:
+        return {
+            (tuple(shape.dimension_names), dtype): (shape, n)
+            for (shape, dtype), n in counts.items()
+        }
+
+    old, new = by_names(ref2.counts), by_names(two.counts)
+    if (
+        len(old) != len(ref2.counts)
+        or len(new) != len(two.counts)
+        or {k: n for k, (_, n) in old.items()} != {k: n for k, (_, n) in new.items()}
+    ):
+        return None
+    out = {}
+    for (shape, dtype), n in ref3.counts.items():
+        key = (tuple(shape.dimension_names), dtype)
+        if key not in old or old[key][0] != shape:
+            return None
+        out[(new[key][0], dtype)] = n
+    return HeldBytes.of_counts(out)
+
+
+@dataclass(frozen=True)
 class _Parts:
     """A layout's stage step cut as the pipeline needs it."""
 
@@ -245,14 +288,15 @@ def _in_layers(values: Sequence[Any], layers: int) -> Any:
 class _Stage:
     """One trial's stage on ``mesh_shape``: pricing a layout from the tables
     of ``problem`` (the stacked program of ``layers`` layers, with
-    ``graphs`` of 2 and 3 layers; or the stage's own graph's program, with
-    ``graphs`` of one), or with ``evaluate`` on the stage's own graph."""
+    ``graphs`` of 2 and 3 layers, the 3-layer one perhaps :class:`_Derived`;
+    or the stage's own graph's program, with ``graphs`` of one), or with
+    ``evaluate`` on the stage's own graph."""
 
     def __init__(
         self,
         mesh_shape: Shape,
         hw: HardwareProfile,
-        graphs: Sequence[_Graph],
+        graphs: Sequence[_Graph | _Derived],
         layers: int,
         problem: LayoutProblem | None = None,
     ) -> None:
@@ -280,6 +324,7 @@ class _Stage:
         """The layout's parts from ``evaluate`` of the stage's own graph (the
         independent price the representative is checked against)."""
         (g,) = self.graphs
+        assert isinstance(g, _Graph)
         ctx = LayoutContext.make(self.mesh_shape, rules)
         cost = evaluate(
             g.model.graph, self.mesh_shape, rules, self.hw, [g.model.loss], g.memory
@@ -309,8 +354,10 @@ class _Stages:
         self._graphs: dict[tuple[int, str, str, int], _Graph] = {}
         self._stacked: dict[tuple[int, str, str, int], StackedAnalysis | None] = {}
         self._stacks: dict[tuple[int, str, str, int], LayerStack | None] = {}
-        # The first stack made of each recomputation option.
-        self._references: dict[tuple[str, str], LayerStack] = {}
+        # The first stack made of each recomputation option, and its choice.
+        self._references: dict[tuple[str, str], tuple[LayerStack, ScaleChoice]] = {}
+        # 3-layer graphs not built (their stacks resized without them).
+        self._derived: dict[tuple[int, str, str, int], _Derived] = {}
         self._pricers: dict[tuple[str, str], _SignaturePricer] = {}
         # Unit costs shared by every mesh's pricer, per profile (kept alive
         # beside its id).
@@ -390,7 +437,7 @@ class _Stages:
                 return slots * 2 * send_time_s(nbytes, ("pp",), full_mesh, hw)
 
             problem.add_time(boundary.dimension_names, sends)
-        graphs = [g] if stacked is None else [g, self.graph(choice, 3)]
+        graphs = [g] if stacked is None else [g, self._three(choice)]
         # The other micro-batches in flight hold their buffers through every
         # live set: the program's memory rows count them, so its layout fits
         # with them (the pipeline's peak, exactly as pipeline_cost adds it).
@@ -415,23 +462,43 @@ class _Stages:
             self._stacks[key] = self._new_stack(choice)
         return self._stacks[key]
 
+    def _three(self, choice: ScaleChoice) -> _Graph | _Derived:
+        """``choice``'s 3-layer stage graph, or what of it was derived."""
+        derived = self._derived.get(self._key(choice, 3))
+        return self.graph(choice, 3) if derived is None else derived
+
     def _new_stack(self, choice: ScaleChoice) -> LayerStack | None:
         """The stack of ``choice``'s stage; from the stack of another
         micro-batch size with its recomputation where one was made
-        (:meth:`LayerStack.resized`: no 4-layer graph)."""
-        two, three = (self.graph(choice, k).analysis for k in (2, 3))
+        (:meth:`LayerStack.resized`: no 4-layer graph, and no 3-layer graph
+        where its rows and held buffers are the reference's scaled exactly:
+        what :meth:`_three` gives is then :class:`_Derived`)."""
+        two = self.graph(choice, 2)
+        analysis = two.analysis  # before its held buffers: one memory model
         recompute = (choice.recompute_attention, choice.recompute_ffn)
         like = self._references.get(recompute)
         if like is not None:
+            reference, of = like
+            ref2, ref3 = (self.graph(of, k).held for k in (2, 3))
+            held = _held_resized(ref2, ref3, two.held)
+            if held is not None:
+                try:
+                    stack = reference.resized(analysis)
+                except StackingError:
+                    pass  # with its 3-layer graph below
+                else:
+                    self._derived[self._key(choice, 3)] = _Derived(held)
+                    return stack
             try:
-                return like.resized(two, three)
+                return reference.resized(analysis, self.graph(choice, 3).analysis)
             except StackingError:
                 pass  # stacked afresh below
+        three, four = (self.graph(choice, k).analysis for k in (3, 4))
         try:
-            stack = LayerStack(two, three, self.graph(choice, 4).analysis)
+            stack = LayerStack(analysis, three, four)
         except StackingError:
             return None  # planned on its own graph
-        self._references.setdefault(recompute, stack)
+        self._references.setdefault(recompute, (stack, choice))
         return stack
 
 

@@ -15,7 +15,16 @@ from cost_models.pipeline import PipelineSpec
 from cost_models.profiles import get_hardware
 from layout_planner.choices import ScaleChoice, plan_transformer
 from layout_planner.program import Objective, SolveParams
-from layout_planner.scale_search import _price, _Stage, _Stages, _trial
+from layout_planner.scale_search import (
+    _Derived,
+    _Graph,
+    _held_resized,
+    _price,
+    _Stage,
+    _Stages,
+    _trial,
+)
+from layout_planner.stacked import LayerStack
 from mtf_core.models import TransformerConfig, build_encoder_decoder, build_lm
 from mtf_core.shapes import convert_to_shape
 
@@ -136,6 +145,55 @@ def test_representative_prices_layouts_as_the_full_stage_graph(
             if checked == 8:
                 break
         assert checked == 8
+
+
+@pytest.mark.parametrize(
+    "recompute,experts,builder",
+    [
+        (("none", "none"), 0, build_lm),
+        (("block", "block"), 0, build_lm),
+        (("scores", "none"), 4, build_lm),
+        (("scores", "block"), 0, build_encoder_decoder),
+    ],
+)
+def test_a_resized_stage_derives_what_its_unbuilt_three_layer_graph_gives(
+    recompute, experts, builder
+):
+    hw = get_hardware("h100-nvlink-ib")
+    cfg = CFG.replace(shardable_weights=True, shardable_slots=True, experts=experts)
+    stages = _Stages(cfg, builder, "adam")
+
+    def built(choice, layers):
+        config = stages.stage_config(choice, layers)
+        return _Graph(builder(config, optimizer="adam"))
+
+    # 6 layers a stage, micro-batches of 4 (the reference), 2, 8 and 1.
+    for m in (8, 16, 4, 32):
+        choice = ScaleChoice(2, 1, 2, m, "1f1b", *recompute)
+        before = stages.built_layers
+        two, three = stages.stage(choice, hw).graphs
+        if m == 8:
+            assert isinstance(three, _Graph)  # the reference's own
+            continue
+        assert isinstance(three, _Derived)  # not built: only the 2-layer graph
+        assert stages.built_layers == before + 2
+        want = built(choice, 3)
+        assert three.held.counts == want.held.counts
+        fresh = LayerStack(two.analysis, want.analysis, built(choice, 4).analysis)
+        got = stages._stack(choice)
+        assert got is not None and got.unit_steps == fresh.unit_steps
+        assert (got.row_base == fresh.row_base).all()
+        assert (got.row_step == fresh.row_step).all()
+
+
+def test_held_buffers_are_not_derived_from_a_stage_holding_other_classes():
+    stages = _Stages(CFG, build_lm, "adam")
+    none = ("none", "none")
+    ref = [stages.graph(ScaleChoice(2, 1, 2, 8, "1f1b", *none), k).held for k in (2, 3)]
+    half = ScaleChoice(2, 1, 2, 16, "1f1b", *none)
+    assert _held_resized(*ref, stages.graph(half, 2).held) is not None
+    blocks = ScaleChoice(2, 1, 2, 16, "1f1b", "block", "block")
+    assert _held_resized(*ref, stages.graph(blocks, 2).held) is None
 
 
 @pytest.mark.parametrize("exhaustive", [False, True])
