@@ -207,7 +207,8 @@ def run(
             narrow = {}
             if quick:  # the published sizes and their neighbours only
                 narrow = {
-                    "stages": sorted(
+                    # an encoder-decoder has one stage
+                    "stages": [1] if case.encoder_decoder else sorted(
                         {s for s in (pub.stages // 2, pub.stages, pub.stages * 2)
                          if s >= 1 and case.config.num_layers % s == 0}
                     ),
