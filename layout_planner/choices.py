@@ -261,10 +261,11 @@ def plan_transformer(
 
     ``stages`` / ``tensor`` restrict the pipeline and tensor-axis sizes tried
     (default: every power of two up to 64 that divides; stages must divide the
-    layers; an ``encoder_decoder`` has one stage, :func:`_one_stage`); ``sequence`` the sizes of a sequence axis ``sp`` tried (default
-    none: on the reference models it never won, and each size multiplies
-    the meshes searched, docs/scale.md "A sequence axis"; each must divide
-    the length); ``micro_batches`` fixes the micro-batch count (default: one
+    layers; an ``encoder_decoder`` has one stage, :func:`_one_stage`);
+    ``sequence`` the sizes of a sequence axis ``sp`` tried (default none:
+    on the reference models it never won, and each size multiplies the
+    meshes searched, docs/scale.md "A sequence axis"; each must divide the
+    length); ``micro_batches`` fixes the micro-batch count (default: one
     sequence per data-parallel replica on every mesh, then on the best mesh
     half as many, a quarter, ... while the step improves: see
     :func:`layout_planner.scale_search._fewer_rounds`).  Weights are stored shardable

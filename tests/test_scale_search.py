@@ -92,17 +92,18 @@ def test_search_on_representatives_returns_the_exhaustive_plan(memory_mib):
     assert fast.stage_plan.evaluation.peak_memory_bytes <= fast.peak_memory_bytes
 
 
-@pytest.mark.parametrize(
-    "recompute,experts,builder",
-    [
-        (("none", "none"), 0, build_lm),
-        (("block", "block"), 0, build_lm),
-        (("scores", "none"), 4, build_lm),
-        # Its decoder layers read the encoder output each through an identity
-        # of their own, so its layers stack too.
-        (("scores", "block"), 0, build_encoder_decoder),
-    ],
-)
+#: (recomputation, experts, builder) of the stacking tests.
+STACKED_CASES = [
+    (("none", "none"), 0, build_lm),
+    (("block", "block"), 0, build_lm),
+    (("scores", "none"), 4, build_lm),
+    # Its decoder layers read the encoder output each through an identity
+    # of their own, so its layers stack too.
+    (("scores", "block"), 0, build_encoder_decoder),
+]
+
+
+@pytest.mark.parametrize("recompute,experts,builder", STACKED_CASES)
 def test_representative_prices_layouts_as_the_full_stage_graph(
     recompute, experts, builder
 ):
@@ -147,15 +148,7 @@ def test_representative_prices_layouts_as_the_full_stage_graph(
         assert checked == 8
 
 
-@pytest.mark.parametrize(
-    "recompute,experts,builder",
-    [
-        (("none", "none"), 0, build_lm),
-        (("block", "block"), 0, build_lm),
-        (("scores", "none"), 4, build_lm),
-        (("scores", "block"), 0, build_encoder_decoder),
-    ],
-)
+@pytest.mark.parametrize("recompute,experts,builder", STACKED_CASES)
 def test_a_resized_stage_derives_what_its_unbuilt_three_layer_graph_gives(
     recompute, experts, builder
 ):

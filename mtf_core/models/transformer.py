@@ -474,9 +474,9 @@ def encoder_decoder_loss(
     pad_id: int = 0,
 ) -> tuple[Tensor, Tensor]:
     """:func:`build_encoder_decoder`'s forward pass on one batch of
-    ``[batch, length]`` token ids: its logits and mean loss.  Call it inside the model's weight
-    storage policy (``_storage``); a second call reuses the weights by name
-    (a pipeline's micro-batches, :mod:`mtf_core.pipeline`)."""
+    ``[batch, length]`` token ids: its logits and mean loss.  Call it inside
+    the model's weight storage policy (``_storage``); a second call reuses
+    the weights by name (a pipeline's micro-batches, :mod:`mtf_core.pipeline`)."""
     mem_ids = rename_dimension(inputs, "length", "memory_length")
     padding = layers.attention_bias_padding(mem_ids, pad_id)
     x = _embed(cfg, inputs, "encoder")
