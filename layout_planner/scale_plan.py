@@ -193,6 +193,12 @@ class ScalePlan:
             f"({p.spec.in_flight} micro-batches in flight, each other one "
             f"holding {p.held_bytes / gib:.2f} GiB); MFU {self.mfu:.1%}",
         ]
+        if self.encoder_decoder:
+            lines.append(
+                "  encoder-decoder: one stage (a pipeline of its stages would "
+                "send the encoder output to every stage's decoder layers, "
+                "which is neither priced nor built)"
+            )
         on_mesh: dict[tuple[int, str, str], ScaleTrial] = {}
         for t in self.trials:
             c = t.choice

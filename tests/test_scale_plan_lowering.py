@@ -189,6 +189,7 @@ def test_the_planner_chose_what_each_case_exercises(lowered: dict[str, Any]) -> 
         assert set(rules.values()) == {"dp", "tp"}, plan.layout_rules
         assert plan.sharded_classes and plan.slot_sharded_classes and recomputed
         assert model.feed_names == ("inputs", "decoder_inputs", "targets")
+        assert "  encoder-decoder: one stage (a pipeline" in plan.explain()
         assert len(model.inputs) == 3 * c.micro_batches
         return
     assert c.mesh_sizes == ((2, 2, 1, 2) if name != "pp1" else (1, 4, 1, 2))
@@ -201,6 +202,7 @@ def test_the_planner_chose_what_each_case_exercises(lowered: dict[str, Any]) -> 
         assert plan.sharded_classes and recomputed
     else:
         assert plan.sharded_classes and not recomputed
+    assert "encoder-decoder" not in plan.explain()
     assert (model.spec.stages, model.spec.micro_batches, model.spec.schedule) == (
         c.stages, c.micro_batches, c.schedule
     )  # fmt: skip
