@@ -323,14 +323,14 @@ def plan_transformer(
                     f"{what} is empty; expected sizes to try, such as [1, 2, 4], "
                     "or None to search the defaults"
                 )
-    if encoder_decoder:
-        _one_stage(asked.get("stages", [1]))
     stage_sizes = asked.get(
         "stages",
         [1]
         if encoder_decoder
         else [s for s in pows if layers % s == 0 and devices % s == 0],
     )
+    if encoder_decoder:
+        _one_stage(stage_sizes)
     for s in stage_sizes:
         if s > layers:
             raise PipelineError(

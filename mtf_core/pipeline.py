@@ -306,7 +306,7 @@ def _build_pipelined(
                         shape,
                         "int32",
                         name=f"{n}_{j}",
-                    )  # fmt: skip
+                    )
                     for n in names
                 }
             )
@@ -400,8 +400,8 @@ class _StageBuilder:
             self._backward(w.stage, w.micro_batch)
 
     def _forward(self, s: int, j: int) -> None:
-        cfg, mesh = self.cfg, self.meshes[s]
-        graph = mesh.graph
+        cfg = self.cfg
+        graph = self.meshes[s].graph
         before = len(graph.trainable_variables)
         first_op = len(graph.operations)
         fed = self.feeds[j]
@@ -410,18 +410,8 @@ class _StageBuilder:
                 cfg, fed["inputs"], fed["decoder_inputs"], fed["targets"]
             )
             self.losses.append(x)
-        elif s == 0:
-            x = _embed(cfg, fed["inputs"], "token")
         else:
-            x = send(self.outputs[(s - 1, j)], mesh)
-            self.inputs[(s, j)] = x
-        if not self.encoder_decoder:
-            for i in self.layers[s]:
-                x = _attend(cfg, x, f"layer_{i:03d}/self_attention", self.bias[s])
-                x = _feed_forward(cfg, x, f"layer_{i:03d}/ffn")
-            if s == self.spec.stages - 1:
-                _, x = _logits_and_loss(cfg, x, fed["targets"])
-                self.losses.append(x)
+            x = self._lm_stage(s, j, fed)
         self.outputs[(s, j)] = x
         if j == 0:
             self.stage_variables[s] = list(graph.trainable_variables[before:])
@@ -430,6 +420,23 @@ class _StageBuilder:
             for op in graph.operations[first_op:]
             if isinstance(op, StoredRead) and (v := _read_variable(op)) is not None
         }
+
+    def _lm_stage(self, s: int, j: int, fed: dict[str, Tensor]) -> Tensor:
+        """Stage ``s``'s layers of the LM on micro-batch ``j``: its output
+        (the last stage's: the micro-batch's loss)."""
+        cfg = self.cfg
+        if s == 0:
+            x = _embed(cfg, fed["inputs"], "token")
+        else:
+            x = send(self.outputs[(s - 1, j)], self.meshes[s])
+            self.inputs[(s, j)] = x
+        for i in self.layers[s]:
+            x = _attend(cfg, x, f"layer_{i:03d}/self_attention", self.bias[s])
+            x = _feed_forward(cfg, x, f"layer_{i:03d}/ffn")
+        if s == self.spec.stages - 1:
+            _, x = _logits_and_loss(cfg, x, fed["targets"])
+            self.losses.append(x)
+        return x
 
     def _backward(self, s: int, j: int) -> None:
         variables = self.stage_variables[s]

@@ -8,6 +8,7 @@ import copy
 import itertools
 import random
 import sys
+from typing import Any
 
 import pytest
 
@@ -103,13 +104,18 @@ STACKED_CASES = [
 ]
 
 
+def _stacking_stages(experts: int, builder: Any) -> _Stages:
+    """One search's stages of CFG (weights stored shardable) with ``experts``."""
+    cfg = CFG.replace(shardable_weights=True, shardable_slots=True, experts=experts)
+    return _Stages(cfg, builder, "adam")
+
+
 @pytest.mark.parametrize("recompute,experts,builder", STACKED_CASES)
 def test_representative_prices_layouts_as_the_full_stage_graph(
     recompute, experts, builder
 ):
     hw = get_hardware("h100-nvlink-ib")
-    cfg = CFG.replace(shardable_weights=True, shardable_slots=True, experts=experts)
-    stages = _Stages(cfg, builder, "adam")
+    stages = _stacking_stages(experts, builder)
     # Three meshes priced by one search's stages, so units priced on one mesh
     # are reused on the others (the shared unit costs): each must still price
     # as its own full stage graph does.  6 layers a stage.
@@ -153,8 +159,7 @@ def test_a_resized_stage_derives_what_its_unbuilt_three_layer_graph_gives(
     recompute, experts, builder
 ):
     hw = get_hardware("h100-nvlink-ib")
-    cfg = CFG.replace(shardable_weights=True, shardable_slots=True, experts=experts)
-    stages = _Stages(cfg, builder, "adam")
+    stages = _stacking_stages(experts, builder)
 
     def built(choice, layers):
         config = stages.stage_config(choice, layers)
