@@ -803,11 +803,17 @@ def search(
         source = _InProcess(meshes, run, new_stages())
     checked: _Checked | None = None
     with source:
+        refine = None
+        if fewer_micro_batches:
+
+            def refine(best: _Outcome, trials: list[ScaleTrial]) -> _Outcome:
+                return _fewer_rounds(
+                    best, fewer, mesh_options, source, trials, progress
+                )
+
         trials, best = _passes(
-            meshes, mesh_options, source, progress, incumbent_s, joint_programs
+            meshes, mesh_options, source, progress, incumbent_s, joint_programs, refine
         )
-        if fewer_micro_batches and best is not None:
-            best = _fewer_rounds(best, fewer, mesh_options, source, trials, progress)
         if best is None and incumbent_s < math.inf:
             raise NothingFaster(
                 f"no trial beats the step of {incumbent_s:.6g} s "
@@ -877,25 +883,37 @@ def _passes(
     progress: Callable[[str, float], None] | None,
     incumbent_s: float = math.inf,
     joint_programs: bool = True,
+    refine: Callable[[_Outcome, list[ScaleTrial]], _Outcome] | None = None,
 ) -> tuple[list[ScaleTrial], _Outcome | None]:
     """The two passes of :func:`search`, taking each mesh's results from
     ``source``: the trials, in order, and the fastest fitting outcome faster
     than ``incumbent_s`` (a step found elsewhere).  A mesh is skipped when
     its bound is no better than the best step found or the incumbent;
-    without ``joint_programs``, the second pass is not run."""
+    without ``joint_programs``, the second pass is not run.
+
+    ``refine(best, trials)`` (the fewer-micro-batch rounds, which add their
+    trials to ``trials``) runs on the first pass's best before the second
+    pass, whose bounds a faster step prunes more of, and again on the
+    second pass's best where that pass found a faster one."""
     trials: list[ScaleTrial] = []
     best: tuple[tuple[float, int, int, int], _Outcome] | None = None
+    # The recomputation options, in one order on every mesh (a tie's rank).
+    order = []
+    if meshes:
+        order = [
+            (o.recompute_attention, o.recompute_ffn) for o in mesh_options(meshes[0])
+        ]
 
     def beaten(bound: float) -> bool:
         return bound >= (incumbent_s if best is None else best[0][0])
 
-    def consider(outcome: _Outcome, options: Sequence[ScaleChoice]) -> None:
+    def consider(outcome: _Outcome) -> None:
         """Keeps ``outcome`` if it fits and beats the incumbent and the best."""
         nonlocal best
         if outcome.priced is None or not outcome.trial.fits:
             return
-        rank = options.index(outcome.trial.choice)
         c = outcome.trial.choice
+        rank = order.index((c.recompute_attention, c.recompute_ffn))
         key = (outcome.priced.step_time_s, c.stages, c.sequence, rank)
         if key[0] < incumbent_s and (best is None or key < best[0]):
             best = (key, outcome)
@@ -919,10 +937,14 @@ def _passes(
         if free is not None:
             trials.append(free.trial)
             if free.trial.fits:
-                consider(free, options)
+                consider(free)
                 continue
         if joint_programs:
             pending.append((max(got.bound_s, mesh.bound_s), i))
+    refined = None
+    if refine is not None and best is not None:
+        refined = refine(best[1], trials)
+        consider(refined)
     pending.sort()
     for j, (bound, i) in enumerate(pending):
         if beaten(bound):
@@ -937,7 +959,9 @@ def _passes(
             trials.append(ScaleTrial(options[0], None, None, False, "", outcome))
         else:
             trials.append(outcome.trial)
-            consider(outcome, options)
+            consider(outcome)
+    if refine is not None and best is not None and best[1] is not refined:
+        consider(refine(best[1], trials))
     return trials, None if best is None else best[1]
 
 
@@ -1131,8 +1155,11 @@ class _Ahead(_Source):
         self._laid: dict[int, set[tuple[int, int, int, int, int]]] = {
             w: set() for w in range(self._pool.count)
         }
-        #: (step, mesh, first pass?, trial) of each fitting trial.
+        #: (step, mesh, free layout?, trial) of each fitting trial.
         self._fits: list[tuple[float, int, bool, ScaleTrial]] = []
+        #: The meshes of fewer micro-batches of a first-pass free layout (or
+        #: of one of these): the passes try them before the joint programs.
+        self._early: set[int] = set()
 
     def __exit__(self, *exc: object) -> None:
         self._pool.close()
@@ -1222,6 +1249,10 @@ class _Ahead(_Source):
                     or (pick == "unheld" and size not in held)
                 ):
                     return ("free", i)
+        if self._joint_programs:
+            early = self._fewer_ahead([f for f in self._fits if self._is_early(f)])
+            if early is not None:
+                return early
         best = self._best_step()
         joints = (
             [
@@ -1243,11 +1274,36 @@ class _Ahead(_Source):
         return {sizes[-1] for sizes in self._laid[w]}
 
     def _best_step(self) -> float:
-        """The fastest fitting step of the passes' meshes known (a fewer
-        micro-batches' trial, laid out ahead for a trial that may not stay
-        the best, bounds nothing), or the incumbent."""
-        steps = [s for s, i, _, _ in self._fits if i < self._first]
+        """The fastest fitting step known of the passes' meshes and of the
+        fewer micro-batches they try before the joint programs (one laid
+        out ahead for a trial that may not stay the best may bound a joint
+        program the passes then need: it is computed when they ask), or the
+        incumbent."""
+        steps = [f[0] for f in self._fits if f[1] < self._first or self._is_early(f)]
         return min([*steps, self._incumbent_s])
+
+    def _is_early(self, fit: tuple[float, int, bool, ScaleTrial]) -> bool:
+        _, i, free, _ = fit
+        return (free and i < self._first) or i in self._early
+
+    def _fewer_ahead(
+        self, fits: Sequence[tuple[float, int, bool, ScaleTrial]]
+    ) -> tuple[str, Any] | None:
+        """The next free layout not sent of the fewer micro-batches of the
+        fastest of ``fits`` (fewest stages on a tie), if any."""
+        fits = [f for f in fits if f[0] < self._incumbent_s]
+        if not fits or self._fewer is None:
+            return None
+        fastest = min(
+            fits, key=lambda f: (f[0], f[3].choice.stages, f[3].choice.sequence)
+        )
+        for mesh in self._fewer(fastest[3].choice, fastest[0]):
+            i = self.add(mesh)
+            if self._is_early(fastest):
+                self._early.add(i)
+            if ("free", i) not in self._sent:
+                return ("free", i)
+        return None
 
     def _ahead_of_the_passes(self) -> tuple[str, Any] | None:
         """With nothing else to run, for the fastest fitting trial so far
@@ -1257,14 +1313,12 @@ class _Ahead(_Source):
         fits = [f for f in self._fits if f[0] < self._incumbent_s]
         if not fits:
             return None
-        step, _, _, trial = min(
+        free = self._fewer_ahead(fits)
+        if free is not None:
+            return free
+        _, _, _, trial = min(
             fits, key=lambda f: (f[0], f[3].choice.stages, f[3].choice.sequence)
         )
-        if self._fewer is not None:
-            for mesh in self._fewer(trial.choice, step):
-                free = ("free", self.add(mesh))
-                if free not in self._sent:
-                    return free
         if not self._check_ahead:
             return None
         check = ("check", (trial.choice, trial.layout_rules))

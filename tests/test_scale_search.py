@@ -356,6 +356,105 @@ def test_a_worker_running_a_beaten_joint_program_is_replaced():
     assert got["took"] < 4.0
 
 
+def test_the_first_passs_best_gets_fewer_micro_batches_before_the_joint_programs():
+    """The fewer micro-batches of the first pass's fastest fitting trial
+    run before the joint programs: a faster step found there skips each
+    joint program whose bound it reaches (mesh 1's), and the rounds run
+    again on the second pass's best where that pass found a faster one."""
+    from types import SimpleNamespace
+
+    from layout_planner.scale_plan import ScaleTrial
+    from layout_planner.scale_search import Mesh, _Free, _InProcess, _Outcome, _passes
+
+    spec = PipelineSpec(1, 4, "1f1b")
+    meshes = [Mesh(float(i), 1, 1, 8, 4, spec) for i in (1, 2, 3)]
+    # Mesh 0's free layout fits (15 s); meshes 1 and 2 need their joint
+    # programs (bounds 14.5 and 12 s), and mesh 2's fits at 12.5 s.
+    free = {0: (15.0, True, 0.0), 1: (30.0, False, 14.5), 2: (30.0, False, 12.0)}
+
+    def outcome(step, fits, micro_batches=4):
+        c = ScaleChoice(1, 8, 1, micro_batches, "1f1b", "none", "none")
+        trial = ScaleTrial(c, step, 100, fits, f"r:{step}")
+        return _Outcome(trial, None, SimpleNamespace(step_time_s=step))
+
+    asked = []
+
+    def run(stages, task):
+        kind, mesh = task
+        asked.append((kind, meshes.index(mesh)))
+        i = meshes.index(mesh)
+        if kind == "joint":
+            return outcome(12.5, True)
+        step, fits, bound = free[i]
+        return _Free(outcome(step, fits), bound, None)
+
+    refined = []
+
+    def refine(best, trials):
+        step = best.trial.step_time_s
+        refined.append(step)
+        if step == 15.0:  # two micro-batches win on mesh 0
+            faster = outcome(13.0, True, micro_batches=2)
+            trials.append(faster.trial)
+            return faster
+        return best
+
+    def options(mesh):
+        return [ScaleChoice(1, 8, 1, 4, "1f1b", "none", "none")]
+
+    source = _InProcess(meshes, run, None)
+    trials, best = _passes(meshes, options, source, None, refine=refine)
+    assert asked == [("free", 0), ("free", 1), ("free", 2), ("joint", 2)]
+    assert refined == [15.0, 12.5]
+    assert best is not None and best.trial.step_time_s == 12.5
+    assert [t.step_time_s for t in trials] == [15.0, 30.0, 30.0, 13.0, 12.5]
+
+
+_FEWER_FIRST = """
+import json, time
+from cost_models.pipeline import PipelineSpec
+from layout_planner.scale_plan import ScaleChoice, ScaleTrial
+from layout_planner.scale_search import Mesh, _Ahead, _Free, _Outcome
+
+spec = PipelineSpec(1, 4, "1f1b")
+meshes = [Mesh(1.0, 1, 1, 8, 4, spec), Mesh(2.0, 1, 2, 4, 4, spec)]
+fewer = Mesh(1.5, 1, 1, 8, 2, PipelineSpec(1, 2, "1f1b"))
+every = meshes + [fewer]
+
+def run(stages, task):
+    kind, mesh = task
+    i = every.index(mesh)
+    c = ScaleChoice(1, mesh.data, mesh.tensor, mesh.micro_batches, "1f1b",
+                    "none", "none")
+    if kind == "joint":
+        return _Outcome(ScaleTrial(c, 20.0, 100, True, "r"), None, None)
+    if i == 1:
+        time.sleep(0.5)  # mesh 0's worker goes idle meanwhile
+    step, fits, bound = {0: (15.0, True, 0.0), 1: (30.0, False, 14.5),
+                         2: (13.0, True, 0.0)}[i]
+    return _Free(_Outcome(ScaleTrial(c, step, 100, fits, "r"), None, None),
+                 bound, None)
+
+def fewer_of(c, step):
+    return [fewer] if c.micro_batches == 4 else []
+
+with _Ahead(meshes, run, lambda: None, 2, fewer=fewer_of) as source:
+    source.free(0)
+    source.free(1)
+    sent = sorted(map(list, source._sent))
+    idle = source._next(0)  # mesh 1's joint program: bound 14.5 s, beaten
+print(json.dumps({"sent": sent, "idle": idle}))
+"""
+
+
+def test_an_idle_worker_runs_the_first_passs_fewer_micro_batches_before_joints():
+    got = _in_fresh_interpreter(_FEWER_FIRST)
+    # While mesh 1 is laid out, mesh 0's fewer micro-batches (13 s).
+    assert got["sent"] == [["free", 0], ["free", 1], ["free", 2]]
+    # Mesh 1's joint program (bound 14.5 s) cannot beat them: not sent.
+    assert got["idle"] is None
+
+
 def test_first_pass_stays_in_this_process_where_a_fork_is_unsafe(monkeypatch):
     import threading
 
