@@ -1160,6 +1160,9 @@ class _Ahead(_Source):
         #: The meshes of fewer micro-batches of a first-pass free layout (or
         #: of one of these): the passes try them before the joint programs.
         self._early: set[int] = set()
+        #: The fewest micro-batches of each round of them (:func:`_fewer_rounds`
+        #: goes on only from these).
+        self._fewest: set[int] = set()
 
     def __exit__(self, *exc: object) -> None:
         self._pool.close()
@@ -1297,13 +1300,15 @@ class _Ahead(_Source):
         fastest = min(
             fits, key=lambda f: (f[0], f[3].choice.stages, f[3].choice.sequence)
         )
-        for mesh in self._fewer(fastest[3].choice, fastest[0]):
-            i = self.add(mesh)
-            if self._is_early(fastest):
-                self._early.add(i)
-            if ("free", i) not in self._sent:
-                return ("free", i)
-        return None
+        if fastest[1] >= self._first and fastest[1] not in self._fewest:
+            return None  # its round's fewest did not win: the rounds end
+        meshes = [self.add(mesh) for mesh in self._fewer(fastest[3].choice, fastest[0])]
+        self._fewest.update(meshes[-1:])
+        if self._is_early(fastest):
+            self._early.update(meshes)
+        return next(
+            (("free", i) for i in meshes if ("free", i) not in self._sent), None
+        )
 
     def _ahead_of_the_passes(self) -> tuple[str, Any] | None:
         """With nothing else to run, for the fastest fitting trial so far

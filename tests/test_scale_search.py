@@ -455,6 +455,48 @@ def test_an_idle_worker_runs_the_first_passs_fewer_micro_batches_before_joints()
     assert got["idle"] is None
 
 
+_ROUND_ENDS = """
+import json
+from cost_models.pipeline import PipelineSpec
+from layout_planner.scale_plan import ScaleChoice, ScaleTrial
+from layout_planner.scale_search import Mesh, _Ahead, _Free, _Outcome
+
+meshes = [Mesh(1.0, 1, 1, 8, 8, PipelineSpec(1, 8, "1f1b"))]
+fewer = {m: Mesh(1.0 + 1 / m, 1, 1, 8, m, PipelineSpec(1, m, "1f1b"))
+         for m in (4, 2, 1)}
+steps = {8: 15.0, 4: 13.0, 2: 14.0, 1: 12.0}
+
+def run(stages, task):
+    kind, what = task
+    if kind == "check":
+        return ("priced", str(what[0]), what[1])
+    c = ScaleChoice(1, 8, 1, what.micro_batches, "1f1b", "none", "none")
+    trial = ScaleTrial(c, steps[what.micro_batches], 100, True, "r")
+    return _Free(_Outcome(trial, None, None), 0.0, None)
+
+def fewer_of(c, step):
+    return {8: [fewer[4], fewer[2]], 4: [fewer[2], fewer[1]]}.get(c.micro_batches, [])
+
+with _Ahead(meshes, run, lambda: None, 2, check_ahead=True, fewer=fewer_of) as source:
+    source.free(0)
+    for m in (4, 2):
+        source.free(source.add(fewer[m]))
+    idle = source._next(0)
+print(json.dumps({"idle": [idle[0], str(idle[1][0])]}))
+"""
+
+
+def test_an_idle_worker_checks_a_winner_whose_round_ends_there():
+    """4 micro-batches won the round of 4 and 2 but were not its fewest:
+    the search stops there (:func:`_fewer_rounds`), so an idle worker
+    checks that trial instead of laying out 4's fewer micro-batches."""
+    got = _in_fresh_interpreter(_ROUND_ENDS)
+    assert got["idle"] == [
+        "check",
+        str(ScaleChoice(1, 8, 1, 4, "1f1b", "none", "none")),
+    ]
+
+
 def test_first_pass_stays_in_this_process_where_a_fork_is_unsafe(monkeypatch):
     import threading
 
