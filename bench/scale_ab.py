@@ -6,8 +6,9 @@ reference model (``bench/scale.py``'s cases) is planned by
 ``plan_transformer`` with its defaults, in a fresh interpreter each time
 (OR-tools' import included, as a user's first plan pays it), by the base
 commit's tree and by this one in turn.  Prints the medians, their ratio and
-whether both trees gave the same plan and trials (every trial's choice,
-step to the last bit, peak, fit and layout); with ``--write`` puts them in
+whether both trees gave the same plan (choice, layout, step to the last
+bit, peak) and the same trials (every trial's choice, step, peak, fit and
+layout; how many each tree ran); with ``--write`` puts them in
 docs/benchmarks.md, section ``scale-ab``.
 
     .venv/bin/python bench/scale_ab.py --base REV [--runs 6]
@@ -65,16 +66,24 @@ trials = [[str(t.choice), t.step_time_s, t.peak_memory_bytes, t.fits,
            t.layout_rules] for t in plan.trials]
 print(json.dumps({"wall": wall, "cpu": used, "plan": [
     str(plan.choice), plan.layout_rules, plan.step_time_s,
-    plan.peak_memory_bytes, trials]}))
+    plan.peak_memory_bytes], "trials": trials}))
 """
 
 
-def _plan(tree: str, key: str, workers: int | None) -> tuple[float, float, str]:
-    """(seconds, CPU seconds of the process and its workers, digest of the
-    plan and its trials) of case ``key``."""
+#: One run: wall s, CPU s, digest of the plan, digest of its trials, trials.
+_Run = tuple[float, float, str, str, int]
+
+
+def _digest(value: object) -> str:
+    return hashlib.sha256(json.dumps(value).encode()).hexdigest()[:12]
+
+
+def _plan(tree: str, key: str, workers: int | None) -> _Run:
+    """(seconds, CPU seconds of the process and its workers, digests of
+    the plan and of its trials, how many trials) of case ``key``."""
     got = child_json(_CHILD, [tree, key, str(workers or "")], f"{key} in {tree}", tree)
-    digest = hashlib.sha256(json.dumps(got["plan"]).encode()).hexdigest()[:12]
-    return got["wall"], got["cpu"], digest
+    trials = got["trials"]
+    return got["wall"], got["cpu"], _digest(got["plan"]), _digest(trials), len(trials)
 
 
 def main() -> None:
@@ -106,8 +115,8 @@ def main() -> None:
         capture_output=True, text=True, cwd=ROOT,
     ).stdout.strip()  # fmt: skip
     machine = machine_summary()  # the load as the runs start
-    #: (wall s, CPU s, digest) of each run, by (case, tree).
-    runs: dict[tuple[str, str], list[tuple[float, float, str]]] = {}
+    #: Each run, by (case, tree).
+    runs: dict[tuple[str, str], list[_Run]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         tree = os.path.join(tmp, "base")
         subprocess.run(
@@ -118,12 +127,10 @@ def main() -> None:
             for run in range(args.runs):
                 for case in cases:
                     for who, root in (("base", tree), ("this", str(ROOT))):
-                        wall, used, digest = _plan(root, case.key, args.workers)
-                        runs.setdefault((case.key, who), []).append(
-                            (wall, used, digest)
-                        )
+                        got = _plan(root, case.key, args.workers)
+                        runs.setdefault((case.key, who), []).append(got)
                         print(f"run {run + 1}/{args.runs} {case.key} {who}: "
-                              f"{wall:.2f} s, CPU {used:.2f} s",
+                              f"{got[0]:.2f} s, CPU {got[1]:.2f} s",
                               flush=True)  # fmt: skip
         finally:
             subprocess.run(
@@ -132,20 +139,27 @@ def main() -> None:
     headers = [
         "model", f"this tree ({head}), median s", f"base ({base}), median s",
         "ratio", "this tree, all runs", "base, all runs",
-        "CPU s, this tree / base (medians)", "same plan and trials",
+        "CPU s, this tree / base (medians)", "same plan",
+        "trials, this tree / base", "same trials",
     ]  # fmt: skip
     rows = []
     for case in cases:
         mine, theirs = runs[(case.key, "this")], runs[(case.key, "base")]
-        walls = [[w for w, _, _ in r] for r in (mine, theirs)]
+        walls = [[r[0] for r in rs] for rs in (mine, theirs)]
         m, b = (statistics.median(w) for w in walls)
-        cm, cb = (statistics.median(c for _, c, _ in r) for r in (mine, theirs))
-        same = len({d for _, _, d in mine + theirs}) == 1
+        cm, cb = (statistics.median(r[1] for r in rs) for rs in (mine, theirs))
+        same = ["yes" if len({r[k] for r in mine + theirs}) == 1 else "NO"
+                for k in (2, 3)]  # fmt: skip
+        # A tree's trials are the same in every run unless its search is not
+        # deterministic (then "same trials" says NO).
+        counts = " / ".join(
+            "/".join(sorted({str(r[4]) for r in rs})) for rs in (mine, theirs)
+        )
         rows.append(
             [
                 case.title, f"{m:.2f}", f"{b:.2f}", f"{m / b:.2f}",
                 *(", ".join(f"{t:.2f}" for t in w) for w in walls),
-                f"{cm:.2f} / {cb:.2f}", "yes" if same else "NO",
+                f"{cm:.2f} / {cb:.2f}", same[0], counts, same[1],
             ]
         )  # fmt: skip
     procs = "" if args.workers is None else f", {args.workers} worker(s)"
