@@ -893,8 +893,9 @@ def _passes(
 
     ``refine(best, trials)`` (the fewer-micro-batch rounds, which add their
     trials to ``trials``) runs on the first pass's best before the second
-    pass, whose bounds a faster step prunes more of, and again on the
-    second pass's best where that pass found a faster one."""
+    pass where :func:`_refined_first` says so (a faster step prunes more of
+    the second pass), and on the second pass's best where that pass found a
+    faster one."""
     trials: list[ScaleTrial] = []
     best: tuple[tuple[float, int, int, int], _Outcome] | None = None
     # The recomputation options, in one order on every mesh (a tie's rank).
@@ -942,7 +943,7 @@ def _passes(
         if joint_programs:
             pending.append((max(got.bound_s, mesh.bound_s), i))
     refined = None
-    if refine is not None and best is not None:
+    if refine is not None and best is not None and _refined_first(best[1].trial):
         refined = refine(best[1], trials)
         consider(refined)
     pending.sort()
@@ -963,6 +964,16 @@ def _passes(
     if refine is not None and best is not None and best[1] is not refined:
         consider(refine(best[1], trials))
     return trials, None if best is None else best[1]
+
+
+def _refined_first(trial: ScaleTrial) -> bool:
+    """Whether the first pass's best ``trial`` gets its fewer micro-batches
+    before the joint programs (whose bounds a faster step there prunes):
+    where it has one stage, whose larger micro-batches lengthen no bubble,
+    so that they are likely to be faster where they fit.  On more stages the
+    round seldom wins before the joint programs (GPT-3's and Llama-2-70B on
+    512 H100's did not, docs/scale.md), and it runs after them."""
+    return trial.choice.stages == 1
 
 
 def _fewer_rounds(
@@ -1158,7 +1169,8 @@ class _Ahead(_Source):
         #: (step, mesh, free layout?, trial) of each fitting trial.
         self._fits: list[tuple[float, int, bool, ScaleTrial]] = []
         #: The meshes of fewer micro-batches of a first-pass free layout (or
-        #: of one of these): the passes try them before the joint programs.
+        #: of one of these) that the passes try before the joint programs
+        #: (:func:`_refined_first`).
         self._early: set[int] = set()
         #: The fewest micro-batches of each round of them (:func:`_fewer_rounds`
         #: goes on only from these).
@@ -1253,7 +1265,9 @@ class _Ahead(_Source):
                 ):
                     return ("free", i)
         if self._joint_programs:
-            early = self._fewer_ahead([f for f in self._fits if self._is_early(f)])
+            early = self._fewer_ahead(
+                [f for f in self._fits if self._is_early(f)], early=True
+            )
             if early is not None:
                 return early
         best = self._best_step()
@@ -1290,16 +1304,20 @@ class _Ahead(_Source):
         return (free and i < self._first) or i in self._early
 
     def _fewer_ahead(
-        self, fits: Sequence[tuple[float, int, bool, ScaleTrial]]
+        self, fits: Sequence[tuple[float, int, bool, ScaleTrial]], early: bool = False
     ) -> tuple[str, Any] | None:
         """The next free layout not sent of the fewer micro-batches of the
-        fastest of ``fits`` (fewest stages on a tie), if any."""
+        fastest of ``fits`` (fewest stages on a tie), if any; ``early``:
+        only if the passes try them before the joint programs
+        (:func:`_refined_first`)."""
         fits = [f for f in fits if f[0] < self._incumbent_s]
         if not fits or self._fewer is None:
             return None
         fastest = min(
             fits, key=lambda f: (f[0], f[3].choice.stages, f[3].choice.sequence)
         )
+        if early and not _refined_first(fastest[3]):
+            return None
         if fastest[1] >= self._first and fastest[1] not in self._fewest:
             return None  # its round's fewest did not win: the rounds end
         meshes = [self.add(mesh) for mesh in self._fewer(fastest[3].choice, fastest[0])]

@@ -356,35 +356,39 @@ def test_a_worker_running_a_beaten_joint_program_is_replaced():
     assert got["took"] < 4.0
 
 
-def test_the_first_passs_best_gets_fewer_micro_batches_before_the_joint_programs():
-    """The fewer micro-batches of the first pass's fastest fitting trial
-    run before the joint programs: a faster step found there skips each
-    joint program whose bound it reaches (mesh 1's), and the rounds run
-    again on the second pass's best where that pass found a faster one."""
+@pytest.mark.parametrize("stages", [1, 2])
+def test_the_first_passs_best_gets_fewer_micro_batches_before_the_joint_programs(
+    stages,
+):
+    """On one stage the fewer micro-batches of the first pass's fastest
+    fitting trial run before the joint programs: a faster step found there
+    skips each joint program whose bound it reaches (mesh 1's).  On two
+    stages (a longer bubble) they run after them, on the second pass's
+    best."""
     from types import SimpleNamespace
 
     from layout_planner.scale_plan import ScaleTrial
     from layout_planner.scale_search import Mesh, _Free, _InProcess, _Outcome, _passes
 
-    spec = PipelineSpec(1, 4, "1f1b")
-    meshes = [Mesh(float(i), 1, 1, 8, 4, spec) for i in (1, 2, 3)]
+    spec = PipelineSpec(stages, 4, "1f1b")
+    meshes = [Mesh(float(i), stages, 1, 8, 4, spec) for i in (1, 2, 3)]
     # Mesh 0's free layout fits (15 s); meshes 1 and 2 need their joint
-    # programs (bounds 14.5 and 12 s), and mesh 2's fits at 12.5 s.
+    # programs (bounds 14.5 and 12 s), which fit at 12.5 and 14.8 s.
     free = {0: (15.0, True, 0.0), 1: (30.0, False, 14.5), 2: (30.0, False, 12.0)}
 
     def outcome(step, fits, micro_batches=4):
-        c = ScaleChoice(1, 8, 1, micro_batches, "1f1b", "none", "none")
+        c = ScaleChoice(stages, 8, 1, micro_batches, "1f1b", "none", "none")
         trial = ScaleTrial(c, step, 100, fits, f"r:{step}")
         return _Outcome(trial, None, SimpleNamespace(step_time_s=step))
 
     asked = []
 
-    def run(stages, task):
+    def run(_, task):
         kind, mesh = task
-        asked.append((kind, meshes.index(mesh)))
         i = meshes.index(mesh)
+        asked.append((kind, i))
         if kind == "joint":
-            return outcome(12.5, True)
+            return outcome({1: 12.5, 2: 14.8}[i], True)
         step, fits, bound = free[i]
         return _Free(outcome(step, fits), bound, None)
 
@@ -400,14 +404,22 @@ def test_the_first_passs_best_gets_fewer_micro_batches_before_the_joint_programs
         return best
 
     def options(mesh):
-        return [ScaleChoice(1, 8, 1, 4, "1f1b", "none", "none")]
+        return [ScaleChoice(stages, 8, 1, 4, "1f1b", "none", "none")]
 
     source = _InProcess(meshes, run, None)
     trials, best = _passes(meshes, options, source, None, refine=refine)
-    assert asked == [("free", 0), ("free", 1), ("free", 2), ("joint", 2)]
-    assert refined == [15.0, 12.5]
-    assert best is not None and best.trial.step_time_s == 12.5
-    assert [t.step_time_s for t in trials] == [15.0, 30.0, 30.0, 13.0, 12.5]
+    steps = [t.step_time_s for t in trials]
+    frees = [("free", 0), ("free", 1), ("free", 2)]
+    assert best is not None
+    if stages == 1:
+        # 13 s reaches mesh 1's bound: its joint program is skipped.
+        assert asked == [*frees, ("joint", 2)]
+        assert refined == [15.0] and best.trial.step_time_s == 13.0
+        assert steps == [15.0, 30.0, 30.0, 13.0, 14.8]
+    else:
+        assert asked == [*frees, ("joint", 2), ("joint", 1)]
+        assert refined == [12.5] and best.trial.step_time_s == 12.5
+        assert steps == [15.0, 30.0, 30.0, 14.8, 12.5]
 
 
 _FEWER_FIRST = """
