@@ -81,6 +81,11 @@ class Mesh:
     def __init__(self, graph: Graph, name: str, variable_placer: Any = None) -> None:
         if not isinstance(graph, Graph):
             raise GraphError(f"Mesh needs an mtf.Graph, got {graph!r}")
+        if not isinstance(name, str) or not name:
+            raise GraphTypeError(
+                f"mesh name {name!r}: expected a non-empty string (the name its "
+                "layout's mesh implementation is keyed by)"
+            )
         self.graph = graph
         self.name = name
         self.variable_placer = variable_placer

@@ -328,6 +328,49 @@ def test_compiled_function_checks_its_inputs(devices: list[str]) -> None:
         fn(np.zeros(8), np.zeros(8))
 
 
+@pytest.mark.tf
+def test_compile_function_names_an_argument_of_the_wrong_kind(
+    devices: list[str],
+) -> None:
+    graph, mesh = _mesh()
+    x = mtf.placeholder(mesh, "batch:8")
+    y = x * 2.0
+    impl = mtf.PlacementMeshImpl("m:1", "", devices[:1])
+    other = mtf.Mesh(mtf.Graph(), "mesh")
+    cases = [
+        (dict(inputs=["junk"]), "inputs[0] is 'junk'; expected an mtf.Tensor"),
+        (dict(inputs=[x, None]), "inputs[1] is None; expected an mtf.Tensor"),
+        (dict(outputs=[y, 3]), "outputs[1] is 3; expected an mtf.Tensor"),
+        (dict(updates=["u"]), "updates[0] is 'u'; expected an mtf.Operation"),
+        (dict(outputs=y), "outputs Tensor[", "expected a list"),
+        (dict(outputs=[mtf.zeros(other, "a:2")]), "outputs[0] is", "of this graph"),
+    ]
+    for kwargs, *fragments in cases:
+        with _raises(mtf.GraphError, *fragments) as info:
+            mtf.compile_function(graph, {mesh: impl}, **kwargs)
+        assert isinstance(info.value, TypeError)
+    with _raises(mtf.GraphError, "mesh_to_impl['mesh'] is 'impl'"):
+        mtf.compile_function(graph, {mesh: "impl"}, outputs=[y])
+    with _raises(mtf.GraphError, "mesh_to_impl key 'mesh' is not an mtf.Mesh"):
+        mtf.compile_function(graph, {"mesh": impl}, outputs=[y])
+    with _raises(mtf.GraphError, "mesh_to_impl {}: expected a dict"):
+        mtf.compile_function(graph, {}, outputs=[y])
+    with _raises(mtf.GraphError, "graph None is not an mtf.Graph"):
+        mtf.compile_function(None, {mesh: impl}, outputs=[y])
+    # What it was given before still compiles and runs.
+    fn = mtf.compile_function(graph, {mesh: impl}, inputs=[x], outputs=[y])
+    np.testing.assert_allclose(fn(np.ones(8, np.float32))[0], np.full(8, 2.0))
+
+
+def test_a_mesh_needs_a_name() -> None:
+    graph = mtf.Graph()
+    for bad in (5, None, ""):
+        with _raises(mtf.GraphError, f"mesh name {bad!r}: expected a non-empty"):
+            mtf.Mesh(graph, bad)
+    assert graph.meshes == []  # nothing half-made was kept
+    assert mtf.Mesh(graph, "m").name == "m"
+
+
 def test_every_error_class_is_an_mtf_error_and_a_builtin() -> None:
     for cls, builtin in [
         (mtf.ShapeError, ValueError),
