@@ -344,3 +344,21 @@ def test_mtf_train_checks_its_options_before_any_slow_work(
     extra = [] if argv[0] == "sample" else ["--no_progress"]
     assert no_slow_work.main([*argv, *extra]) == 2
     _one_line_error(capsys.readouterr().err, named)
+
+
+def test_mtf_train_reads_its_config_file_once(tmp_path, monkeypatch):
+    """The model the run builds is the one the options' check read, even if
+    the file changes in between (it is read once)."""
+    from mtf_core.train import cli
+
+    path = tmp_path / "model.json"
+    path.write_text('{"d_model": 64, "num_layers": 1}')
+    reads = []
+    read = cli._config_file
+    monkeypatch.setattr(cli, "_config_file", lambda p: reads.append(p) or read(p))
+    args = cli.parse_args(["--config", str(path), "--no_progress"])
+    cli._check_options(args)
+    path.write_text('{"d_model": 32}')
+    cfg = cli.model_config(args, 50)
+    assert reads == [str(path)]
+    assert (cfg.d_model, cfg.num_layers, cfg.vocab) == (64, 1, 50)

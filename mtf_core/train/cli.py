@@ -225,7 +225,11 @@ def _check_options(args: argparse.Namespace) -> None:
 def model_config(args: argparse.Namespace, vocab_size: int) -> TransformerConfig:
     fields: dict[str, Any] = {f: getattr(args, f) for f in _MODEL_FLAGS}
     if args.config:
-        fields.update(_config_file(args.config))
+        # Read once, by the first call (the options' check): the run builds
+        # the model it checked, even if the file changes meanwhile.
+        if getattr(args, "config_fields", None) is None:
+            args.config_fields = _config_file(args.config)
+        fields.update(args.config_fields)
     fields["vocab"] = vocab_size
     fields["dropout_rate"] = args.dropout
     return TransformerConfig.from_dict(fields)
