@@ -806,9 +806,11 @@ def search(
         refine = None
         if fewer_micro_batches:
 
-            def refine(best: _Outcome, trials: list[ScaleTrial]) -> _Outcome:
+            def refine(
+                best: _Outcome, trials: list[ScaleTrial], done: float
+            ) -> _Outcome:
                 return _fewer_rounds(
-                    best, fewer, mesh_options, source, trials, progress
+                    best, fewer, mesh_options, source, trials, progress, done
                 )
 
         trials, best = _passes(
@@ -883,7 +885,7 @@ def _passes(
     progress: Callable[[str, float], None] | None,
     incumbent_s: float = math.inf,
     joint_programs: bool = True,
-    refine: Callable[[_Outcome, list[ScaleTrial]], _Outcome] | None = None,
+    refine: Callable[[_Outcome, list[ScaleTrial], float], _Outcome] | None = None,
 ) -> tuple[list[ScaleTrial], _Outcome | None]:
     """The two passes of :func:`search`, taking each mesh's results from
     ``source``: the trials, in order, and the fastest fitting outcome faster
@@ -891,11 +893,12 @@ def _passes(
     its bound is no better than the best step found or the incumbent;
     without ``joint_programs``, the second pass is not run.
 
-    ``refine(best, trials)`` (the fewer-micro-batch rounds, which add their
-    trials to ``trials``) runs on the first pass's best before the second
-    pass where :func:`_refined_first` says so (a faster step prunes more of
-    the second pass), and on the second pass's best where that pass found a
-    faster one."""
+    ``refine(best, trials, done)`` (the fewer-micro-batch rounds, which add
+    their trials to ``trials`` and report progress at the fraction ``done``)
+    runs on the first pass's best before the second pass where
+    :func:`_refined_first` says so (a faster step prunes more of the second
+    pass), and on the best after the second pass unless it refined that
+    one already."""
     trials: list[ScaleTrial] = []
     best: tuple[tuple[float, int, int, int], _Outcome] | None = None
     # The recomputation options, in one order on every mesh (a tie's rank).
@@ -944,7 +947,7 @@ def _passes(
             pending.append((max(got.bound_s, mesh.bound_s), i))
     refined = None
     if refine is not None and best is not None and _refined_first(best[1].trial):
-        refined = refine(best[1], trials)
+        refined = refine(best[1], trials, 0.8)
         consider(refined)
     pending.sort()
     for j, (bound, i) in enumerate(pending):
@@ -962,7 +965,7 @@ def _passes(
             trials.append(outcome.trial)
             consider(outcome)
     if refine is not None and best is not None and best[1] is not refined:
-        consider(refine(best[1], trials))
+        consider(refine(best[1], trials, 1.0))
     return trials, None if best is None else best[1]
 
 
@@ -983,6 +986,7 @@ def _fewer_rounds(
     source: _Source,
     trials: list[ScaleTrial],
     progress: Callable[[str, float], None] | None,
+    done: float = 1.0,
 ) -> _Outcome:
     """``best`` or, on its mesh, the fastest fitting outcome with fewer,
     larger micro-batches: fewer slots to pay each micro-batch's fixed costs
@@ -996,12 +1000,13 @@ def _fewer_rounds(
     limit) fits and beats the best step: the joint programs that would
     trade recomputation for room cost more than this refinement is worth,
     and larger micro-batches that need more recomputation seldom win.  Its
-    trials are added to ``trials``."""
+    trials are added to ``trials``; ``progress`` hears of each at the
+    search's fraction ``done``."""
     report = None
     if progress is not None:
 
         def report(phase: str, fraction: float) -> None:
-            progress(f"fewer micro-batches: {phase}", 1.0)
+            progress(f"fewer micro-batches: {phase}", done)
 
     while True:
         assert best.priced is not None

@@ -215,6 +215,23 @@ def test_progress_reports_each_mesh_tried_in_order(exhaustive):
         assert done == 1.0
 
 
+def test_progress_runs_forward_where_fewer_micro_batches_come_first():
+    # On one stage the first pass's best (dp 2, whose free layout fits in
+    # 20 MiB) gets its fewer micro-batches before the joint programs of
+    # dp 8 and dp 4 (whose do not): reported at 0.8, before theirs.
+    seen: list[tuple[str, float]] = []
+    small = CFG.replace(num_layers=4, d_model=64, d_ff=128, batch=8)
+    plan = plan_transformer(
+        small, 8, stages=[1], workers=1, memory_limit=20 * 2**20,
+        progress=lambda phase, done: seen.append((phase, done)),
+    )  # fmt: skip
+    assert plan.fits and plan.choice.stages == 1
+    fractions = [f for _, f in seen]
+    assert fractions == sorted(fractions)
+    fewer = [f for p, f in seen if p.startswith("fewer micro-batches")]
+    assert fewer and fewer[0] == 0.8
+
+
 _TWO_PROCESSES = """
 import json
 from layout_planner.choices import plan_transformer
@@ -394,9 +411,9 @@ def test_the_first_passs_best_gets_fewer_micro_batches_before_the_joint_programs
 
     refined = []
 
-    def refine(best, trials):
+    def refine(best, trials, done):
         step = best.trial.step_time_s
-        refined.append(step)
+        refined.append((step, done))
         if step == 15.0:  # two micro-batches win on mesh 0
             faster = outcome(13.0, True, micro_batches=2)
             trials.append(faster.trial)
@@ -414,11 +431,11 @@ def test_the_first_passs_best_gets_fewer_micro_batches_before_the_joint_programs
     if stages == 1:
         # 13 s reaches mesh 1's bound: its joint program is skipped.
         assert asked == [*frees, ("joint", 2)]
-        assert refined == [15.0] and best.trial.step_time_s == 13.0
+        assert refined == [(15.0, 0.8)] and best.trial.step_time_s == 13.0
         assert steps == [15.0, 30.0, 30.0, 13.0, 14.8]
     else:
         assert asked == [*frees, ("joint", 2), ("joint", 1)]
-        assert refined == [12.5] and best.trial.step_time_s == 12.5
+        assert refined == [(12.5, 1.0)] and best.trial.step_time_s == 12.5
         assert steps == [15.0, 30.0, 30.0, 14.8, 12.5]
 
 
