@@ -47,7 +47,7 @@ from cost_models.units import (
     unit_cost,
 )
 from mtf_core.comm import CollectiveSpec
-from mtf_core.graph import Graph, Tensor
+from mtf_core.graph import Graph, Operation, Tensor
 from mtf_core.layout import LayoutRulesLike
 from mtf_core.liveness import output_list, step_operations
 from mtf_core.shapes import ShapeLike
@@ -154,6 +154,7 @@ def evaluate(
     hardware: str | HardwareProfile | Mapping[str, Any],
     outputs: Sequence[Tensor] = (),
     memory: MemoryModel | None = None,
+    op_seconds: dict[Operation, float] | None = None,
 ) -> Cost:
     """Prices ``layout_rules`` on ``mesh_shape`` for ``graph`` on ``hardware``.
 
@@ -164,10 +165,14 @@ def evaluate(
     (:func:`mtf_core.liveness.step_operations`); without, every op, as
     ``Lowering(graph, ...)`` lowers them.  Pass a
     precomputed ``memory`` model to save time when evaluating many layouts.
+    ``op_seconds``, if given, gets each priced op's compute seconds (for
+    :func:`cost_models.pipeline.split_step`, which would price them again).
     Raises LayoutError for layouts the lowering rejects.
     """
     with gc_paused():
-        return _evaluate(graph, mesh_shape, layout_rules, hardware, outputs, memory)
+        return _evaluate(
+            graph, mesh_shape, layout_rules, hardware, outputs, memory, op_seconds
+        )
 
 
 def _evaluate(
@@ -177,6 +182,7 @@ def _evaluate(
     hardware: str | HardwareProfile | Mapping[str, Any],
     outputs: Sequence[Tensor],
     memory: MemoryModel | None,
+    op_seconds: dict[Operation, float] | None = None,
 ) -> Cost:
     hw = get_hardware(hardware)
     if not isinstance(graph, Graph):
@@ -199,6 +205,8 @@ def _evaluate(
         op_flops, op_s = op_compute(op, ctx, hw, sizes)
         compute_s += op_s
         flops += op_flops
+        if op_seconds is not None:
+            op_seconds[op] = op_s
     for t in outputs:
         forced = sim.force(t)
         collectives.extend(forced)

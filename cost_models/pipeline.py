@@ -58,7 +58,7 @@ from cost_models.hardware import CostModelError, HardwareProfile
 from cost_models.memory import ACTIVATION, MemoryModel
 from cost_models.op_costs import LayoutSizes, op_compute
 from mtf_core.comm import LayoutContext
-from mtf_core.graph import Graph, Tensor
+from mtf_core.graph import Graph, Operation, Tensor
 from mtf_core.ops.creation import Constant
 from mtf_core.ops.variables import Variable
 from mtf_core.shapes import Shape
@@ -137,15 +137,21 @@ def split_step(
     ctx: LayoutContext,
     hw: HardwareProfile,
     first_update: int,
+    op_seconds: Mapping[Operation, float] | None = None,
 ) -> StepSplit:
     """Cuts ``cost`` (``evaluate`` of ``graph`` under ``ctx``) at op index
     ``first_update``: ops from there on are the optimizer's (once per step), and
     so are the collectives they issue or force and every reduce-scatter (a
-    stored weight's gradient)."""
+    stored weight's gradient).  ``op_seconds``: the ops' compute seconds that
+    ``evaluate`` gave (its ``op_seconds``); ops not in it are priced here."""
     ops = graph.operations
     once_ops = {op.name for op in ops[first_update:]}
     sizes = LayoutSizes(ctx)
-    once_compute = sum(op_compute(op, ctx, hw, sizes)[1] for op in ops[first_update:])
+    known = {} if op_seconds is None else op_seconds
+    once_compute = sum(
+        known[op] if op in known else op_compute(op, ctx, hw, sizes)[1]
+        for op in ops[first_update:]
+    )
     scatter_ops = {op.name for op in ops if op.op_type == "ReduceScatter"}
     once_comm = 0.0
     for spec, name in zip(cost.collectives, cost.collective_ops):

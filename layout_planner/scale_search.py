@@ -86,6 +86,7 @@ from layout_planner.stacked import (
 )
 from mtf_core.comm import LayoutContext
 from mtf_core.errors import LayoutError
+from mtf_core.graph import Operation
 from mtf_core.layout import LayoutRules, convert_to_layout_rules
 from mtf_core.models import TransformerConfig
 from mtf_core.models.base import ModelGraph
@@ -326,10 +327,17 @@ class _Stage:
         (g,) = self.graphs
         assert isinstance(g, _Graph)
         ctx = LayoutContext.make(self.mesh_shape, rules)
+        seconds: dict[Operation, float] = {}
         cost = evaluate(
-            g.model.graph, self.mesh_shape, rules, self.hw, [g.model.loss], g.memory
+            g.model.graph,
+            self.mesh_shape,
+            rules,
+            self.hw,
+            [g.model.loss],
+            g.memory,
+            op_seconds=seconds,
         )
-        split = split_step(g.model.graph, cost, ctx, self.hw, g.first_update)
+        split = split_step(g.model.graph, cost, ctx, self.hw, g.first_update, seconds)
         held = g.held(ctx)
         return _Parts(cost.time_s, split.once_s, cost.peak_memory_bytes, held), cost
 

@@ -48,6 +48,25 @@ def _split(cfg: TransformerConfig):
     return split_step(model.graph, cost, ctx, HW, first), cost
 
 
+def test_split_step_takes_the_ops_seconds_evaluate_gave() -> None:
+    model = build_lm(CFG, optimizer="adam")
+    seconds: dict = {}
+    cost = evaluate(
+        model.graph, "dp:4;tp:2", RULES, HW, [model.loss], op_seconds=seconds
+    )
+    assert cost == evaluate(model.graph, "dp:4;tp:2", RULES, HW, [model.loss])
+    ctx = LayoutContext.make("dp:4;tp:2", RULES)
+    first = next(
+        i for i, op in enumerate(model.graph.operations) if op.name == "global_step"
+    )
+    assert set(model.graph.operations[first:]) & set(seconds)
+    given = split_step(model.graph, cost, ctx, HW, first, seconds)
+    # The same seconds, summed in the same order: the same split, exactly.
+    assert given == split_step(model.graph, cost, ctx, HW, first)
+    # Ops it was not given are priced: an empty map changes nothing.
+    assert given == split_step(model.graph, cost, ctx, HW, first, {})
+
+
 def test_split_step_adds_up_to_evaluate_and_one_stage_is_the_plain_step() -> None:
     split, cost = _split(CFG)
     assert split.per_batch_s + split.once_s == pytest.approx(cost.time_s, rel=1e-12)
