@@ -141,27 +141,47 @@ def run(cases: list[Any]) -> str:
     return "\n".join(rows)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def bench_main(
+    doc: str, run: Callable[[list[Any]], str], section: str, title: str, about: str
+) -> None:
+    """The command line of a scale-search bench (``--write``, ``--only``):
+    OR-tools imported first, as a program that has planned once has it;
+    ``run(cases)`` gives the table, written with ``about`` (what it shows)
+    under ``title`` in section ``section`` of docs/benchmarks.md."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
     ap.add_argument("--only", default="", help="comma-separated case keys")
     args = ap.parse_args()
     cases = selected(args.only)
+    if not cases:
+        ap.error(f"--only {args.only!r} names no case")
     load_cp_sat()
     load_start = os.getloadavg()[0]
     table = run(cases)
     load = f"load average {load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
     print(load)
     if args.write:
+        script = os.path.basename(sys.argv[0])
         replace_section(
-            "scale-phases",
-            "Command: `.venv/bin/python bench/scale_phases.py --write` "
-            f"({load}, 2 cores).  Each phase's own CPU seconds (and share) "
-            "in `plan_transformer(..., workers=1)`; the search's wall clock "
-            'on two processes is in "Scale: reference models on their '
-            'clusters".\n\n' + table,
-            title="Scale search: where the time goes",
+            section,
+            f"Command: `.venv/bin/python bench/{script} --write` ({load}, 2 cores).  "
+            + about
+            + "\n\n"
+            + table,
+            title=title,
         )
+
+
+def main() -> None:
+    bench_main(
+        __doc__,
+        run,
+        "scale-phases",
+        "Scale search: where the time goes",
+        "Each phase's own CPU seconds (and share) in "
+        "`plan_transformer(..., workers=1)`; the search's wall clock on two "
+        'processes is in "Scale: reference models on their clusters".',
+    )
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ write).  Prints (and with ``--write`` puts in docs/benchmarks.md, section
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -27,13 +26,10 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import replace_section  # noqa: E402
-from bench.scale import selected  # noqa: E402
-from bench.scale_phases import PhaseClock  # noqa: E402
+from bench.scale_phases import PhaseClock, bench_main  # noqa: E402
 from cost_models import units  # noqa: E402
 from layout_planner import scale_search  # noqa: E402
 from layout_planner.choices import plan_transformer  # noqa: E402
-from layout_planner.ortools_import import load_cp_sat  # noqa: E402
 
 
 class _Counts:
@@ -163,30 +159,17 @@ def run(cases: list[Any]) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
-    ap.add_argument("--only", default="", help="comma-separated case keys")
-    args = ap.parse_args()
-    cases = selected(args.only)
-    if not cases:
-        ap.error(f"--only {args.only!r} names no case")
-    load_cp_sat()
-    load_start = os.getloadavg()[0]
-    table = run(cases)
-    load = f"load average {load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
-    print(load)
-    if args.write:
-        replace_section(
-            "scale-workers",
-            "Command: `.venv/bin/python bench/scale_workers.py --write` "
-            f"({load}, 2 cores).  Each model planned in one process and on two "
-            "forked workers, the phases of `bench/scale_phases.py` clocked in "
-            "every process (their CPU seconds summed over the processes), the "
-            "stage graphs built and the unit prices computed (each process "
-            "shares its graphs and prices among its meshes, not with the "
-            "other).\n\n" + table,
-            title="Scale search: what the second process repeats",
-        )
+    bench_main(
+        __doc__,
+        run,
+        "scale-workers",
+        "Scale search: what the second process repeats",
+        "Each model planned in one process and on two forked workers, the "
+        "phases of `bench/scale_phases.py` clocked in every process (their CPU "
+        "seconds summed over the processes), the stage graphs built and the "
+        "unit prices computed (each process shares its graphs and prices among "
+        "its meshes, not with the other).",
+    )
 
 
 if __name__ == "__main__":
