@@ -1335,8 +1335,8 @@ class _Ahead(_Source):
             return None  # its round's fewest did not win: the rounds end
         meshes = [self.add(mesh) for mesh in self._fewer(fastest[3].choice, fastest[0])]
         self._fewest.update(meshes[-1:])
-        if self._is_early(fastest):
-            self._early.update(meshes)
+        if self._is_early(fastest) and _refined_first(fastest[3]):
+            self._early.update(meshes)  # the passes try them before the joints
         return next(
             (("free", i) for i in meshes if ("free", i) not in self._sent), None
         )

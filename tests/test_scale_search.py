@@ -484,6 +484,55 @@ def test_an_idle_worker_runs_the_first_passs_fewer_micro_batches_before_joints()
     assert got["idle"] is None
 
 
+_FEWER_AFTER = """
+import json, time
+from cost_models.pipeline import PipelineSpec
+from layout_planner.scale_plan import ScaleChoice, ScaleTrial
+from layout_planner.scale_search import Mesh, _Ahead, _Free, _Outcome
+
+spec = PipelineSpec(2, 4, "1f1b")
+meshes = [Mesh(1.0, 2, 1, 4, 4, spec), Mesh(2.0, 2, 2, 2, 4, spec)]
+fewer = Mesh(1.5, 2, 1, 4, 2, PipelineSpec(2, 2, "1f1b"))
+every = meshes + [fewer]
+
+def run(stages, task):
+    kind, mesh = task
+    i = every.index(mesh)
+    c = ScaleChoice(2, mesh.data, mesh.tensor, mesh.micro_batches, "1f1b",
+                    "none", "none")
+    if kind == "joint":
+        time.sleep(1.0)  # meanwhile the other worker lays out mesh 0's fewer
+        return _Outcome(ScaleTrial(c, 12.0, 100, True, "r"), None, None)
+    step, fits, bound = {0: (15.0, True, 0.0), 1: (30.0, False, 14.5),
+                         2: (13.0, True, 0.0)}[i]
+    return _Free(_Outcome(ScaleTrial(c, step, 100, fits, "r"), None, None),
+                 bound, None)
+
+def fewer_of(c, step):
+    return [fewer] if c.micro_batches == 4 else []
+
+with _Ahead(meshes, run, lambda: None, 2, fewer=fewer_of) as source:
+    source.free(0)
+    source.free(1)
+    ahead = source.free(source.add(fewer)).outcome.trial.step_time_s
+    best = source._best_step()
+    joint = source.joint(1).trial.step_time_s
+    replaced = sorted(map(list, source._sent))
+print(json.dumps({"ahead": ahead, "best": best, "joint": joint, "sent": replaced}))
+"""
+
+
+def test_fewer_micro_batches_laid_out_ahead_on_two_stages_bound_no_joint_program():
+    """On two stages the passes run the joint programs before the fewer
+    micro-batches: one laid out ahead (13 s) is no bound on mesh 1's
+    joint program (14.5 s), which keeps running."""
+    got = _in_fresh_interpreter(_FEWER_AFTER)
+    assert got["ahead"] == 13.0
+    assert got["best"] == 15.0  # the first pass's fit only
+    assert got["joint"] == 12.0
+    assert got["sent"] == [["free", 0], ["free", 1], ["free", 2], ["joint", 1]]
+
+
 _ROUND_ENDS = """
 import json
 from cost_models.pipeline import PipelineSpec
