@@ -1134,6 +1134,11 @@ class _InProcess(_Source):
         return self._run(self.stages, self._item(task))
 
 
+#: A fitting trial's step, its mesh's index, whether it was a free layout,
+#: and the trial.
+_Fit: TypeAlias = "tuple[float, int, bool, ScaleTrial]"
+
+
 class _Ahead(_Source):
     """Results computed ahead on forked processes (:class:`Workers`), each
     with its own stages, while the passes wait for the one they need next.
@@ -1179,8 +1184,8 @@ class _Ahead(_Source):
         self._laid: dict[int, set[tuple[int, int, int, int, int]]] = {
             w: set() for w in range(self._pool.count)
         }
-        #: (step, mesh, free layout?, trial) of each fitting trial.
-        self._fits: list[tuple[float, int, bool, ScaleTrial]] = []
+        #: Each fitting trial's (step, mesh, free layout?, trial).
+        self._fits: list[_Fit] = []
         #: The meshes of fewer micro-batches of a first-pass free layout (or
         #: of one of these) that the passes try before the joint programs
         #: (:func:`_refined_first`).
@@ -1278,11 +1283,11 @@ class _Ahead(_Source):
                 ):
                     return ("free", i)
         if self._joint_programs:
-            early = self._fewer_ahead(
-                [f for f in self._fits if self._is_early(f)], early=True
-            )
-            if early is not None:
-                return early
+            fastest = self._fastest([f for f in self._fits if self._is_early(f)])
+            if fastest is not None and _refined_first(fastest[3]):
+                early = self._fewer_ahead(fastest)
+                if early is not None:
+                    return early
         best = self._best_step()
         joints = (
             [
@@ -1312,24 +1317,23 @@ class _Ahead(_Source):
         steps = [f[0] for f in self._fits if f[1] < self._first or self._is_early(f)]
         return min([*steps, self._incumbent_s])
 
-    def _is_early(self, fit: tuple[float, int, bool, ScaleTrial]) -> bool:
+    def _is_early(self, fit: _Fit) -> bool:
         _, i, free, _ = fit
         return (free and i < self._first) or i in self._early
 
-    def _fewer_ahead(
-        self, fits: Sequence[tuple[float, int, bool, ScaleTrial]], early: bool = False
-    ) -> tuple[str, Any] | None:
-        """The next free layout not sent of the fewer micro-batches of the
-        fastest of ``fits`` (fewest stages on a tie), if any; ``early``:
-        only if the passes try them before the joint programs
-        (:func:`_refined_first`)."""
-        fits = [f for f in fits if f[0] < self._incumbent_s]
-        if not fits or self._fewer is None:
-            return None
-        fastest = min(
-            fits, key=lambda f: (f[0], f[3].choice.stages, f[3].choice.sequence)
+    def _fastest(self, fits: Sequence[_Fit]) -> _Fit | None:
+        """The fastest of ``fits`` that beats the incumbent (fewest stages,
+        then sequence size, on a tie), if any."""
+        return min(
+            (f for f in fits if f[0] < self._incumbent_s),
+            key=lambda f: (f[0], f[3].choice.stages, f[3].choice.sequence),
+            default=None,
         )
-        if early and not _refined_first(fastest[3]):
+
+    def _fewer_ahead(self, fastest: _Fit) -> tuple[str, Any] | None:
+        """The next free layout not sent of the fewer micro-batches of the
+        fitting trial ``fastest``, if the rounds go on from it."""
+        if self._fewer is None:
             return None
         if fastest[1] >= self._first and fastest[1] not in self._fewest:
             return None  # its round's fewest did not win: the rounds end
@@ -1342,21 +1346,17 @@ class _Ahead(_Source):
         )
 
     def _ahead_of_the_passes(self) -> tuple[str, Any] | None:
-        """With nothing else to run, for the fastest fitting trial so far
-        (fewest stages on a tie), which is the search's best unless a result
-        still to come beats it: the free layouts of its fewer micro-batches,
-        then the full stage graph's price of it."""
-        fits = [f for f in self._fits if f[0] < self._incumbent_s]
-        if not fits:
+        """With nothing else to run, for the fastest fitting trial so far,
+        which is the search's best unless a result still to come beats it:
+        the free layouts of its fewer micro-batches, then the full stage
+        graph's price of it."""
+        fastest = self._fastest(self._fits)
+        if fastest is None:
             return None
-        free = self._fewer_ahead(fits)
-        if free is not None:
+        free = self._fewer_ahead(fastest)
+        if free is not None or not self._check_ahead:
             return free
-        _, _, _, trial = min(
-            fits, key=lambda f: (f[0], f[3].choice.stages, f[3].choice.sequence)
-        )
-        if not self._check_ahead:
-            return None
+        trial = fastest[3]
         check = ("check", (trial.choice, trial.layout_rules))
         return None if check in self._sent else check
 

@@ -439,69 +439,29 @@ def test_the_first_passs_best_gets_fewer_micro_batches_before_the_joint_programs
         assert steps == [15.0, 30.0, 30.0, 14.8, 12.5]
 
 
-_FEWER_FIRST = """
+# Two meshes of STAGES stages and mesh 0's fewer micro-batches, laid out by
+# forked workers; SLOW: seconds a (kind, mesh) task takes.  Mesh 0's free
+# layout fits (15 s), mesh 1's does not (bound 14.5 s; its joint program
+# fits at 12 s), and the fewer micro-batches fit at 13 s.
+_FEWER_MESHES = """
 import json, time
 from cost_models.pipeline import PipelineSpec
 from layout_planner.scale_plan import ScaleChoice, ScaleTrial
 from layout_planner.scale_search import Mesh, _Ahead, _Free, _Outcome
 
-spec = PipelineSpec(1, 4, "1f1b")
-meshes = [Mesh(1.0, 1, 1, 8, 4, spec), Mesh(2.0, 1, 2, 4, 4, spec)]
-fewer = Mesh(1.5, 1, 1, 8, 2, PipelineSpec(1, 2, "1f1b"))
+spec = PipelineSpec(STAGES, 4, "1f1b")
+data = 8 // STAGES
+meshes = [Mesh(1.0, STAGES, 1, data, 4, spec), Mesh(2.0, STAGES, 2, data // 2, 4, spec)]
+fewer = Mesh(1.5, STAGES, 1, data, 2, PipelineSpec(STAGES, 2, "1f1b"))
 every = meshes + [fewer]
 
 def run(stages, task):
     kind, mesh = task
     i = every.index(mesh)
-    c = ScaleChoice(1, mesh.data, mesh.tensor, mesh.micro_batches, "1f1b",
+    c = ScaleChoice(STAGES, mesh.data, mesh.tensor, mesh.micro_batches, "1f1b",
                     "none", "none")
+    time.sleep(SLOW.get((kind, i), 0.0))
     if kind == "joint":
-        return _Outcome(ScaleTrial(c, 20.0, 100, True, "r"), None, None)
-    if i == 1:
-        time.sleep(0.5)  # mesh 0's worker goes idle meanwhile
-    step, fits, bound = {0: (15.0, True, 0.0), 1: (30.0, False, 14.5),
-                         2: (13.0, True, 0.0)}[i]
-    return _Free(_Outcome(ScaleTrial(c, step, 100, fits, "r"), None, None),
-                 bound, None)
-
-def fewer_of(c, step):
-    return [fewer] if c.micro_batches == 4 else []
-
-with _Ahead(meshes, run, lambda: None, 2, fewer=fewer_of) as source:
-    source.free(0)
-    source.free(1)
-    sent = sorted(map(list, source._sent))
-    idle = source._next(0)  # mesh 1's joint program: bound 14.5 s, beaten
-print(json.dumps({"sent": sent, "idle": idle}))
-"""
-
-
-def test_an_idle_worker_runs_the_first_passs_fewer_micro_batches_before_joints():
-    got = _in_fresh_interpreter(_FEWER_FIRST)
-    # While mesh 1 is laid out, mesh 0's fewer micro-batches (13 s).
-    assert got["sent"] == [["free", 0], ["free", 1], ["free", 2]]
-    # Mesh 1's joint program (bound 14.5 s) cannot beat them: not sent.
-    assert got["idle"] is None
-
-
-_FEWER_AFTER = """
-import json, time
-from cost_models.pipeline import PipelineSpec
-from layout_planner.scale_plan import ScaleChoice, ScaleTrial
-from layout_planner.scale_search import Mesh, _Ahead, _Free, _Outcome
-
-spec = PipelineSpec(2, 4, "1f1b")
-meshes = [Mesh(1.0, 2, 1, 4, 4, spec), Mesh(2.0, 2, 2, 2, 4, spec)]
-fewer = Mesh(1.5, 2, 1, 4, 2, PipelineSpec(2, 2, "1f1b"))
-every = meshes + [fewer]
-
-def run(stages, task):
-    kind, mesh = task
-    i = every.index(mesh)
-    c = ScaleChoice(2, mesh.data, mesh.tensor, mesh.micro_batches, "1f1b",
-                    "none", "none")
-    if kind == "joint":
-        time.sleep(1.0)  # meanwhile the other worker lays out mesh 0's fewer
         return _Outcome(ScaleTrial(c, 12.0, 100, True, "r"), None, None)
     step, fits, bound = {0: (15.0, True, 0.0), 1: (30.0, False, 14.5),
                          2: (13.0, True, 0.0)}[i]
@@ -510,23 +470,48 @@ def run(stages, task):
 
 def fewer_of(c, step):
     return [fewer] if c.micro_batches == 4 else []
+"""
 
+
+def test_an_idle_worker_runs_the_first_passs_fewer_micro_batches_before_joints():
+    got = _in_fresh_interpreter(
+        # mesh 0's worker goes idle while mesh 1 is laid out
+        'STAGES = 1\nSLOW = {("free", 1): 0.5}\n'
+        + _FEWER_MESHES
+        + """
 with _Ahead(meshes, run, lambda: None, 2, fewer=fewer_of) as source:
     source.free(0)
     source.free(1)
-    ahead = source.free(source.add(fewer)).outcome.trial.step_time_s
-    best = source._best_step()
-    joint = source.joint(1).trial.step_time_s
-    replaced = sorted(map(list, source._sent))
-print(json.dumps({"ahead": ahead, "best": best, "joint": joint, "sent": replaced}))
+    sent = sorted(map(list, source._sent))
+    idle = source._next(0)  # mesh 1's joint program: bound 14.5 s, beaten
+print(json.dumps({"sent": sent, "idle": idle}))
 """
+    )
+    # While mesh 1 is laid out, mesh 0's fewer micro-batches (13 s).
+    assert got["sent"] == [["free", 0], ["free", 1], ["free", 2]]
+    # Mesh 1's joint program (bound 14.5 s) cannot beat them: not sent.
+    assert got["idle"] is None
 
 
 def test_fewer_micro_batches_laid_out_ahead_on_two_stages_bound_no_joint_program():
     """On two stages the passes run the joint programs before the fewer
     micro-batches: one laid out ahead (13 s) is no bound on mesh 1's
     joint program (14.5 s), which keeps running."""
-    got = _in_fresh_interpreter(_FEWER_AFTER)
+    got = _in_fresh_interpreter(
+        # meanwhile the other worker lays out mesh 0's fewer micro-batches
+        'STAGES = 2\nSLOW = {("joint", 1): 1.0}\n'
+        + _FEWER_MESHES
+        + """
+with _Ahead(meshes, run, lambda: None, 2, fewer=fewer_of) as source:
+    source.free(0)
+    source.free(1)
+    ahead = source.free(source.add(fewer)).outcome.trial.step_time_s
+    best = source._best_step()
+    joint = source.joint(1).trial.step_time_s
+    sent = sorted(map(list, source._sent))
+print(json.dumps({"ahead": ahead, "best": best, "joint": joint, "sent": sent}))
+"""
+    )
     assert got["ahead"] == 13.0
     assert got["best"] == 15.0  # the first pass's fit only
     assert got["joint"] == 12.0
