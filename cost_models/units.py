@@ -44,7 +44,6 @@ from cost_models.layout_cache import CachedLayoutContext, LayoutSizes
 from cost_models.op_costs import hbm_tensors, op_compute
 from cost_models.signatures import Signature, Signer
 from mtf_core.comm import CollectiveSpec, LayoutContext
-from mtf_core.errors import LayoutError
 from mtf_core.graph import Graph, Operation, Tensor
 from mtf_core.liveness import step_operations
 from mtf_core.shapes import Shape
@@ -102,11 +101,6 @@ class UnitCost:
     @property
     def comm_s(self) -> float:
         return sum(s for _, s in self.comm_s_by_axis)
-
-
-#: What a deferred unit costs under a layout where none of its ops leaves an
-#: allreduce pending.
-_NOTHING_DEFERRED = UnitCost(0.0, (), ())
 
 
 def comm_by_axis(
@@ -191,17 +185,16 @@ class UnitPricer:
             raise CostModelError(
                 f"unknown cost unit kind {unit.kind!r}; expected op or deferred"
             )
-        try:
-            quiet = not any(self._own_pending(op, ctx) for op in unit.ops)
-        except LayoutError:
-            quiet = False  # raised again below, where the walk reaches it
-        if quiet:  # nothing is ever pending: nothing is forced
-            return _NOTHING_DEFERRED
         sim = DeferredAllreduces(ctx)
         forced_all: list[CollectiveSpec] = []
         once_s = 0.0
         for i, op in enumerate(unit.ops):
-            own = self._own_pending(op, ctx)
+            _, names, defers = self._op_statics(op)
+            own = (
+                [s for s in self._communication(op, names, ctx) if s.pending]
+                if defers
+                else []
+            )
             forced = [r.spec for r in sim.step(op, own) if r.forced]
             forced_all.extend(forced)
             if forced and (
@@ -213,15 +206,6 @@ class UnitPricer:
         return UnitCost(
             0.0, self._by_axis(forced_all), tuple(forced_all), once_s=once_s
         )
-
-    def _own_pending(
-        self, op: Operation, ctx: CachedLayoutContext
-    ) -> list[CollectiveSpec]:
-        """The allreduces ``op`` leaves pending under ``ctx``."""
-        _, names, defers = self._op_statics(op)
-        if not defers:
-            return []
-        return [s for s in self._communication(op, names, ctx) if s.pending]
 
     def _op_statics(self, op: Operation) -> tuple[float, tuple[str, ...], bool]:
         got = self._statics.get(op)

@@ -19,7 +19,6 @@ from cost_models import (
     memory_model,
     unit_cost,
 )
-import cost_models.units as units_module
 from cost_models.units import DEFERRED, OP
 from mtf_core.comm import CollectiveSpec, LayoutContext
 from mtf_core.errors import LayoutError, MtfError
@@ -117,37 +116,6 @@ def test_sum_of_pending_einsums_and_its_forcing_einsum_form_one_deferred_unit() 
         ("x",),
         ("y",),
     ]
-
-
-def test_a_deferred_unit_with_nothing_pending_is_free_without_a_walk(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # Where no contracted dim is split, no op of the unit leaves a sum
-    # pending: the unit costs nothing, and the pricer says so without
-    # simulating the pending sums (most layouts of a table are such).
-    g = mtf.Graph()
-    m = mtf.Mesh(g, "m")
-    a, w1 = mtf.zeros(m, "b:4,k:4"), mtf.zeros(m, "k:4,h:4")
-    s = mtf.einsum([a, w1], output_shape="b:4,h:4")
-    out = mtf.einsum([s, mtf.zeros(m, "h:4,o:8")], output_shape="b:4,o:8")
-    (group,) = [u for u in cost_units(g, [out]) if u.kind == DEFERRED]
-    walks = []
-    real = units_module.DeferredAllreduces
-    monkeypatch.setattr(
-        units_module,
-        "DeferredAllreduces",
-        lambda ctx: walks.append(ctx) or real(ctx),
-    )
-    pricer = UnitPricer(mtf.convert_to_shape("x:2;y:2"), get_hardware("cpu-host"))
-    quiet = pricer.cost(group, LayoutContext.make("x:2;y:2", "b:x;o:y"))
-    assert (quiet.compute_s, quiet.comm_s_by_axis, quiet.collectives) == (0, (), ())
-    assert walks == []
-    busy = pricer.cost(group, LayoutContext.make("x:2;y:2", "b:x;h:y"))
-    assert [c.mesh_axes for c in busy.collectives] == [("y",)]
-    assert len(walks) == 1
-    # a layout the lowering rejects still raises
-    with pytest.raises(LayoutError):
-        pricer.cost(group, LayoutContext.make("x:2;y:2", "b:x;k:x"))
 
 
 def test_forcing_consumer_dims_stay_out_of_the_deferred_unit() -> None:
