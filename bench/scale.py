@@ -60,6 +60,17 @@ class Case:
     source: str
     encoder_decoder: bool = False
 
+    def plan(self, workers: int) -> ScalePlan:
+        """The model planned with ``plan_transformer``'s defaults on
+        ``workers`` processes."""
+        return plan_transformer(
+            self.config,
+            self.devices,
+            self.hardware,
+            encoder_decoder=self.encoder_decoder,
+            workers=workers,
+        )
+
     def price_published(self) -> ScalePlan:
         """The published layout priced as the planner's trials are."""
         return price_layout(

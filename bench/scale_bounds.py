@@ -25,7 +25,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.scale_phases import bench_main  # noqa: E402
 from layout_planner import scale_search  # noqa: E402
-from layout_planner.choices import plan_transformer  # noqa: E402
 
 
 class _Record:
@@ -96,13 +95,7 @@ def run(cases: list[Any]) -> str:
     ]
     for case in cases:
         with _Record() as rec:
-            plan = plan_transformer(
-                case.config,
-                case.devices,
-                case.hardware,
-                encoder_decoder=case.encoder_decoder,
-                workers=1,
-            )
+            plan = case.plan(1)
         step = min(
             t.step_time_s
             for t in plan.trials

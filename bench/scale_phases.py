@@ -38,7 +38,6 @@ from layout_planner import (  # noqa: E402
     scale_search,
     stacked,
 )
-from layout_planner.choices import plan_transformer  # noqa: E402
 from layout_planner.ortools_import import load_cp_sat  # noqa: E402
 
 #: (owner, attribute, phase): what is wrapped.
@@ -118,13 +117,7 @@ def run(cases: list[Any]) -> str:
     for case in cases:
         with PhaseClock() as clock:
             start = time.process_time()
-            plan = plan_transformer(
-                case.config,
-                case.devices,
-                case.hardware,
-                encoder_decoder=case.encoder_decoder,
-                workers=1,
-            )
+            plan = case.plan(1)
             total = time.process_time() - start
         shares = dict(clock.own)
         shares["rest"] = total - sum(clock.own.values())

@@ -29,7 +29,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.scale_phases import PhaseClock, bench_main  # noqa: E402
 from cost_models import units  # noqa: E402
 from layout_planner import scale_search  # noqa: E402
-from layout_planner.choices import plan_transformer  # noqa: E402
 
 
 class _Counts:
@@ -104,13 +103,7 @@ def _plan(case: Any, workers: int) -> tuple[float, list[dict[str, Any]]]:
         clock = PhaseClock()
         with clock, _Counts(folder, clock) as counts:
             start = time.perf_counter()
-            plan_transformer(
-                case.config,
-                case.devices,
-                case.hardware,
-                encoder_decoder=case.encoder_decoder,
-                workers=workers,
-            )
+            case.plan(workers)
             wall = time.perf_counter() - start
             counts.write()  # the parent's (its check, where it made one)
         got = []
