@@ -252,7 +252,8 @@ class Operation:
     ) -> None:
         inputs = list(inputs)
         for t in inputs:
-            check_tensor(t, f"{type(self).__name__} input")
+            if not isinstance(t, Tensor):
+                check_tensor(t, f"{type(self).__name__} input")  # raises
         if mesh is None:
             if not inputs:
                 raise GraphError(f"{type(self).__name__} needs a mesh or inputs")
@@ -267,8 +268,9 @@ class Operation:
                 f"{type(self).__name__}: name {name!r} is not a string; expected a "
                 "name such as 'my_op' (or None)"
             )
+        graph = mesh.graph
         for t in inputs:
-            if t.graph is not mesh.graph:
+            if t.graph is not graph:
                 raise GraphError(
                     f"tensor {t.name} belongs to another graph than mesh {mesh.name!r}"
                 )
@@ -277,8 +279,8 @@ class Operation:
         self._mesh = mesh
         self._unsplittable: frozenset[str] = frozenset()
         self._dim_names: frozenset[str] | None = None  # all_dim_names, cached
-        self.name = mesh.graph.unique_name(name or self.op_type.lower())
-        mesh.graph.operations.append(self)
+        self.name = graph.unique_name(name or self.op_type.lower())
+        graph.operations.append(self)
 
     def _add_output(self, shape: Any, dtype: Any) -> Tensor:
         t = Tensor(self, convert_to_shape(shape), dtype, len(self._outputs))
@@ -379,12 +381,15 @@ def check_tensor(x: Any, what: str) -> Tensor:
 
 def check_same_mesh(tensors: Iterable[Tensor]) -> Mesh:
     """The mesh ``tensors`` share; raises GraphError naming two that differ."""
-    tensors = [check_tensor(t, "input") for t in tensors]
+    tensors = list(tensors)
+    for t in tensors:
+        if not isinstance(t, Tensor):
+            check_tensor(t, "input")  # raises
     if not tensors:
         raise GraphError("expected at least one mtf.Tensor, got none")
-    mesh = tensors[0].mesh
+    mesh = tensors[0].operation.mesh
     for t in tensors[1:]:
-        if t.mesh is not mesh:
+        if t.operation.mesh is not mesh:
             raise GraphError(
                 f"tensors {tensors[0].name} and {t.name} live on different meshes "
                 f"({mesh.name!r}, {t.mesh.name!r})"

@@ -95,6 +95,12 @@ DIFFERENTIABLE_BINARY = frozenset(
 
 def broadcast_shape(shapes: Sequence[Shape]) -> Shape:
     """Union of dims by name, in order of first appearance; sizes must agree."""
+    if len(shapes) == 2:  # most calls: two equal shapes, or one a scalar's
+        a, b = shapes
+        if not b.dims or a == b:
+            return a
+        if not a.dims:
+            return b
     dims: dict[str, Any] = {}
     for s in shapes:
         for d in s:
