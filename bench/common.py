@@ -17,8 +17,10 @@ import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +61,33 @@ def child_json(
     if done.returncode != 0:
         raise SystemExit(f"{what} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.splitlines()[-1])
+
+
+def short_commit(rev: str) -> str | None:
+    """``rev``'s short hash in this repository, or None if it names no commit."""
+    got = subprocess.run(
+        ["git", "rev-parse", "--short", "--verify", "--quiet", f"{rev}^{{commit}}"],
+        capture_output=True, text=True, cwd=ROOT,
+    )  # fmt: skip
+    return got.stdout.strip() if got.returncode == 0 else None
+
+
+@contextmanager
+def commit_tree(commit: str) -> Iterator[str]:
+    """A detached ``git worktree`` of ``commit`` in a temporary directory (its
+    path), removed at the end: the tree an A/B bench runs as its base."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = os.path.join(tmp, "base")
+        subprocess.run(
+            ["git", "worktree", "add", "--detach", "--quiet", tree, commit],
+            check=True, cwd=ROOT,
+        )  # fmt: skip
+        try:
+            yield tree
+        finally:
+            subprocess.run(
+                ["git", "worktree", "remove", "--force", tree], cwd=ROOT, check=False
+            )
 
 
 def median_seconds(fn: Callable[[], Any], repeats: int) -> float:

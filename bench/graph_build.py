@@ -20,9 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -30,9 +28,11 @@ from bench.common import (  # noqa: E402
     ROOT,
     child_json,
     command_line,
+    commit_tree,
     machine_summary,
     markdown_table,
     replace_section,
+    short_commit,
 )
 
 # Run in a fresh interpreter with the tree's root first on sys.path.
@@ -84,34 +84,20 @@ def main() -> None:
     for name in ("runs", "repeats"):
         if getattr(args, name) < 1:
             ap.error(f"--{name} {getattr(args, name)}: expected at least 1")
-    rev = subprocess.run(
-        ["git", "rev-parse", "--short", args.base],
-        capture_output=True, text=True, cwd=ROOT,
-    )  # fmt: skip
-    if rev.returncode != 0:
+    base = short_commit(args.base)
+    if base is None:
         ap.error(f"--base {args.base!r}: not a commit of this repository")
-    base = rev.stdout.strip()
     machine = machine_summary()
     got: dict[str, list[dict[str, list]]] = {"this": [], "base": []}
-    with tempfile.TemporaryDirectory() as tmp:
-        tree = os.path.join(tmp, "base")
-        subprocess.run(
-            ["git", "worktree", "add", "--detach", "--quiet", tree, base],
-            check=True, cwd=ROOT,
-        )  # fmt: skip
-        try:
-            for run in range(args.runs):
-                for who, root in (("base", tree), ("this", str(ROOT))):
-                    one = child_json(
-                        _CHILD, [root, str(args.repeats)], f"builds in {root}", root
-                    )
-                    got[who].append(one)
-                    print(f"run {run + 1}/{args.runs} {who}: " + ", ".join(
-                        f"{k} {v[0]:.3f} s" for k, v in one.items()), flush=True)  # fmt: skip
-        finally:
-            subprocess.run(
-                ["git", "worktree", "remove", "--force", tree], cwd=ROOT, check=False
-            )
+    with commit_tree(base) as tree:
+        for run in range(args.runs):
+            for who, root in (("base", tree), ("this", str(ROOT))):
+                one = child_json(
+                    _CHILD, [root, str(args.repeats)], f"builds in {root}", root
+                )
+                got[who].append(one)
+                print(f"run {run + 1}/{args.runs} {who}: " + ", ".join(
+                    f"{k} {v[0]:.3f} s" for k, v in one.items()), flush=True)  # fmt: skip
     rows = []
     for key, title in _TITLES.items():
         mine, theirs = ([r[key][0] for r in got[who]] for who in ("this", "base"))

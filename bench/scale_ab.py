@@ -28,9 +28,7 @@ import hashlib
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -38,9 +36,11 @@ from bench.common import (  # noqa: E402
     ROOT,
     child_json,
     command_line,
+    commit_tree,
     machine_summary,
     markdown_table,
     replace_section,
+    short_commit,
 )
 from bench.scale import selected  # noqa: E402
 
@@ -103,39 +103,22 @@ def main() -> None:
     cases = selected(args.only)
     if not cases:
         ap.error(f"--only {args.only!r} names no case")
-    rev = subprocess.run(
-        ["git", "rev-parse", "--short", args.base],
-        capture_output=True, text=True, cwd=ROOT,
-    )  # fmt: skip
-    if rev.returncode != 0:
+    base = short_commit(args.base)
+    if base is None:
         ap.error(f"--base {args.base!r}: not a commit of this repository")
-    base = rev.stdout.strip()
-    head = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"],
-        capture_output=True, text=True, cwd=ROOT,
-    ).stdout.strip()  # fmt: skip
+    head = short_commit("HEAD")
     machine = machine_summary()  # the load as the runs start
     #: Each run, by (case, tree).
     runs: dict[tuple[str, str], list[_Run]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        tree = os.path.join(tmp, "base")
-        subprocess.run(
-            ["git", "worktree", "add", "--detach", "--quiet", tree, base],
-            check=True, cwd=ROOT,
-        )  # fmt: skip
-        try:
-            for run in range(args.runs):
-                for case in cases:
-                    for who, root in (("base", tree), ("this", str(ROOT))):
-                        got = _plan(root, case.key, args.workers)
-                        runs.setdefault((case.key, who), []).append(got)
-                        print(f"run {run + 1}/{args.runs} {case.key} {who}: "
-                              f"{got[0]:.2f} s, CPU {got[1]:.2f} s",
-                              flush=True)  # fmt: skip
-        finally:
-            subprocess.run(
-                ["git", "worktree", "remove", "--force", tree], cwd=ROOT, check=False
-            )
+    with commit_tree(base) as tree:
+        for run in range(args.runs):
+            for case in cases:
+                for who, root in (("base", tree), ("this", str(ROOT))):
+                    got = _plan(root, case.key, args.workers)
+                    runs.setdefault((case.key, who), []).append(got)
+                    print(f"run {run + 1}/{args.runs} {case.key} {who}: "
+                          f"{got[0]:.2f} s, CPU {got[1]:.2f} s",
+                          flush=True)  # fmt: skip
     headers = [
         "model", f"this tree ({head}), median s", f"base ({base}), median s",
         "ratio", "this tree, all runs", "base, all runs",
