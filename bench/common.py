@@ -20,9 +20,10 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS_MD = ROOT / "docs" / "benchmarks.md"
@@ -88,6 +89,20 @@ def commit_tree(commit: str) -> Iterator[str]:
             subprocess.run(
                 ["git", "worktree", "remove", "--force", tree], cwd=ROOT, check=False
             )
+
+
+class Patching:
+    """A bench's context that replaces attributes (:meth:`replace`, from its
+    ``__enter__``) and puts each back as it was on exit."""
+
+    def __init__(self) -> None:
+        self._patches = ExitStack()
+
+    def replace(self, owner: Any, name: str, new: Any) -> None:
+        self._patches.enter_context(mock.patch.object(owner, name, new))
+
+    def __exit__(self, *exc: object) -> None:
+        self._patches.close()
 
 
 def median_seconds(fn: Callable[[], Any], repeats: int) -> float:

@@ -23,20 +23,21 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench.common import Patching  # noqa: E402
 from bench.scale_phases import bench_main  # noqa: E402
 from layout_planner import scale_search  # noqa: E402
 
 
-class _Record:
+class _Record(Patching):
     """Wraps the search to note its first-pass meshes, each free layout
     (mesh sizes, proven bound, fits) and each joint program's trial."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.meshes: list[Any] = []
         self.free: list[tuple[tuple[int, ...], float, bool]] = []
         #: Each joint program's trial (None: it raised, nothing fitted).
         self.joint: list[Any] = []
-        self._undo: list[tuple[str, Any]] = []
 
     def __enter__(self) -> _Record:
         search, free_trial, trial = (
@@ -73,13 +74,8 @@ class _Record:
             ("_free_trial", recorded_free),
             ("_trial", recorded_trial),
         ):
-            self._undo.append((name, getattr(scale_search, name)))
-            setattr(scale_search, name, f)
+            self.replace(scale_search, name, f)
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        for name, f in reversed(self._undo):
-            setattr(scale_search, name, f)
 
 
 def _span(values: list[float]) -> str:

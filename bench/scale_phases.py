@@ -29,7 +29,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import replace_section  # noqa: E402
+from bench.common import Patching, replace_section  # noqa: E402
 from bench.scale import selected  # noqa: E402
 from layout_planner import (  # noqa: E402
     analysis,
@@ -66,14 +66,14 @@ ORDER = [
 ]
 
 
-class PhaseClock:
+class PhaseClock(Patching):
     """Wraps the phases; ``own[phase]``: CPU seconds spent in it, less what
     the wrapped phases it called spent."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.own: Counter[str] = Counter()
         self._inner: list[float] = []
-        self._undo: list[tuple[Any, str, Any]] = []
 
     def __enter__(self) -> PhaseClock:
         for owner, name, phase in PHASES:
@@ -82,13 +82,8 @@ class PhaseClock:
                 if isinstance(owner, type)
                 else getattr(owner, name)
             )
-            self._undo.append((owner, name, f))
-            setattr(owner, name, self._wrap(f, phase))
+            self.replace(owner, name, self._wrap(f, phase))
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        for owner, name, f in reversed(self._undo):
-            setattr(owner, name, f)
 
     def _wrap(self, f: Callable[..., Any], phase: str) -> Callable[..., Any]:
         @functools.wraps(f)

@@ -26,19 +26,20 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench.common import Patching  # noqa: E402
 from bench.scale_phases import PhaseClock, bench_main  # noqa: E402
 from cost_models import units  # noqa: E402
 from layout_planner import scale_search  # noqa: E402
 
 
-class _Counts:
+class _Counts(Patching):
     """Graphs built and unit prices computed in this process (and, after a
     fork, in each child: each writes its own file under ``folder``)."""
 
     def __init__(self, folder: str, clock: PhaseClock) -> None:
+        super().__init__()
         self.folder, self.clock = folder, clock
         self.counts: Counter[str] = Counter()
-        self._undo: list[tuple[Any, str, Any]] = []
 
     def __enter__(self) -> _Counts:
         # A forked child's CPU clock starts at zero; this process's at its start.
@@ -78,13 +79,8 @@ class _Counts:
             (scale_search, "_trial", written_trial),
             (scale_search, "_full_evaluation", written_check),
         ):
-            self._undo.append((owner, name, getattr(owner, name)))
-            setattr(owner, name, f)
+            self.replace(owner, name, f)
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        for owner, name, f in reversed(self._undo):
-            setattr(owner, name, f)
 
     def write(self) -> None:
         cpu = {phase: round(s, 4) for phase, s in self.clock.own.items()}
