@@ -36,13 +36,14 @@ from layout_planner import (  # noqa: E402
     cpsat,
     problem,
     scale_search,
+    scale_stages,
     stacked,
 )
 from layout_planner.ortools_import import load_cp_sat  # noqa: E402
 
 #: (owner, attribute, phase): what is wrapped.
 PHASES: list[tuple[Any, str, str]] = [
-    (scale_search._Stages, "graph", "build graphs"),
+    (scale_stages.Stages, "graph", "build graphs"),
     (analysis.GraphAnalysis, "__init__", "analyse graphs"),
     (stacked.LayerStack, "__init__", "stack"),
     (stacked.LayerStack, "resized", "stack"),

@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.common import Patching  # noqa: E402
 from bench.scale_phases import PhaseClock, bench_main  # noqa: E402
 from cost_models import units  # noqa: E402
-from layout_planner import scale_search  # noqa: E402
+from layout_planner import scale_search, scale_stages  # noqa: E402
 
 
 class _Counts(Patching):
@@ -47,7 +47,7 @@ class _Counts(Patching):
         counts, write = self.counts, self.write
         price, graph, trial, check = (
             units.UnitPricer.cost,
-            scale_search._Stages.graph,
+            scale_stages.Stages.graph,
             scale_search._trial,
             scale_search._full_evaluation,
         )
@@ -75,7 +75,7 @@ class _Counts(Patching):
 
         for owner, name, f in (
             (units.UnitPricer, "cost", counted_price),
-            (scale_search._Stages, "graph", counted_graph),
+            (scale_stages.Stages, "graph", counted_graph),
             (scale_search, "_trial", written_trial),
             (scale_search, "_full_evaluation", written_check),
         ):

@@ -176,7 +176,7 @@ class LayoutProblem:
         the units with (problems of one mesh may share one); made if None.
         ``table_memo``: priced tables shared by the problems that share
         ``pricer`` (whose units cost the same under equal signatures, as
-        ``layout_planner.scale_search``'s do): a table of the same dims,
+        ``layout_planner.scale_stages.SignaturePricer``'s do): a table of the same dims,
         assignments and units (signatures and counts, in order) as one
         priced before is copied from it.
         ``per_batch_weight``: how many times the time objective counts the

@@ -16,14 +16,14 @@ from cost_models.pipeline import PipelineSpec
 from cost_models.profiles import get_hardware
 from layout_planner.choices import ScaleChoice, plan_transformer
 from layout_planner.program import Objective, SolveParams
-from layout_planner.scale_search import (
-    _Derived,
-    _Graph,
-    _held_resized,
-    _price,
-    _Stage,
-    _Stages,
-    _trial,
+from layout_planner.scale_search import _trial
+from layout_planner.scale_stages import (
+    DerivedGraph,
+    Stage,
+    StageGraph,
+    Stages,
+    held_resized,
+    price_step,
 )
 from layout_planner.stacked import LayerStack
 from mtf_core.models import TransformerConfig, build_encoder_decoder, build_lm
@@ -104,10 +104,10 @@ STACKED_CASES = [
 ]
 
 
-def _stacking_stages(experts: int, builder: Any) -> _Stages:
+def _stacking_stages(experts: int, builder: Any) -> Stages:
     """One search's stages of CFG (weights stored shardable) with ``experts``."""
     cfg = CFG.replace(shardable_weights=True, shardable_slots=True, experts=experts)
-    return _Stages(cfg, builder, "adam")
+    return Stages(cfg, builder, "adam")
 
 
 @pytest.mark.parametrize("recompute,experts,builder", STACKED_CASES)
@@ -124,7 +124,7 @@ def test_representative_prices_layouts_as_the_full_stage_graph(
         rep = stages.stage(choice, hw)
         assert rep.problem is not None and len(rep.graphs) == 2  # 2 and 3 layers
         mesh = convert_to_shape(choice.stage_mesh)
-        full = _Stage(mesh, hw, [stages.graph(choice, 6)], 6)
+        full = Stage(mesh, hw, [stages.graph(choice, 6)], 6)
         rng = random.Random(1)
         dims = rep.problem.free_dims
         checked = 0
@@ -163,7 +163,7 @@ def test_a_resized_stage_derives_what_its_unbuilt_three_layer_graph_gives(
 
     def built(choice, layers):
         config = stages.stage_config(choice, layers)
-        return _Graph(builder(config, optimizer="adam"))
+        return StageGraph(builder(config, optimizer="adam"))
 
     # 6 layers a stage, micro-batches of 4 (the reference), 2, 8 and 1.
     for m in (8, 16, 4, 32):
@@ -171,9 +171,9 @@ def test_a_resized_stage_derives_what_its_unbuilt_three_layer_graph_gives(
         before = stages.built_layers
         two, three = stages.stage(choice, hw).graphs
         if m == 8:
-            assert isinstance(three, _Graph)  # the reference's own
+            assert isinstance(three, StageGraph)  # the reference's own
             continue
-        assert isinstance(three, _Derived)  # not built: only the 2-layer graph
+        assert isinstance(three, DerivedGraph)  # not built: only the 2-layer graph
         assert stages.built_layers == before + 2
         want = built(choice, 3)
         assert three.held.counts == want.held.counts
@@ -185,13 +185,13 @@ def test_a_resized_stage_derives_what_its_unbuilt_three_layer_graph_gives(
 
 
 def test_held_buffers_are_not_derived_from_a_stage_holding_other_classes():
-    stages = _Stages(CFG, build_lm, "adam")
+    stages = Stages(CFG, build_lm, "adam")
     none = ("none", "none")
     ref = [stages.graph(ScaleChoice(2, 1, 2, 8, "1f1b", *none), k).held for k in (2, 3)]
     half = ScaleChoice(2, 1, 2, 16, "1f1b", *none)
-    assert _held_resized(*ref, stages.graph(half, 2).held) is not None
+    assert held_resized(*ref, stages.graph(half, 2).held) is not None
     blocks = ScaleChoice(2, 1, 2, 16, "1f1b", "block", "block")
-    assert _held_resized(*ref, stages.graph(blocks, 2).held) is None
+    assert held_resized(*ref, stages.graph(blocks, 2).held) is None
 
 
 @pytest.mark.parametrize("exhaustive", [False, True])
@@ -268,7 +268,8 @@ _CHECK_AHEAD = """
 import json, time
 from cost_models.pipeline import PipelineSpec
 from layout_planner.scale_plan import ScaleChoice, ScaleTrial
-from layout_planner.scale_search import Mesh, _Ahead, _Free, _Outcome
+from layout_planner.scale_sources import Ahead, FreeResult, Mesh
+from layout_planner.scale_stages import Outcome
 
 spec = PipelineSpec(1, 4, "1f1b")
 meshes = [Mesh(1.0, 1, 1, 8, 4, spec), Mesh(2.0, 1, 2, 4, 4, spec)]
@@ -288,14 +289,14 @@ def run(stages, task):
     if i == 1:
         time.sleep(0.5)  # mesh 0's worker goes idle meanwhile
     trial = ScaleTrial(choice(what), 10.0 + i, 100, True, f"batch:dp;r:{i}")
-    return _Free(_Outcome(trial, None, None), 0.0, None)
+    return FreeResult(Outcome(trial, None, None), 0.0, None)
 
 def fewer_of(c, step):
     asked.append((str(c), step))
     return [fewer] if c.micro_batches == 4 else []
 
 asked = []
-with _Ahead(meshes, run, lambda: None, 2, check_ahead=True, fewer=fewer_of) as source:
+with Ahead(meshes, run, lambda: None, 2, check_ahead=True, fewer=fewer_of) as source:
     source.free(0)
     source.free(1)
     sent = sorted(map(str, source._sent))
@@ -335,7 +336,8 @@ _DROP_BEATEN = """
 import json, time
 from cost_models.pipeline import PipelineSpec
 from layout_planner.scale_plan import ScaleChoice, ScaleTrial
-from layout_planner.scale_search import Mesh, _Ahead, _Free, _Outcome
+from layout_planner.scale_sources import Ahead, FreeResult, Mesh
+from layout_planner.scale_stages import Outcome
 
 spec = PipelineSpec(1, 4, "1f1b")
 meshes = [Mesh(float(i), 1, 1, 8, 4, spec) for i in (1, 2, 3)]
@@ -346,13 +348,13 @@ def run(stages, task):
     choice = ScaleChoice(1, 8, 1, 4, "1f1b", "none", "none")
     if kind == "joint":
         time.sleep(5.0 if i == 1 else 0.0)  # mesh 1's: long, and beaten
-        return _Outcome(ScaleTrial(choice, 20.0, 100, False, "r"), None, None)
+        return Outcome(ScaleTrial(choice, 20.0, 100, False, "r"), None, None)
     if i == 0:
         time.sleep(0.5)  # meanwhile the other worker runs joint programs
     trial = ScaleTrial(choice, 10.0, 100, i == 0, "r")
-    return _Free(_Outcome(trial, None, None), {0: 10.0, 1: 12.0, 2: 5.0}[i], None)
+    return FreeResult(Outcome(trial, None, None), {0: 10.0, 1: 12.0, 2: 5.0}[i], None)
 
-with _Ahead(meshes, run, lambda: None, 2) as source:
+with Ahead(meshes, run, lambda: None, 2) as source:
     start = time.perf_counter()
     source.free(0)  # fits at 10 s: mesh 1's joint program (bound 12 s) is beaten
     running = [list(t) for t in source._pool.running().values()]
@@ -385,7 +387,9 @@ def test_the_first_passs_best_gets_fewer_micro_batches_before_the_joint_programs
     from types import SimpleNamespace
 
     from layout_planner.scale_plan import ScaleTrial
-    from layout_planner.scale_search import Mesh, _Free, _InProcess, _Outcome, _passes
+    from layout_planner.scale_search import _passes
+    from layout_planner.scale_sources import FreeResult, InProcess, Mesh
+    from layout_planner.scale_stages import Outcome
 
     spec = PipelineSpec(stages, 4, "1f1b")
     meshes = [Mesh(float(i), stages, 1, 8, 4, spec) for i in (1, 2, 3)]
@@ -396,7 +400,7 @@ def test_the_first_passs_best_gets_fewer_micro_batches_before_the_joint_programs
     def outcome(step, fits, micro_batches=4):
         c = ScaleChoice(stages, 8, 1, micro_batches, "1f1b", "none", "none")
         trial = ScaleTrial(c, step, 100, fits, f"r:{step}")
-        return _Outcome(trial, None, SimpleNamespace(step_time_s=step))
+        return Outcome(trial, None, SimpleNamespace(step_time_s=step))
 
     asked = []
 
@@ -407,7 +411,7 @@ def test_the_first_passs_best_gets_fewer_micro_batches_before_the_joint_programs
         if kind == "joint":
             return outcome({1: 12.5, 2: 14.8}[i], True)
         step, fits, bound = free[i]
-        return _Free(outcome(step, fits), bound, None)
+        return FreeResult(outcome(step, fits), bound, None)
 
     refined = []
 
@@ -423,7 +427,7 @@ def test_the_first_passs_best_gets_fewer_micro_batches_before_the_joint_programs
     def options(mesh):
         return [ScaleChoice(stages, 8, 1, 4, "1f1b", "none", "none")]
 
-    source = _InProcess(meshes, run, None)
+    source = InProcess(meshes, run, None)
     trials, best = _passes(meshes, options, source, None, refine=refine)
     steps = [t.step_time_s for t in trials]
     frees = [("free", 0), ("free", 1), ("free", 2)]
@@ -447,7 +451,8 @@ _FEWER_MESHES = """
 import json, time
 from cost_models.pipeline import PipelineSpec
 from layout_planner.scale_plan import ScaleChoice, ScaleTrial
-from layout_planner.scale_search import Mesh, _Ahead, _Free, _Outcome
+from layout_planner.scale_sources import Ahead, FreeResult, Mesh
+from layout_planner.scale_stages import Outcome
 
 spec = PipelineSpec(STAGES, 4, "1f1b")
 data = 8 // STAGES
@@ -462,10 +467,10 @@ def run(stages, task):
                     "none", "none")
     time.sleep(SLOW.get((kind, i), 0.0))
     if kind == "joint":
-        return _Outcome(ScaleTrial(c, 12.0, 100, True, "r"), None, None)
+        return Outcome(ScaleTrial(c, 12.0, 100, True, "r"), None, None)
     step, fits, bound = {0: (15.0, True, 0.0), 1: (30.0, False, 14.5),
                          2: (13.0, True, 0.0)}[i]
-    return _Free(_Outcome(ScaleTrial(c, step, 100, fits, "r"), None, None),
+    return FreeResult(Outcome(ScaleTrial(c, step, 100, fits, "r"), None, None),
                  bound, None)
 
 def fewer_of(c, step):
@@ -479,7 +484,7 @@ def test_an_idle_worker_runs_the_first_passs_fewer_micro_batches_before_joints()
         'STAGES = 1\nSLOW = {("free", 1): 0.5}\n'
         + _FEWER_MESHES
         + """
-with _Ahead(meshes, run, lambda: None, 2, fewer=fewer_of) as source:
+with Ahead(meshes, run, lambda: None, 2, fewer=fewer_of) as source:
     source.free(0)
     source.free(1)
     sent = sorted(map(list, source._sent))
@@ -502,7 +507,7 @@ def test_fewer_micro_batches_laid_out_ahead_on_two_stages_bound_no_joint_program
         'STAGES = 2\nSLOW = {("joint", 1): 1.0}\n'
         + _FEWER_MESHES
         + """
-with _Ahead(meshes, run, lambda: None, 2, fewer=fewer_of) as source:
+with Ahead(meshes, run, lambda: None, 2, fewer=fewer_of) as source:
     source.free(0)
     source.free(1)
     ahead = source.free(source.add(fewer)).outcome.trial.step_time_s
@@ -522,7 +527,8 @@ _ROUND_ENDS = """
 import json
 from cost_models.pipeline import PipelineSpec
 from layout_planner.scale_plan import ScaleChoice, ScaleTrial
-from layout_planner.scale_search import Mesh, _Ahead, _Free, _Outcome
+from layout_planner.scale_sources import Ahead, FreeResult, Mesh
+from layout_planner.scale_stages import Outcome
 
 meshes = [Mesh(1.0, 1, 1, 8, 8, PipelineSpec(1, 8, "1f1b"))]
 fewer = {m: Mesh(1.0 + 1 / m, 1, 1, 8, m, PipelineSpec(1, m, "1f1b"))
@@ -535,12 +541,12 @@ def run(stages, task):
         return ("priced", str(what[0]), what[1])
     c = ScaleChoice(1, 8, 1, what.micro_batches, "1f1b", "none", "none")
     trial = ScaleTrial(c, steps[what.micro_batches], 100, True, "r")
-    return _Free(_Outcome(trial, None, None), 0.0, None)
+    return FreeResult(Outcome(trial, None, None), 0.0, None)
 
 def fewer_of(c, step):
     return {8: [fewer[4], fewer[2]], 4: [fewer[2], fewer[1]]}.get(c.micro_batches, [])
 
-with _Ahead(meshes, run, lambda: None, 2, check_ahead=True, fewer=fewer_of) as source:
+with Ahead(meshes, run, lambda: None, 2, check_ahead=True, fewer=fewer_of) as source:
     source.free(0)
     for m in (4, 2):
         source.free(source.add(fewer[m]))
@@ -589,7 +595,7 @@ def test_a_free_layouts_bound_is_below_every_trial_on_its_mesh():
 
     hw = get_hardware("h100-nvlink-ib").with_memory(30 * 2**20)
     cfg = CFG.replace(shardable_weights=True, shardable_slots=True)
-    stages = _Stages(cfg, build_lm, "adam")
+    stages = Stages(cfg, build_lm, "adam")
     params = SolveParams(30.0, 0, 0, 1)
     checked = 0
     for pp, dp, tp in ((1, 8, 1), (2, 4, 1), (2, 2, 2), (4, 2, 1), (4, 1, 2)):
@@ -661,7 +667,7 @@ def test_a_pipelined_trial_is_the_fastest_layout_that_fits_with_its_micro_batche
     # micro-batches in flight, priced as a trial prices it: under capacities
     # that rule out some, the trial's answer is the fastest that fits.
     hw = get_hardware("h100-nvlink-ib")
-    stages = _Stages(CFG, build_lm, "adam")
+    stages = Stages(CFG, build_lm, "adam")
     options = [
         ScaleChoice(2, 2, 2, 8, "1f1b", a, f)
         for a, f in (("none", "none"), ("scores", "none"), ("block", "block"))
@@ -679,7 +685,7 @@ def test_a_pipelined_trial_is_the_fastest_layout_that_fits_with_its_micro_batche
                 continue
             rules = problem.rules_for(asg)
             cfg1 = stages.stage_config(c, 1)
-            p = _price(stage.parts(rules), rules, c, spec, cfg1, hw)
+            p = price_step(stage.parts(rules), rules, c, spec, cfg1, hw)
             priced.append((p.step_time_s, p.peak_memory_bytes))
     assert len(priced) > 300
     peaks = sorted({peak for _, peak in priced})
@@ -708,7 +714,7 @@ def test_a_pipelined_layout_is_chosen_with_its_stage_to_stage_sends():
 
     slow = LinkSpec("slow pipeline link", 2e8, 1e-5)
     hw = dataclasses.replace(get_hardware("h100-nvlink-ib"), axis_links=(("pp", slow),))
-    stages = _Stages(CFG, build_lm, "adam")
+    stages = Stages(CFG, build_lm, "adam")
     choice = ScaleChoice(2, 2, 2, 16, "1f1b", "none", "none")
     spec = PipelineSpec(2, 16, "1f1b")
     stage = stages.stage(choice, hw)
@@ -723,7 +729,7 @@ def test_a_pipelined_layout_is_chosen_with_its_stage_to_stage_sends():
         if table.invalid is not None:
             continue
         rules = problem.rules_for(asg)
-        step = _price(stage.parts(rules), rules, choice, spec, cfg1, hw).step_time_s
+        step = price_step(stage.parts(rules), rules, choice, spec, cfg1, hw).step_time_s
         without_sends = problem.weighted_time_s(table) - table.extra_s
         priced.append((step, without_sends))
     assert len(priced) > 100
@@ -742,7 +748,7 @@ def test_each_free_layout_starts_from_the_last_one_this_process_found(monkeypatc
     from layout_planner import scale_search
 
     searches: list[list] = []
-    solve, search = scale_search._solve, scale_search.search
+    solve, search = scale_search.solve_stage, scale_search.search
 
     def spy(stage, limit, params, hint=None):
         plan = solve(stage, limit, params, hint)
@@ -753,7 +759,7 @@ def test_each_free_layout_starts_from_the_last_one_this_process_found(monkeypatc
         searches.append([])
         return search(*args, **kwargs)
 
-    monkeypatch.setattr(scale_search, "_solve", spy)
+    monkeypatch.setattr(scale_search, "solve_stage", spy)
     monkeypatch.setattr(scale_search, "search", each_search)
     small = CFG.replace(num_layers=4, d_model=64, d_ff=128, batch=8)
     hinted = plan_transformer(small, 8, workers=1)
@@ -764,7 +770,7 @@ def test_each_free_layout_starts_from_the_last_one_this_process_found(monkeypatc
             assert hint == before
     # The hints change how soon CP-SAT finds each answer, not the answers.
     monkeypatch.setattr(
-        scale_search, "_solve", lambda s, lim, p, hint=None: solve(s, lim, p)
+        scale_search, "solve_stage", lambda s, lim, p, hint=None: solve(s, lim, p)
     )
     monkeypatch.setattr(scale_search, "search", search)
     _same_plan(hinted, plan_transformer(small, 8, workers=1))
@@ -838,7 +844,7 @@ def test_a_meshs_recomputation_options_share_their_equal_tables():
 
     hw = get_hardware("h100-nvlink-ib")
     cfg = CFG.replace(shardable_weights=True, shardable_slots=True)
-    stages = _Stages(cfg, build_lm, "adam")
+    stages = Stages(cfg, build_lm, "adam")
     options = [
         ScaleChoice(2, 2, 2, 16, "1f1b", a, f)
         for a, f in (("none", "none"), ("scores", "none"), ("block", "block"))
