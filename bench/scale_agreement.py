@@ -186,11 +186,12 @@ def main() -> None:
             "scale-agreement",
             f"Command: `.venv/bin/python bench/scale_agreement.py --seeds {args.seeds} "
             f"--start {args.start} --write` ({time.perf_counter() - t0:.0f} s, 2 cores).  "
-            "Random small models planned in one process, on two forked processes "
-            "and exhaustively (every trial on its full stage graph), each under a "
-            "memory limit drawn below its unlimited plan's peak (60% of seeds); "
-            "a difference is any other plan or trial (choice, fit, peak; the step "
-            "to the last bit on two processes, within 1e-9 relative exhaustively).\n\n"
+            "Random small models, 60% of them under a memory limit drawn below "
+            "their unlimited plan's peak, planned in one process, on two forked "
+            "processes and exhaustively (every trial on its full stage graph); a "
+            "difference is any other plan or trial: its choice, fit, peak and step "
+            "(to the last bit, and the same layout, on two processes; within 1e-9 "
+            "relative exhaustively).\n\n"
             + table
             + ("\n\n" + "\n".join(f"* {f}" for f in found) if found else ""),
             title="Scale search: one answer however it runs",
