@@ -16,8 +16,9 @@ use.
 from __future__ import annotations
 
 from layout_planner.plan import Baseline, PlanCost
-from layout_planner.problem import LayoutProblem, TableCost
+from layout_planner.problem import LayoutProblem
 from layout_planner.program import Objective
+from layout_planner.tables import TableCost
 
 BATCH_DIMS = ("batch",)
 MODEL_DIMS = ("heads", "d_ff", "vocab", "experts")

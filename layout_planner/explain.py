@@ -10,8 +10,9 @@ time, more memory than fits, or a layout the lowering rejects (and why).
 from __future__ import annotations
 
 from layout_planner.plan import Alternative, DimChoice, fmt_bytes, fmt_s
-from layout_planner.problem import LayoutProblem, TableCost
+from layout_planner.problem import LayoutProblem
 from layout_planner.program import Objective
+from layout_planner.tables import TableCost
 from mtf_core.shapes import Shape
 
 

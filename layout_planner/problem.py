@@ -31,7 +31,7 @@ import math
 import sys
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -42,13 +42,20 @@ from cost_models.layout_cache import CachedLayoutContext
 from cost_models.memory import MemoryModel
 from cost_models.units import CostUnit, UnitClass, UnitCost, UnitPricer
 from layout_planner.analysis import GraphAnalysis, unique_rows
-from layout_planner.dim_graph import Assignment
 from layout_planner.errors import PlannerError
 from layout_planner.program import (
     PS_PER_S,
     DimsetSpec,
     IntegerProgram,
     Objective,
+)
+from layout_planner.tables import (
+    BuildStats,
+    DimsetTable,
+    PricedTable,
+    TableCost,
+    invalid_cost,
+    orbit_images,
 )
 from mtf_core import dtypes
 from mtf_core.comm import LayoutContext
@@ -62,98 +69,6 @@ _MAX_FLOAT_S = sys.float_info.max / PS_PER_S
 
 # Collectives of a layout change (mtf_core.comm.plan_layout_change).
 _LAYOUT_CHANGES = frozenset({"alltoall", "allconcat"})
-
-
-@dataclass
-class DimsetTable:
-    """Costs of every local assignment of one set of free dims."""
-
-    dims: tuple[str, ...]
-    assignments: list[Assignment]
-    factor: list[int]
-    time_s: list[float]
-    compute_s: list[float]
-    comm_s: list[dict[str, float]]
-    buffer_bytes: list[int]
-    invalid: list[str | None]
-    #: The part of ``time_s`` that runs once per step (cost_models.units).
-    once_s: list[float] = field(default_factory=list)
-    num_units: int = 0
-    index: dict[Assignment, int] = field(default_factory=dict)
-    # Assignments under which some unit changes a layout in several steps
-    # (see LayoutProblem._price_entry): their axis images are priced too.
-    ordered: set[int] = field(default_factory=set)
-
-
-@dataclass(frozen=True)
-class PricedTable:
-    """A priced :class:`DimsetTable`'s entries, to fill an equal table of
-    another problem with (:class:`LayoutProblem`'s ``table_memo``)."""
-
-    time_s: tuple[float, ...]
-    compute_s: tuple[float, ...]
-    comm_s: tuple[tuple[tuple[str, float], ...], ...]
-    buffer_bytes: tuple[int, ...]
-    invalid: tuple[str | None, ...]
-    once_s: tuple[float, ...]
-    ordered: frozenset[int]
-
-    @classmethod
-    def of(cls, table: DimsetTable) -> PricedTable:
-        return cls(
-            tuple(table.time_s),
-            tuple(table.compute_s),
-            tuple(tuple(c.items()) for c in table.comm_s),
-            tuple(table.buffer_bytes),
-            tuple(table.invalid),
-            tuple(table.once_s),
-            frozenset(table.ordered),
-        )
-
-    def fill(self, table: DimsetTable) -> None:
-        table.time_s = list(self.time_s)
-        table.compute_s = list(self.compute_s)
-        table.comm_s = [dict(c) for c in self.comm_s]
-        table.buffer_bytes = list(self.buffer_bytes)
-        table.invalid = list(self.invalid)
-        table.once_s = list(self.once_s)
-        table.ordered = set(self.ordered)
-
-
-@dataclass(frozen=True)
-class TableCost:
-    """A layout priced from the tables (see :meth:`LayoutProblem.table_cost`)."""
-
-    time_s: float
-    compute_s: float
-    comm_s_by_axis: tuple[tuple[str, float], ...]
-    peak_bytes: int
-    invalid: str | None  # why the lowering rejects the layout, if it does
-    #: The part of ``time_s`` that runs once per step (the rest runs once per
-    #: micro-batch); 0 unless the analysis was made with ``once_from``.
-    once_s: float = 0.0
-    #: Seconds the time objective counts besides the tables' own
-    #: (:meth:`LayoutProblem.add_time`); not part of ``time_s``.
-    extra_s: float = 0.0
-
-
-@dataclass(frozen=True)
-class BuildStats:
-    """How big the problem is and how long each phase took (seconds)."""
-
-    num_ops: int
-    num_units: int
-    num_signatures: int
-    num_dims: int
-    num_free_dims: int
-    num_dimsets: int
-    num_assignments: int
-    num_unit_pricings: int
-    num_live_sets: int
-    num_memory_rows: int
-    collect_s: float
-    price_s: float
-    memory_s: float
 
 
 class LayoutProblem:
@@ -321,7 +236,7 @@ class LayoutProblem:
                 if known is not None:
                     known.fill(table)
                     continue
-            images = _images(table, perms)
+            images = orbit_images(table, perms)
             for k in range(len(table.assignments)):
                 if k not in images:
                     self._price_entry(table, k, by_sig)
@@ -761,14 +676,14 @@ class LayoutProblem:
                 why = self.dim_graph.why_whole(d, self.mesh_shape) or (
                     f"mesh axis {self.mesh_shape[a].name} does not divide it"
                 )
-                return _invalid(
+                return invalid_cost(
                     f"{d!r} cannot be split over {self.mesh_shape[a].name!r}: {why}"
                 )
         full = {d: assignment.get(d) for d in self.free_dims}
         for one, other in self.dim_graph.tensor_conflicts():
             axis = full.get(one)
             if axis is not None and axis == full.get(other):
-                return _invalid(
+                return invalid_cost(
                     f"{one!r} and {other!r} share tensor "
                     f"{self.dim_graph.meeting_place(one, other)} and cannot both be "
                     f"split over {self.mesh_shape[axis].name!r}"
@@ -781,7 +696,7 @@ class LayoutProblem:
         for table in self.tables:
             k = table.index[tuple(full[d] for d in table.dims)]
             if table.invalid[k] is not None:
-                return _invalid(table.invalid[k])
+                return invalid_cost(table.invalid[k])
             picks.append(k)
             compute += table.compute_s[k]
             once += table.once_s[k]
@@ -829,36 +744,3 @@ class _Host:
 
     table: int
     members: list[tuple[int, np.ndarray]]
-
-
-def _images(
-    table: DimsetTable, perms: Sequence[tuple[int, ...]]
-) -> dict[int, tuple[int, tuple[int, ...]]]:
-    """For each assignment of ``table`` that is not the smallest of its orbit
-    under ``perms``: that smallest one (the canonical, priced) and the
-    permutation taking the canonical to it."""
-    if not perms:
-        return {}
-
-    def rank(asg: Assignment) -> tuple[int, ...]:
-        return tuple(-1 if a is None else a for a in asg)
-
-    out: dict[int, tuple[int, tuple[int, ...]]] = {}
-    for k, asg in enumerate(table.assignments):
-        best = rank(asg)
-        best_perm: tuple[int, ...] | None = None
-        for p in perms:
-            img = tuple(None if a is None else p[a] for a in asg)
-            if rank(img) < best:
-                best, best_perm = rank(img), p
-        canon = tuple(None if a < 0 else a for a in best)
-        if best_perm is not None and canon in table.index:
-            inverse = [0] * len(best_perm)
-            for src, dst in enumerate(best_perm):
-                inverse[dst] = src
-            out[k] = (table.index[canon], tuple(inverse))
-    return out
-
-
-def _invalid(reason: str | None) -> TableCost:
-    return TableCost(float("inf"), float("inf"), (), 0, reason or "invalid layout")

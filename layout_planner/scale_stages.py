@@ -37,7 +37,7 @@ from cost_models.units import CostUnit, UnitCost, UnitPricer
 from layout_planner.analysis import GraphAnalysis
 from layout_planner.plan import LayoutPlan
 from layout_planner.plan_mesh import plan_problem
-from layout_planner.problem import LayoutProblem, PricedTable
+from layout_planner.problem import LayoutProblem
 from layout_planner.program import Objective, SolveParams
 from layout_planner.scale_plan import (
     ScaleChoice,
@@ -51,6 +51,7 @@ from layout_planner.stacked import (
     StackedAnalysis,
     StackingError,
 )
+from layout_planner.tables import PricedTable
 from mtf_core.comm import LayoutContext
 from mtf_core.errors import LayoutError
 from mtf_core.graph import Operation
