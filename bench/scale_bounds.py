@@ -38,6 +38,7 @@ class _Record(Patching):
         self.free: list[tuple[tuple[int, ...], float, bool]] = []
         #: Each joint program's trial (None: it raised, nothing fitted).
         self.joint: list[Any] = []
+        self._in_free = 0  # inside a free layout's _free_trial
 
     def __enter__(self) -> _Record:
         search, free_trial, trial = (
@@ -51,14 +52,20 @@ class _Record(Patching):
             return search(cfg, meshes, *args, **kw)
 
         def recorded_free(stages: Any, options: Any, *args: Any) -> Any:
-            outcome, bound = free_trial(stages, options, *args)
+            self._in_free += 1
+            try:
+                outcome, bound = free_trial(stages, options, *args)
+            finally:
+                self._in_free -= 1
             c = options[0]
             fits = outcome is not None and outcome.trial.fits
             self.free.append(((*c.mesh_sizes, c.micro_batches), bound, fits))
             return outcome, bound
 
         def recorded_trial(*args: Any, **kw: Any) -> Any:
-            joint = kw.get("smallest_peak") is False
+            # Every trial the search runs outside a free layout is a joint
+            # program (the fewer-micro-batch rounds lay meshes out free).
+            joint = not self._in_free
             try:
                 outcome = trial(*args, **kw)
             except Exception:
