@@ -9,6 +9,7 @@ into its own section of docs/benchmarks.md, fenced by ``<!-- BEGIN key -->`` /
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -71,6 +72,15 @@ def short_commit(rev: str) -> str | None:
         capture_output=True, text=True, cwd=ROOT,
     )  # fmt: skip
     return got.stdout.strip() if got.returncode == 0 else None
+
+
+def base_commit(rev: str) -> str:
+    """An A/B bench's ``--base`` (an argparse ``type``): ``rev``'s short hash,
+    or an error naming ``rev`` if it names no commit of this repository."""
+    commit = short_commit(rev)
+    if commit is None:
+        raise argparse.ArgumentTypeError(f"{rev!r}: not a commit of this repository")
+    return commit
 
 
 @contextmanager

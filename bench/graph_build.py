@@ -26,13 +26,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import (  # noqa: E402
     ROOT,
+    base_commit,
     child_json,
     command_line,
     commit_tree,
     machine_summary,
     markdown_table,
     replace_section,
-    short_commit,
 )
 
 # Run in a fresh interpreter with the tree's root first on sys.path.
@@ -76,7 +76,9 @@ _TITLES = {
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--base", required=True, help="the commit to compare with")
+    ap.add_argument(
+        "--base", required=True, type=base_commit, help="the commit to compare with"
+    )
     ap.add_argument("--runs", type=int, default=4, help="interpreters per tree")
     ap.add_argument("--repeats", type=int, default=3, help="builds per interpreter")
     ap.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
@@ -84,9 +86,7 @@ def main() -> None:
     for name in ("runs", "repeats"):
         if getattr(args, name) < 1:
             ap.error(f"--{name} {getattr(args, name)}: expected at least 1")
-    base = short_commit(args.base)
-    if base is None:
-        ap.error(f"--base {args.base!r}: not a commit of this repository")
+    base = args.base
     machine = machine_summary()
     got: dict[str, list[dict[str, list]]] = {"this": [], "base": []}
     with commit_tree(base) as tree:

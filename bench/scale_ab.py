@@ -34,6 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import (  # noqa: E402
     ROOT,
+    base_commit,
     child_json,
     command_line,
     commit_tree,
@@ -88,7 +89,9 @@ def _plan(tree: str, key: str, workers: int | None) -> _Run:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--base", required=True, help="the commit to compare with")
+    ap.add_argument(
+        "--base", required=True, type=base_commit, help="the commit to compare with"
+    )
     ap.add_argument("--runs", type=int, default=6, help="runs per model and tree")
     ap.add_argument("--only", default="", help="comma-separated case keys")
     ap.add_argument(
@@ -103,9 +106,7 @@ def main() -> None:
     cases = selected(args.only)
     if not cases:
         ap.error(f"--only {args.only!r} names no case")
-    base = short_commit(args.base)
-    if base is None:
-        ap.error(f"--base {args.base!r}: not a commit of this repository")
+    base = args.base
     head = short_commit("HEAD")
     machine = machine_summary()  # the load as the runs start
     #: Each run, by (case, tree).
