@@ -181,6 +181,22 @@ def lm_step(mtf: Any) -> Step:
     return _training_step(mtf, language_model(mtf), encoder=False)
 
 
+def lm_recomputed_step(mtf: Any) -> Step:
+    """:func:`lm_step` with Mesh TF's ``LayerStack.recompute_grads``: each
+    layer goes through ``mtf.recompute_grad``, which creates the layer's
+    weights inside the recomputed function and recomputes its activations
+    (dropout's masks are the forward pass's) in the backward pass."""
+    import gin
+
+    with gin.unlock_config():
+        gin.bind_parameter("LayerStack.recompute_grads", True)
+    try:
+        return lm_step(mtf)
+    finally:
+        with gin.unlock_config():
+            gin.bind_parameter("LayerStack.recompute_grads", False)
+
+
 def lm_decoders(mtf: Any) -> Decoders:
     """Greedy ``sample_autoregressive`` from the prompt and 2-beam
     ``beam_search`` (from empty prompts)."""

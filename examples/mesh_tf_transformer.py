@@ -74,9 +74,15 @@ def run(fn: Any, step: models.Step, first: int, count: int) -> list[float]:
 
 
 def train(
-    mtf: Any, step: models.Step, devices: int, steps: int
+    mtf: Any,
+    step: models.Step,
+    devices: int,
+    steps: int,
+    recomputed: models.Step | None = None,
 ) -> tuple[dict[str, list[float]], dict[str, np.ndarray]]:
-    """Losses per run and the weights after ``steps`` steps."""
+    """Losses per run and the weights after ``steps`` steps; ``recomputed``
+    (the same model, its layers recomputed) also trains model-parallel from
+    the same weights."""
     dp_layout, mp_layout = layouts(devices).values()
     args = (step.inputs, [step.loss], step.updates)
     dp = compile_on(mtf, step.graph, step.mesh, dp_layout, *args)
@@ -98,6 +104,11 @@ def train(
         mp, step, saved.step, steps - saved.step
     )
     trained = mp.variables.to_dict()
+    if recomputed is not None:
+        args_re = (recomputed.inputs, [recomputed.loss], recomputed.updates)
+        fn = compile_on(mtf, recomputed.graph, recomputed.mesh, mp_layout, *args_re)
+        fn.variables.load_dict(init)
+        losses["model-parallel, layers recomputed"] = run(fn, recomputed, 0, steps)
 
     # The planner gets a 2-D mesh; its rules name dims, as ours do.
     planned_mesh = f"b:2;m:{devices // 2}"
@@ -166,14 +177,29 @@ def main(argv: list[str] | None = None) -> None:
 
     tf.random.set_seed(args.seed)
     mp_layout = layouts(args.devices)["model-parallel"]
-    for name, build_step, build_decoders in [
-        ("LM", models.lm_step, models.lm_decoders),
-        ("bitransformer", models.bitransformer_step, models.bitransformer_decoders),
+    for name, build_step, build_decoders, build_recomputed in [
+        ("LM", models.lm_step, models.lm_decoders, models.lm_recomputed_step),
+        (
+            "bitransformer",
+            models.bitransformer_step,
+            models.bitransformer_decoders,
+            None,
+        ),
     ]:
-        losses, weights = train(mtf, build_step(mtf), args.devices, args.steps)
+        recomputed = build_recomputed(mtf) if build_recomputed else None
+        losses, weights = train(
+            mtf, build_step(mtf), args.devices, args.steps, recomputed
+        )
         dec = build_decoders(mtf)
         texts = decode(mtf, dec, mp_layout, weights, PROMPTS[name])
         report(name, losses, texts)
+        if recomputed is not None:
+            ops = recomputed.graph.operations
+            blocks = sum(op.op_type == "CustomGradient" for op in ops)
+            plain = len(build_step(mtf).graph.operations)
+            print(
+                f"{name}: recompute_grad blocks: {blocks}, ops {len(ops)} ({plain} kept)"
+            )
 
 
 if __name__ == "__main__":

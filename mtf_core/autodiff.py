@@ -7,8 +7,10 @@ needs TensorFlow gradients of collectives.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from mtf_core import dtypes
 from mtf_core.errors import GraphError
 from mtf_core.graph import Operation, Tensor
 from mtf_core.ops import elementwise as ew
@@ -29,8 +31,13 @@ def gradients(
     ys: Sequence[Tensor] | Tensor,
     xs: Sequence[Any],
     grad_ys: Sequence[Tensor | None] | None = None,
+    operations: Sequence[Operation] | None = None,
 ) -> list[Tensor | None]:
     """d(sum of ys)/d(xs): one tensor (or None if unconnected) per x.
+
+    ``operations``: the operations to differentiate through, in graph order
+    (Mesh TF's argument; default every operation of the graph), e.g. the
+    copies :meth:`~mtf_core.graph.Graph.clone_operations` made.
 
     >>> # dw = mtf.gradients([loss], [w])[0]
     """
@@ -52,7 +59,22 @@ def gradients(
                 f"gradients: {t.name} belongs to another graph than "
                 f"{ys[0].name}; ys and xs must be tensors of one graph"
             )
-    ops = list(graph.operations)
+    if operations is None:
+        ops = list(graph.operations)
+    else:
+        if isinstance(operations, Operation) or not isinstance(operations, Iterable):
+            raise GraphError(
+                f"gradients: operations is {operations!r}; expected a list of "
+                "mtf Operations (or None for the whole graph)"
+            )
+        ops = list(operations)
+        for op in ops:
+            if not isinstance(op, Operation) or op.graph is not graph:
+                raise GraphError(
+                    f"gradients: operations holds {op!r}; expected operations "
+                    f"of the graph of {ys[0].name}"
+                )
+    within = set(ops)
     # tensors downstream of xs
     downstream: set[Tensor] = set(xs)
     for op in ops:
@@ -63,7 +85,7 @@ def gradients(
     stack = [y.operation for y in ys]
     while stack:
         op = stack.pop()
-        if op in upstream_ops:
+        if op in upstream_ops or op not in within:
             continue
         upstream_ops.add(op)
         stack.extend(t.operation for t in op.inputs)
@@ -79,11 +101,15 @@ def gradients(
         out_grads = [_sum(grads.get(t)) for t in op.outputs]
         if all(g is None for g in out_grads):
             continue
-        if not any(t in downstream for t in op.inputs):
+        needed = [t in downstream for t in op.inputs]
+        if not any(needed):
             continue
-        in_grads = op.gradient(out_grads)
-        for t, g in zip(op.inputs, in_grads):
-            if g is None or t not in downstream:
+        if isinstance(op, CustomGradientOp):
+            in_grads = op.gradient_for(out_grads, needed)
+        else:
+            in_grads = op.gradient(out_grads)
+        for t, g, need in zip(op.inputs, in_grads, needed):
+            if g is None or not need:
                 continue
             grads.setdefault(t, []).append(g)
     return [_sum(grads.get(x)) for x in xs]
@@ -99,10 +125,12 @@ def _sum(gs: list[Tensor] | None) -> Tensor | None:
 
 
 class CustomGradientOp(Operation):
-    """Wraps a forward subgraph whose gradient is given by the user.
+    """Wraps a forward subgraph whose gradient is given by a function.
 
     Its inputs are ``inputs`` then ``fn_outputs``; it forwards the latter as
-    its outputs, and its gradient is ``grad_fn(inputs, fn_outputs, grads)``.
+    its outputs, and its gradient is ``grad_fn(inputs, fn_outputs, grads,
+    needed)``: one gradient (or None) per input, where ``needed[i]`` says
+    whether ``gradients`` asks for input ``i``'s (another may be None).
     """
 
     op_type = "CustomGradient"
@@ -124,10 +152,22 @@ class CustomGradientOp(Operation):
         return 0.0
 
     def gradient(self, grad_ys: Sequence[Tensor | None]) -> list[Tensor | None]:
+        return self.gradient_for(grad_ys, [True] * len(self.inputs))
+
+    def gradient_for(
+        self, grad_ys: Sequence[Tensor | None], needed: Sequence[bool]
+    ) -> list[Tensor | None]:
+        """:meth:`gradient`, computing only the ``needed`` inputs' where the
+        function can tell (``needed``: one flag per input)."""
         ins = self.inputs[: self._n_in]
         outs = self.inputs[self._n_in :]
         gys = [g if g is not None else zeros_like(o) for g, o in zip(grad_ys, outs)]
-        gxs = list(self.grad_fn(ins, outs, gys))
+        gxs = list(self.grad_fn(ins, outs, gys, tuple(needed[: self._n_in])))
+        if len(gxs) != len(ins):
+            raise GraphError(
+                f"{self.name}: the gradient function returned {len(gxs)} "
+                f"gradient(s) for {len(ins)} input(s); expected one (or None) per input"
+            )
         return gxs + [None] * len(outs)
 
     def lower(self, lowering: LoweringContext) -> None:
@@ -137,44 +177,140 @@ class CustomGradientOp(Operation):
             lowering.set_tensor_lowering(dst, lowering.tensors[src])
 
 
-def custom_gradient(
-    fn: Callable[..., Any], grad_fn: Callable[..., Any], inputs: Sequence[Tensor]
-) -> list[Tensor]:
-    """Runs ``fn(*inputs)``; its gradient is ``grad_fn(inputs, outputs, grad_outputs)``
-    (returning one gradient per input) instead of autodiff through ``fn``."""
-    inputs = list(inputs)
-    outs = fn(*inputs)
+@dataclass(frozen=True)
+class _Captured:
+    """What ``fn`` did in the forward pass of a custom gradient."""
+
+    explicit_inputs: list[Tensor]
+    all_inputs: list[Tensor]  # explicit, then what fn read from outside
+    forward_operations: list[Operation]
+    outputs: list[Tensor]
+    single: bool
+
+
+def _capture(
+    fn: Callable[..., Any], explicit_inputs: Sequence[Tensor], what: str
+) -> _Captured:
+    if isinstance(explicit_inputs, Tensor) or not isinstance(explicit_inputs, Iterable):
+        raise GraphError(
+            f"{what}: explicit_inputs is {explicit_inputs!r}; expected a list of "
+            "mtf.Tensors"
+        )
+    explicit = [_as_tensor(x) for x in explicit_inputs]
+    if not explicit:
+        raise GraphError(f"{what} needs at least one explicit input")
+    if not callable(fn):
+        raise GraphError(f"{what}: fn is {fn!r}; expected a function of the inputs")
+    graph = explicit[0].graph
+    outs, forward = graph.capture_operations(lambda: fn(*explicit))
     single = isinstance(outs, Tensor)
     outs = [outs] if single else list(outs)
-    op = CustomGradientOp(outs, inputs, grad_fn)
-    return op.outputs[0] if single else op.outputs  # type: ignore[return-value]
+    for t in outs:
+        if not isinstance(t, Tensor):
+            raise GraphError(f"{what}: fn returned {t!r}; expected mtf.Tensors")
+    # A weight fn made is read from outside, as its own input: its value
+    # comes from the variable, not from fn's (not recomputed) operations.
+    made = {t for op in forward if not op.stateful for t in op.outputs}
+    seen = set(explicit)
+    external = []
+    for op in forward:
+        for t in op.inputs:
+            if t not in made and t not in seen and dtypes.is_floating(t.dtype):
+                seen.add(t)
+                external.append(t)
+    return _Captured(explicit, explicit + external, forward, outs, single)
 
 
-def recompute_grad(fn: Callable[..., Any], inputs: Sequence[Tensor]) -> Any:
-    """Runs ``fn`` and, in the backward pass, runs it again instead of keeping
-    its activations (trading compute for memory).
+def _wrap(captured: _Captured, grad_fn: Callable[..., Any], name: str) -> Any:
+    op = CustomGradientOp(captured.outputs, captured.all_inputs, grad_fn, name=name)
+    return op.outputs[0] if captured.single else op.outputs
 
-    ``fn`` must depend only on ``inputs`` (pass weights' value tensors in as
-    inputs) and must not create variables: it is called a second time.
+
+def custom_gradient(
+    fn: Callable[..., Any],
+    grad_fn: Callable[..., Any],
+    explicit_inputs: Sequence[Tensor],
+) -> Any:
+    """Runs ``fn(*explicit_inputs)``; its gradient is ``grad_fn``'s instead
+    of autodiff through ``fn`` (Mesh TF's API).
+
+    ``grad_fn`` is called with the keywords ``explicit_inputs``,
+    ``all_inputs`` (the explicit inputs, then every floating tensor ``fn``
+    read from outside, weights it created included), ``forward_operations``
+    (the operations ``fn`` added), ``outputs`` (``fn``'s) and
+    ``output_grads``, and returns one gradient (or None) per tensor of
+    ``all_inputs``.  It must not create variables.
     """
-    inputs = list(inputs)
-    graph = inputs[0].graph
-    n_vars = len(graph.all_variables)
+    captured = _capture(fn, explicit_inputs, "custom_gradient")
 
-    def grad_fn(
-        ins: list[Tensor], outs: list[Tensor], gys: list[Tensor]
+    def backward(
+        ins: list[Tensor],
+        outs: list[Tensor],
+        gys: list[Tensor],
+        needed: tuple[bool, ...],
     ) -> list[Tensor | None]:
-        fresh = [ew.identity(x) for x in ins]
-        recomputed = fn(*fresh)
-        recomputed = (
-            [recomputed] if isinstance(recomputed, Tensor) else list(recomputed)
+        graph = ins[0].graph
+        n_vars = len(graph.all_variables)
+        grads = list(
+            grad_fn(
+                explicit_inputs=captured.explicit_inputs,
+                all_inputs=captured.all_inputs,
+                forward_operations=captured.forward_operations,
+                outputs=outs,
+                output_grads=gys,
+            )
         )
-        return gradients(recomputed, fresh, gys)
+        if len(graph.all_variables) != n_vars:
+            raise GraphError(
+                "custom_gradient: grad_fn created variables "
+                f"{[v.name for v in graph.all_variables[n_vars:]]}; create them "
+                "in fn or outside"
+            )
+        return grads
 
-    out = custom_gradient(fn, grad_fn, inputs)
-    if len(graph.all_variables) != n_vars:
+    return _wrap(captured, backward, "custom_gradient")
+
+
+def recompute_grad(
+    fn: Callable[..., Any],
+    explicit_inputs: Sequence[Tensor],
+    control_dependencies: bool = True,
+) -> Any:
+    """Runs ``fn`` and, in the backward pass, runs copies of its operations
+    instead of keeping its activations (trading compute for memory), as
+    Mesh TF's ``recompute_grad``.
+
+    ``fn`` may create weights and read tensors from outside; their gradients
+    flow as if ``fn`` were not recomputed.  Stateful operations are not
+    copied: dropout inside ``fn`` keeps its forward masks (and holds them).
+    ``control_dependencies`` is accepted for Mesh TF's programs; mtf_core
+    adds no dependency (Mesh TF's forces XLA to run the copies after the
+    output gradients; the lowering runs them where the graph puts them).
+    """
+    if not isinstance(control_dependencies, bool):
         raise GraphError(
-            "recompute_grad: fn created variables; create them outside and pass "
-            "their value tensors as inputs"
+            f"recompute_grad: control_dependencies is {control_dependencies!r}; "
+            "expected True or False"
         )
-    return out
+    captured = _capture(fn, explicit_inputs, "recompute_grad")
+    n_explicit = len(captured.explicit_inputs)
+
+    def backward(
+        ins: list[Tensor],
+        outs: list[Tensor],
+        gys: list[Tensor],
+        needed: tuple[bool, ...],
+    ) -> list[Tensor | None]:
+        graph = ins[0].graph
+        # The copies read fresh copies of the explicit inputs, and what fn
+        # read from outside as it is.
+        mapping = {
+            t: ew.identity(t) if i < n_explicit else t for i, t in enumerate(ins)
+        }
+        copies, mapping = graph.clone_operations(captured.forward_operations, mapping)
+        again = [mapping.get(t, t) for t in outs]
+        asked = [mapping[t] for t, need in zip(ins, needed) if need]
+        got = iter(gradients(again, asked, gys, operations=copies) if asked else [])
+        return [next(got) if need else None for need in needed]
+
+    return _wrap(captured, backward, "recompute_grad")

@@ -8,8 +8,9 @@ gradient and how it lowers, and :mod:`mtf_core.lowering` does the rest.
 
 from __future__ import annotations
 
+import copy
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from mtf_core import dtypes
@@ -59,6 +60,64 @@ class Graph:
     @property
     def tensors(self) -> list[Tensor]:
         return [t for op in self.operations for t in op.outputs]
+
+    def capture_operations(self, fn: Callable[[], Any]) -> tuple[Any, list[Operation]]:
+        """``fn()`` and the operations it added (Mesh TF's API).
+
+        >>> g = Graph(); m = Mesh(g, "m")
+        >>> from mtf_core.ops.creation import zeros
+        >>> _, ops = g.capture_operations(lambda: zeros(m, "a:2") + 1.0)
+        >>> [op.op_type for op in ops]
+        ['Constant', 'Constant', 'Binary']
+        """
+        n = len(self.operations)
+        out = fn()
+        return out, self.operations[n:]
+
+    def clone_operations(
+        self, ops: Sequence[Operation], input_mapping: Mapping[Tensor, Tensor]
+    ) -> tuple[list[Operation], dict[Tensor, Tensor]]:
+        """Copies of ``ops`` (in their order) reading ``input_mapping[t]``
+        wherever an original reads ``t``, as Mesh TF's ``clone_operations``.
+
+        Returns the copies and ``input_mapping`` extended by each original
+        output to its copy's.  Stateful operations (variables, random numbers,
+        assignments, loops) are not copied: their outputs are read as they
+        are, so a copy of a block with dropout sees the forward pass's masks.
+        A mapped tensor keeps its shape and dtype.
+        """
+        mapping: dict[Tensor, Tensor] = {}
+        for t, u in dict(input_mapping).items():
+            for x in (t, u):
+                check_tensor(x, "clone_operations: input_mapping tensor")
+                if x.graph is not self:
+                    raise GraphError(
+                        f"clone_operations: tensor {x.name} belongs to another graph"
+                    )
+            if t.shape != u.shape or t.dtype != u.dtype:
+                raise ShapeError(
+                    f"clone_operations: {t.name} [{t.shape}] {t.dtype} is mapped to "
+                    f"{u.name} [{u.shape}] {u.dtype}; expected the same shape and dtype"
+                )
+            mapping[t] = u
+        clones: list[Operation] = []
+        for op in ops:
+            if not isinstance(op, Operation) or op.graph is not self:
+                raise GraphError(
+                    f"clone_operations: {op!r} is not an operation of this graph"
+                )
+            if op.stateful:
+                continue
+            for t in op.outputs:
+                if t in mapping:
+                    raise GraphError(
+                        f"clone_operations: input_mapping maps {t.name}, an output of "
+                        f"{op.name}, which is cloned; map only its inputs"
+                    )
+            clone = op._clone([mapping.get(t, t) for t in op.inputs])
+            mapping.update(zip(op.outputs, clone.outputs))
+            clones.append(clone)
+        return clones, mapping
 
     def operation_by_name(self, name: str) -> Operation:
         for op in self.operations:
@@ -281,6 +340,18 @@ class Operation:
         self._dim_names: frozenset[str] | None = None  # all_dim_names, cached
         self.name = graph.unique_name(name or self.op_type.lower())
         graph.operations.append(self)
+
+    def _clone(self, inputs: list[Tensor]) -> Operation:
+        """A copy of this op reading ``inputs`` (of the same shapes), added
+        to the graph under a fresh name (:meth:`Graph.clone_operations`)."""
+        clone = copy.copy(self)
+        clone._inputs = inputs
+        clone._outputs = [
+            Tensor(clone, t.shape, t.dtype, i) for i, t in enumerate(self._outputs)
+        ]
+        clone.name = self.graph.unique_name(self.name)
+        self.graph.operations.append(clone)
+        return clone
 
     def _add_output(self, shape: Any, dtype: Any) -> Tensor:
         t = Tensor(self, convert_to_shape(shape), dtype, len(self._outputs))

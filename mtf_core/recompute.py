@@ -47,7 +47,7 @@ def recompute_block(fn: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
     weights = [frame[n] for n in names]
 
     def grad_fn(
-        ins: list[Tensor], outs: list[Tensor], gys: list[Tensor]
+        ins: list[Tensor], outs: list[Tensor], gys: list[Tensor], needed: object
     ) -> list[Tensor | None]:
         fresh = [ew.identity(t) for t in ins]
         with provided_variables(graph, dict(zip(names, fresh[1:]))):

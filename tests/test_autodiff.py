@@ -8,6 +8,7 @@ import tensorflow as tf
 from layout_cases import ONE_DEVICE, assert_same_under_layouts, lower
 
 import mtf_core as mtf
+from mtf_core.weight_handoff import provided_variables
 
 pytestmark = pytest.mark.tf
 
@@ -181,8 +182,8 @@ def test_custom_gradient_replaces_autodiff(devices: list[str]) -> None:
     def forward(a: mtf.Tensor) -> mtf.Tensor:
         return mtf.square(a)
 
-    def backward(ins: list, outs: list, grad_outs: list) -> list:
-        return [grad_outs[0] * 10.0]  # deliberately not the true derivative
+    def backward(output_grads: list, **_: object) -> list:
+        return [output_grads[0] * 10.0]  # deliberately not the true derivative
 
     y = mtf.custom_gradient(forward, backward, [x])
     (dx,) = mtf.gradients([mtf.reduce_sum(y * 2.0)], [x])
@@ -212,8 +213,144 @@ def test_recompute_grad_gives_the_same_gradients(devices: list[str]) -> None:
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_recompute_grad_refuses_functions_that_make_variables() -> None:
+def test_recompute_grad_takes_a_block_that_makes_its_weights(
+    devices: list[str],
+) -> None:
+    # Mesh TF's LayerStack(recompute_grads=True) recomputes layers that create
+    # their weights inside fn; their gradients flow as without recomputation.
     graph, mesh = _mesh()
     x = mtf.placeholder(mesh, "batch:8,hidden:8")
-    with pytest.raises(mtf.GraphError, match="fn created variables"):
-        mtf.recompute_grad(lambda a: mtf.layers.dense(a, "out:2", name="inner"), [x])
+
+    def block(a: mtf.Tensor) -> mtf.Tensor:
+        h = mtf.layers.dense(a, "mid:8", activation=mtf.tanh, name="inner")
+        return mtf.layers.dense(h, "out:4", name="outer")
+
+    again = mtf.recompute_grad(block, [x])
+    assert again.operation.op_type == "CustomGradient"
+    variables = list(graph.trainable_variables)
+    weights = [v.outputs[0] for v in variables]
+    with provided_variables(graph, {v.name: v.outputs[0] for v in variables}):
+        plain = block(x)  # the same weights, activations kept
+    assert graph.trainable_variables == variables  # made once
+    loss_again = mtf.reduce_sum(mtf.square(again))
+    loss_plain = mtf.reduce_sum(mtf.square(plain))
+    n_ops = len(graph.operations)
+    g_again = mtf.gradients([loss_again], [x, *weights])
+    einsums = sum(op.op_type == "Einsum" for op in graph.operations[n_ops:])
+    g_plain = mtf.gradients([loss_plain], [x, *weights])
+    assert all(g is not None for g in g_again)
+    # The backward pass runs both forward einsums again, then the four of
+    # their gradients (each einsum's input's and its kernel's).
+    assert einsums == 2 + 4
+    xv = np.random.RandomState(6).randn(8, 8).astype(np.float32)
+    got = assert_same_under_layouts(
+        graph, mesh, devices, [loss_again, loss_plain, *g_again, *g_plain], {x: xv}
+    )
+    n = len(g_again)
+    np.testing.assert_allclose(got[0], got[1], rtol=1e-6)
+    for a, b in zip(got[2 : 2 + n], got[2 + n :]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_recompute_grad_keeps_the_forward_passs_dropout_masks(
+    devices: list[str],
+) -> None:
+    # Random operations are not recomputed (as in Mesh TF): the copies read
+    # the forward mask, so the gradient is that mask, scaled.
+    graph, mesh = _mesh()
+    x = mtf.placeholder(mesh, "batch:8,hidden:8")
+    y = mtf.recompute_grad(lambda a: mtf.layers.dropout(mtf.tanh(a), 0.5), [x])
+    randoms = sum(op.op_type == "Random" for op in graph.operations)
+    (dx,) = mtf.gradients([mtf.reduce_sum(y)], [x])
+    assert sum(op.op_type == "Random" for op in graph.operations) == randoms == 1
+    xv = np.random.RandomState(7).randn(8, 8).astype(np.float32)
+    got_y, got_dx = lower(graph, mesh, ONE_DEVICE, devices, [y, dx], {x: xv})[0]
+    kept = got_y != 0
+    assert 0 < kept.sum() < kept.size
+    expected = np.where(kept, 2.0 * (1.0 - np.tanh(xv) ** 2), 0.0)
+    np.testing.assert_allclose(got_dx, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_custom_gradient_calls_grad_fn_as_mesh_tf_does(devices: list[str]) -> None:
+    graph, mesh = _mesh()
+    x = mtf.placeholder(mesh, "batch:8,hidden:8")
+    scale = mtf.placeholder(mesh, "hidden:8")  # read from outside fn
+    seen: dict[str, list] = {}
+
+    def fn(a: mtf.Tensor) -> mtf.Tensor:
+        w = mtf.get_variable(mesh, "w", "hidden:8")
+        return a * w * scale
+
+    def grad_fn(
+        explicit_inputs: list,
+        all_inputs: list,
+        forward_operations: list,
+        outputs: list,
+        output_grads: list,
+    ) -> list:
+        seen.update(explicit=explicit_inputs, all=all_inputs, ops=forward_operations)
+        (dy,) = output_grads
+        # deliberately not the true derivatives: dx = 3 dy, none for w, scale
+        return [dy * 3.0, None, None]
+
+    y = mtf.custom_gradient(fn, grad_fn, [x])
+    (w,) = graph.trainable_variables
+    dx, dw = mtf.gradients([mtf.reduce_sum(y)], [x, w])
+    assert seen["explicit"] == [x]
+    assert seen["all"] == [x, w.outputs[0], scale]  # fn's weight is an input
+    assert [op.op_type for op in seen["ops"]] == ["Variable", "Binary", "Binary"]
+    assert dw is None
+    xv = np.random.RandomState(8).randn(8, 8).astype(np.float32)
+    sv = np.arange(8, dtype=np.float32)
+    feeds = {x: xv, scale: sv}
+    got_y, got_dx = lower(graph, mesh, ONE_DEVICE, devices, [y, dx], feeds)[0]
+    np.testing.assert_allclose(got_dx, np.full((8, 8), 3.0), rtol=1e-6)
+    assert got_y.shape == (8, 8)
+
+
+def test_custom_gradient_refuses_a_grad_fn_that_returns_too_few() -> None:
+    graph, mesh = _mesh()
+    x = mtf.placeholder(mesh, "batch:8,hidden:8")
+    w = mtf.placeholder(mesh, "hidden:8")
+    y = mtf.custom_gradient(lambda a: a * w, lambda **kw: [kw["output_grads"][0]], [x])
+    with pytest.raises(mtf.GraphError, match="returned 1 gradient.*for 2 input"):
+        mtf.gradients([mtf.reduce_sum(y)], [x])
+
+
+def test_gradients_through_given_operations_only() -> None:
+    graph, mesh = _mesh()
+    x = mtf.placeholder(mesh, "batch:8,hidden:8")
+    y = mtf.square(x)
+    z = y * 2.0
+    mul = z.operation  # through the multiply alone, the graph starts at y
+    (dy,) = mtf.gradients([z], [y], operations=[mul])
+    assert dy is not None
+    assert mtf.gradients([z], [x], operations=[mul]) == [None]
+    (dx,) = mtf.gradients([z], [x], operations=[y.operation, mul])
+    assert dx is not None
+    with pytest.raises(mtf.GraphError, match="operations holds 5"):
+        mtf.gradients([z], [x], operations=[mul, 5])
+    with pytest.raises(mtf.GraphError, match="expected a list of mtf Operations"):
+        mtf.gradients([z], [x], operations=mul)
+
+
+def test_clone_operations_copies_with_mapped_inputs(devices: list[str]) -> None:
+    graph, mesh = _mesh()
+    x = mtf.placeholder(mesh, "batch:8,hidden:8")
+    x2 = mtf.placeholder(mesh, "batch:8,hidden:8")
+    out, ops = graph.capture_operations(lambda: mtf.reduce_sum(mtf.square(x) + x))
+    copies, mapping = graph.clone_operations(ops, {x: x2})
+    assert [op.op_type for op in copies] == [op.op_type for op in ops]
+    assert {op.name for op in copies}.isdisjoint(op.name for op in ops)
+    assert mapping[x] is x2 and mapping[out].operation is copies[-1]
+    xv = np.ones((8, 8), np.float32)
+    feeds = {x: xv, x2: 2 * xv}
+    got = lower(graph, mesh, ONE_DEVICE, devices, [out, mapping[out]], feeds)[0]
+    assert got[0] == pytest.approx(64 * 2.0) and got[1] == pytest.approx(64 * 6.0)
+    other = mtf.placeholder(mesh, "batch:8")
+    with pytest.raises(mtf.ShapeError, match="expected the same shape and dtype"):
+        graph.clone_operations(ops, {x: other})
+    with pytest.raises(mtf.GraphError, match="which is cloned; map only its inputs"):
+        graph.clone_operations(ops, {x: x2, out: out})
+    with pytest.raises(mtf.GraphError, match="is not an operation of this graph"):
+        graph.clone_operations([x], {})

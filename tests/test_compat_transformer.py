@@ -80,6 +80,17 @@ def test_mesh_tf_lm_and_bitransformer_train_equally_resume_plan_and_decode():
         assert "batch:b" in ast.literal_eval(rules)  # the planner splits the batch
         assert _losses(out, planned.split("[")[0]) == pytest.approx(dp, rel=1e-5)
 
+    # Mesh TF's LayerStack(recompute_grads=True): each layer through
+    # mtf.recompute_grad, its weights made inside, dropout's masks kept
+    dp = _losses(out, "LM: data-parallel losses")
+    again = _losses(out, "LM: model-parallel, layers recomputed losses")
+    assert again == pytest.approx(dp, rel=1e-5)
+    blocks = _line(out, "LM: recompute_grad blocks: ")
+    count, ops = blocks.split(", ops ")
+    recomputed, kept = ops.rstrip(" kept)").split(" (")
+    # 2 layers of self-attention and feed-forward: 4 blocks, each run again
+    assert int(count) == 4 and int(recomputed) > int(kept)
+
     greedy = ast.literal_eval(_line(out, "LM: greedy: "))
     prompts = [b"Beautiful is ", b"Errors should ", b"Now is "]
     assert [g[: len(p)] for g, p in zip(greedy, prompts)] == prompts  # continued

@@ -64,16 +64,14 @@ def clip_activation_gradient(x: Tensor, clip_rms_norm: float | None = None) -> T
     """``x`` unchanged; its gradient is scaled down, when its root mean square
     exceeds ``clip_rms_norm``, to that RMS."""
 
-    def grad_fn(
-        inputs: list[Tensor], outputs: list[Tensor], grads: list[Tensor | None]
-    ) -> list[Tensor | None]:
-        (g,) = grads
+    def grad_fn(output_grads: list[Tensor | None], **_: Any) -> list[Tensor | None]:
+        (g,) = output_grads
         if g is None or not clip_rms_norm:
             return [g]
         rms = ew.sqrt(red.reduce_mean(ew.square(g)))
         return [g / ew.maximum(rms / float(clip_rms_norm), 1.0)]
 
-    out: Tensor = custom_gradient(lambda t: ew.identity(t), grad_fn, [x])  # type: ignore[assignment]
+    out: Tensor = custom_gradient(lambda t: ew.identity(t), grad_fn, [x])
     return out
 
 

@@ -233,7 +233,9 @@ def _broadcast(spec: OpSpec) -> Operation:
 # -- autodiff ------------------------------------------------------------------
 
 
-def _gradient_not_serialized(ins: Any, outs: Any, gys: Any) -> list[Tensor | None]:
+def _gradient_not_serialized(
+    ins: Any, outs: Any, gys: Any, needed: Any
+) -> list[Tensor | None]:
     raise GraphError(
         "this custom_gradient op was read from a serialized graph; its gradient "
         "function is Python code and is not serialized, so gradients cannot be "
