@@ -163,12 +163,14 @@ def _training_step(mtf: Any, model: Any, encoder: bool) -> Step:
     return Step(graph, mesh, feeds, loss, updates)
 
 
-def language_model(mtf: Any) -> Any:
-    """defaults.gin's LM: a ``Unitransformer`` on ``make_layer_stack()``."""
+def language_model(mtf: Any, layer_stack_cls: Any = None) -> Any:
+    """defaults.gin's LM: a ``Unitransformer`` on ``make_layer_stack()``
+    (of ``layer_stack_cls``, if given)."""
     from mesh_tensorflow.transformer import transformer
 
+    cls = {} if layer_stack_cls is None else {"layer_stack_cls": layer_stack_cls}
     return transformer.Unitransformer(
-        layer_stack=transformer.make_layer_stack(),
+        layer_stack=transformer.make_layer_stack(**cls),
         input_vocab_size=VOCAB,
         output_vocab_size=VOCAB,
         autoregressive=True,
@@ -181,17 +183,21 @@ def lm_step(mtf: Any) -> Step:
     return _training_step(mtf, language_model(mtf), encoder=False)
 
 
-def lm_recomputed_step(mtf: Any) -> Step:
-    """:func:`lm_step` with Mesh TF's ``LayerStack.recompute_grads``: each
-    layer goes through ``mtf.recompute_grad``, which creates the layer's
-    weights inside the recomputed function and recomputes its activations
-    (dropout's masks are the forward pass's) in the backward pass."""
+def lm_variant_step(mtf: Any, recompute_grads: bool, reversible: bool) -> Step:
+    """:func:`lm_step` with Mesh TF's ``LayerStack.recompute_grads`` (each
+    layer through ``mtf.recompute_grad``, which makes the layer's weights
+    inside the recomputed function and keeps dropout's forward masks) and/or
+    its ``ReversibleLayerStack`` (a RevNet: each layer through
+    ``mtf.layers.reversible_half_residual_and_swap``, whose backward pass
+    rebuilds the layer's inputs from its outputs when recomputing)."""
     import gin
+    from mesh_tensorflow.transformer import transformer
 
     with gin.unlock_config():
-        gin.bind_parameter("LayerStack.recompute_grads", True)
+        gin.bind_parameter("LayerStack.recompute_grads", recompute_grads)
     try:
-        return lm_step(mtf)
+        stack = transformer.ReversibleLayerStack if reversible else None
+        return _training_step(mtf, language_model(mtf, stack), encoder=False)
     finally:
         with gin.unlock_config():
             gin.bind_parameter("LayerStack.recompute_grads", False)

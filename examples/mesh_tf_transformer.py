@@ -74,17 +74,11 @@ def run(fn: Any, step: models.Step, first: int, count: int) -> list[float]:
 
 
 def train(
-    mtf: Any,
-    step: models.Step,
-    devices: int,
-    steps: int,
-    recomputed: models.Step | None = None,
-) -> tuple[dict[str, list[float]], dict[str, np.ndarray]]:
-    """Losses per run and the weights after ``steps`` steps; ``recomputed``
-    (the same model, its layers recomputed) also trains model-parallel from
-    the same weights."""
+    mtf: Any, step: models.Step, devices: int, steps: int
+) -> tuple[dict[str, list[float]], dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Losses per run, the weights after ``steps`` steps and the initial ones."""
     dp_layout, mp_layout = layouts(devices).values()
-    args = (step.inputs, [step.loss], step.updates)
+    args = _args(step)
     dp = compile_on(mtf, step.graph, step.mesh, dp_layout, *args)
     # Every run of this process starts from dp's values.
     init = dp.variables.to_dict()
@@ -104,11 +98,6 @@ def train(
         mp, step, saved.step, steps - saved.step
     )
     trained = mp.variables.to_dict()
-    if recomputed is not None:
-        args_re = (recomputed.inputs, [recomputed.loss], recomputed.updates)
-        fn = compile_on(mtf, recomputed.graph, recomputed.mesh, mp_layout, *args_re)
-        fn.variables.load_dict(init)
-        losses["model-parallel, layers recomputed"] = run(fn, recomputed, 0, steps)
 
     # The planner gets a 2-D mesh; its rules name dims, as ours do.
     planned_mesh = f"b:2;m:{devices // 2}"
@@ -117,7 +106,54 @@ def train(
     fn = compile_on(mtf, step.graph, step.mesh, (planned_mesh, rules), *args)
     fn.variables.load_dict(init)
     losses[f"auto_layout on {planned_mesh} chose {rules!r}"] = run(fn, step, 0, steps)
-    return losses, trained
+    return losses, trained, init
+
+
+def recomputed(
+    mtf: Any, devices: int, steps: int, init: dict[str, np.ndarray]
+) -> tuple[list[float], list[str]]:
+    """The LM with its layers recomputed (``LayerStack.recompute_grads``),
+    model-parallel from ``init``: its losses.  Then Mesh TF's
+    ``ReversibleLayerStack``, its layers kept and rebuilt, from the kept
+    run's first weights.  Lines to print: the reversible runs' losses and,
+    per recomputed graph, its recomputed blocks and ops (against the kept
+    graph's)."""
+    mp_layout = layouts(devices)["model-parallel"]
+
+    def trained(step: models.Step, start: dict[str, np.ndarray] | None) -> Any:
+        fn = compile_on(mtf, step.graph, step.mesh, mp_layout, *_args(step))
+        if start is not None:
+            fn.variables.load_dict(start)
+        return fn
+
+    kept = models.lm_step(mtf)
+    again = models.lm_variant_step(mtf, recompute_grads=True, reversible=False)
+    losses = run(trained(again, init), again, 0, steps)
+    rev_kept = models.lm_variant_step(mtf, recompute_grads=False, reversible=True)
+    rev_again = models.lm_variant_step(mtf, recompute_grads=True, reversible=True)
+    fn = trained(rev_kept, None)
+    start = fn.variables.to_dict()
+    rev = run(fn, rev_kept, 0, steps)
+    rev_re = run(trained(rev_again, start), rev_again, 0, steps)
+    lines = [
+        f"reversible layers kept losses {_losses(rev)}",
+        f"reversible layers recomputed losses {_losses(rev_re)}",
+    ]
+    for name, plain, step in (
+        ("layers", kept, again),
+        ("reversible layers", rev_kept, rev_again),
+    ):
+        ops = step.graph.operations
+        blocks = sum(op.op_type == "CustomGradient" for op in ops)
+        lines.append(
+            f"{name} recomputed: {blocks} blocks, ops {len(ops)} "
+            f"({len(plain.graph.operations)} kept)"
+        )
+    return losses, lines
+
+
+def _args(step: models.Step) -> tuple[Any, ...]:
+    return step.inputs, [step.loss], step.updates
 
 
 def decode(
@@ -177,29 +213,20 @@ def main(argv: list[str] | None = None) -> None:
 
     tf.random.set_seed(args.seed)
     mp_layout = layouts(args.devices)["model-parallel"]
-    for name, build_step, build_decoders, build_recomputed in [
-        ("LM", models.lm_step, models.lm_decoders, models.lm_recomputed_step),
-        (
-            "bitransformer",
-            models.bitransformer_step,
-            models.bitransformer_decoders,
-            None,
-        ),
+    for name, build_step, build_decoders in [
+        ("LM", models.lm_step, models.lm_decoders),
+        ("bitransformer", models.bitransformer_step, models.bitransformer_decoders),
     ]:
-        recomputed = build_recomputed(mtf) if build_recomputed else None
-        losses, weights = train(
-            mtf, build_step(mtf), args.devices, args.steps, recomputed
-        )
+        losses, weights, init = train(mtf, build_step(mtf), args.devices, args.steps)
+        lines = []
+        if name == "LM":
+            again, lines = recomputed(mtf, args.devices, args.steps, init)
+            losses["model-parallel, layers recomputed"] = again
         dec = build_decoders(mtf)
         texts = decode(mtf, dec, mp_layout, weights, PROMPTS[name])
         report(name, losses, texts)
-        if recomputed is not None:
-            ops = recomputed.graph.operations
-            blocks = sum(op.op_type == "CustomGradient" for op in ops)
-            plain = len(build_step(mtf).graph.operations)
-            print(
-                f"{name}: recompute_grad blocks: {blocks}, ops {len(ops)} ({plain} kept)"
-            )
+        for line in lines:
+            print(f"{name}: {line}")
 
 
 if __name__ == "__main__":

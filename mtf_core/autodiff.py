@@ -115,6 +115,13 @@ def gradients(
     return [_sum(grads.get(x)) for x in xs]
 
 
+def zero_filled(
+    grads: Sequence[Tensor | None], outputs: Sequence[Tensor]
+) -> list[Tensor]:
+    """``grads``, with zeros for an output that has none."""
+    return [g if g is not None else zeros_like(t) for g, t in zip(grads, outputs)]
+
+
 def _sum(gs: list[Tensor] | None) -> Tensor | None:
     if not gs:
         return None
@@ -131,6 +138,7 @@ class CustomGradientOp(Operation):
     its outputs, and its gradient is ``grad_fn(inputs, fn_outputs, grads,
     needed)``: one gradient (or None) per input, where ``needed[i]`` says
     whether ``gradients`` asks for input ``i``'s (another may be None).
+    ``grads`` holds None for an output without a gradient.
     """
 
     op_type = "CustomGradient"
@@ -161,8 +169,7 @@ class CustomGradientOp(Operation):
         function can tell (``needed``: one flag per input)."""
         ins = self.inputs[: self._n_in]
         outs = self.inputs[self._n_in :]
-        gys = [g if g is not None else zeros_like(o) for g, o in zip(grad_ys, outs)]
-        gxs = list(self.grad_fn(ins, outs, gys, tuple(needed[: self._n_in])))
+        gxs = list(self.grad_fn(ins, outs, list(grad_ys), tuple(needed[: self._n_in])))
         if len(gxs) != len(ins):
             raise GraphError(
                 f"{self.name}: the gradient function returned {len(gxs)} "
@@ -213,12 +220,43 @@ def _capture(
     made = {t for op in forward if not op.stateful for t in op.outputs}
     seen = set(explicit)
     external = []
+    constant: dict[Operation, bool] = {}
     for op in forward:
         for t in op.inputs:
-            if t not in made and t not in seen and dtypes.is_floating(t.dtype):
-                seen.add(t)
+            if t in made or t in seen or not dtypes.is_floating(t.dtype):
+                continue
+            seen.add(t)
+            if not _is_constant(t.operation, constant):
                 external.append(t)
     return _Captured(explicit, explicit + external, forward, outs, single)
+
+
+#: Operations without inputs whose values no gradient can reach: a tensor
+#: computed from these and integer tensors alone (a mask, a causal bias) is
+#: read as a constant.
+_CONSTANT_SOURCES = frozenset({"Constant", "CausalBias", "Range", "Random"})
+
+
+def _is_constant(op: Operation, memo: dict[Operation, bool]) -> bool:
+    """Whether no gradient can reach ``op``'s outputs: every floating path
+    into it starts at a constant source (not a variable, a graph input or
+    anything else); no gradient flows through an integer tensor."""
+    stack = [(op, False)]
+    while stack:
+        o, inputs_done = stack.pop()
+        if o in memo:
+            continue
+        floating = [t.operation for t in o.inputs if dtypes.is_floating(t.dtype)]
+        if inputs_done or not floating:
+            memo[o] = (
+                all(memo[i] for i in floating)
+                if o.inputs
+                else o.op_type in _CONSTANT_SOURCES
+            )
+            continue
+        stack.append((o, True))
+        stack.extend((i, False) for i in floating if i not in memo)
+    return memo[op]
 
 
 def _wrap(captured: _Captured, grad_fn: Callable[..., Any], name: str) -> Any:
@@ -236,17 +274,19 @@ def custom_gradient(
 
     ``grad_fn`` is called with the keywords ``explicit_inputs``,
     ``all_inputs`` (the explicit inputs, then every floating tensor ``fn``
-    read from outside, weights it created included), ``forward_operations``
+    read from outside, weights it created included, but for constants such
+    as masks, which no gradient reaches), ``forward_operations``
     (the operations ``fn`` added), ``outputs`` (``fn``'s) and
-    ``output_grads``, and returns one gradient (or None) per tensor of
-    ``all_inputs``.  It must not create variables.
+    ``output_grads`` (None for an output without one), and returns one
+    gradient (or None) per tensor of ``all_inputs``.  It must not create
+    variables.
     """
     captured = _capture(fn, explicit_inputs, "custom_gradient")
 
     def backward(
         ins: list[Tensor],
         outs: list[Tensor],
-        gys: list[Tensor],
+        gys: list[Tensor | None],
         needed: tuple[bool, ...],
     ) -> list[Tensor | None]:
         graph = ins[0].graph
@@ -298,10 +338,11 @@ def recompute_grad(
     def backward(
         ins: list[Tensor],
         outs: list[Tensor],
-        gys: list[Tensor],
+        gys: list[Tensor | None],
         needed: tuple[bool, ...],
     ) -> list[Tensor | None]:
         graph = ins[0].graph
+        grads = zero_filled(gys, outs)
         # The copies read fresh copies of the explicit inputs, and what fn
         # read from outside as it is.
         mapping = {
@@ -310,7 +351,7 @@ def recompute_grad(
         copies, mapping = graph.clone_operations(captured.forward_operations, mapping)
         again = [mapping.get(t, t) for t in outs]
         asked = [mapping[t] for t, need in zip(ins, needed) if need]
-        got = iter(gradients(again, asked, gys, operations=copies) if asked else [])
+        got = iter(gradients(again, asked, grads, operations=copies) if asked else [])
         return [next(got) if need else None for need in needed]
 
     return _wrap(captured, backward, "recompute_grad")

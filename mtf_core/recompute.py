@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from mtf_core.autodiff import CustomGradientOp, gradients
+from mtf_core.autodiff import CustomGradientOp, gradients, zero_filled
 from mtf_core.errors import GraphError
 from mtf_core.graph import Tensor
 from mtf_core.ops import elementwise as ew
@@ -47,12 +47,13 @@ def recompute_block(fn: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
     weights = [frame[n] for n in names]
 
     def grad_fn(
-        ins: list[Tensor], outs: list[Tensor], gys: list[Tensor], needed: object
+        ins: list[Tensor], outs: list[Tensor], gys: list[Tensor | None], needed: object
     ) -> list[Tensor | None]:
+        grads = zero_filled(gys, outs)
         fresh = [ew.identity(t) for t in ins]
         with provided_variables(graph, dict(zip(names, fresh[1:]))):
             again = fn(fresh[0])
-        return gradients([again], fresh, gys)
+        return gradients([again], fresh, grads)
 
     op = CustomGradientOp([out], [x, *weights], grad_fn, name="recompute")
     return op.outputs[0]

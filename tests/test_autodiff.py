@@ -354,3 +354,24 @@ def test_clone_operations_copies_with_mapped_inputs(devices: list[str]) -> None:
         graph.clone_operations(ops, {x: x2, out: out})
     with pytest.raises(mtf.GraphError, match="is not an operation of this graph"):
         graph.clone_operations([x], {})
+
+
+def test_constants_fn_reads_are_not_inputs_of_its_gradient() -> None:
+    # A mask no gradient can reach (from constants, or from integer ids) is
+    # read as it is: not one of all_inputs, so the backward pass computes no
+    # gradient for it (the planner's graphs stay as they were).
+    graph, mesh = _mesh()
+    x = mtf.placeholder(mesh, "batch:8,hidden:8")
+    ids = mtf.placeholder(mesh, "batch:8", dtype="int32")
+    from_ids = mtf.cast(mtf.equal(ids, 0), "float32")
+    bias = mtf.ones(mesh, "hidden:8") * 2.0
+    scale = mtf.placeholder(mesh, "hidden:8")
+    seen: dict[str, list] = {}
+
+    def grad_fn(all_inputs: list, output_grads: list, **_: object) -> list:
+        seen["all"] = all_inputs
+        return [output_grads[0], None]
+
+    y = mtf.custom_gradient(lambda a: (a + bias) * from_ids * scale, grad_fn, [x])
+    mtf.gradients([mtf.reduce_sum(y)], [x])
+    assert seen["all"] == [x, scale]

@@ -502,9 +502,12 @@ def test_reversible_half_residual_and_swap_is_the_revnet_block():
     graph, mesh = _graph()
     a, b = mtf.ones(mesh, "hidden:8"), mtf.zeros(mesh, "hidden:8")
     y2, y2b, y1, y1b = layers.reversible_half_residual_and_swap(
-        a, None, b, None, lambda t: t + 1.0
+        a, None, b, None, lambda t: t + 1.0, recompute_grads=False
     )
     assert y2 is b and y2b is None and y1b is None and y1.shape == a.shape
+    # recomputed (tests/test_layers_reversible.py): one op forwards all four
+    outs = layers.reversible_half_residual_and_swap(a, None, b, None, lambda t: t + 1.0)
+    assert {t.operation.op_type for t in outs} == {"CustomGradient"}
 
 
 @pytest.mark.tf

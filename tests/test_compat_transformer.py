@@ -81,15 +81,21 @@ def test_mesh_tf_lm_and_bitransformer_train_equally_resume_plan_and_decode():
         assert _losses(out, planned.split("[")[0]) == pytest.approx(dp, rel=1e-5)
 
     # Mesh TF's LayerStack(recompute_grads=True): each layer through
-    # mtf.recompute_grad, its weights made inside, dropout's masks kept
+    # mtf.recompute_grad, its weights made inside, dropout's masks kept; and
+    # its ReversibleLayerStack, whose backward pass rebuilds each layer's
+    # inputs.  2 layers of self-attention and feed-forward: 4 blocks each,
+    # run again in the backward pass.
     dp = _losses(out, "LM: data-parallel losses")
     again = _losses(out, "LM: model-parallel, layers recomputed losses")
     assert again == pytest.approx(dp, rel=1e-5)
-    blocks = _line(out, "LM: recompute_grad blocks: ")
-    count, ops = blocks.split(", ops ")
-    recomputed, kept = ops.rstrip(" kept)").split(" (")
-    # 2 layers of self-attention and feed-forward: 4 blocks, each run again
-    assert int(count) == 4 and int(recomputed) > int(kept)
+    rev = _losses(out, "LM: reversible layers kept losses")
+    rev_again = _losses(out, "LM: reversible layers recomputed losses")
+    assert rev_again == pytest.approx(rev, rel=1e-5) and rev != dp
+    for name in ("layers", "reversible layers"):
+        line = _line(out, f"LM: {name} recomputed: ")
+        blocks, ops = line.split(" blocks, ops ")
+        recomputed, kept = ops.removesuffix(" kept)").split(" (")
+        assert int(blocks) == 4 and int(recomputed) > int(kept)
 
     greedy = ast.literal_eval(_line(out, "LM: greedy: "))
     prompts = [b"Beautiful is ", b"Errors should ", b"Now is "]

@@ -83,9 +83,9 @@ from mtf_core.layers.pooling import avg_pool2d, avg_pool3d, max_pool2d, max_pool
 from mtf_core.layers.regularization import (
     annealed_dropout,
     clip_activation_gradient,
-    reversible_half_residual_and_swap,
     summary_for_clip_activation_gradient,
 )
+from mtf_core.layers.reversible import reversible_half_residual_and_swap
 
 __all__ = [
     "compress_mean",

@@ -1,10 +1,9 @@
 """Training aids from Mesh TensorFlow's ``mtf.layers``: dropout whose rate
-anneals with the step, activation-gradient clipping, and the reversible
-residual block, and the activation summaries.  All are mtf ops, so they lower under any layout."""
+anneals with the step, activation-gradient clipping and the activation
+summaries.  All are mtf ops, so they lower under any layout."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from mtf_core import dtypes
@@ -94,28 +93,3 @@ def summary_for_clip_activation_gradient(
         scalar_summary(f"rms_mean/{name}", mean)
         scalar_summary(f"rms_max/{name}", red.reduce_max(rms))
         scalar_summary(f"rms_var/{name}", red.reduce_mean(ew.square(rms - mean)))
-
-
-def reversible_half_residual_and_swap(
-    x1: Tensor,
-    x1_backwards: Tensor | None,
-    x2: Tensor,
-    x2_backwards: Tensor | None,
-    f: Callable[[Tensor], Tensor],
-    recompute_grads: bool = True,
-) -> tuple[Tensor, Tensor | None, Tensor, Tensor | None]:
-    """One block of a reversible network: ``(y2, y2_back, y1, y1_back) =
-    (x2, x2_back, x1 + f(x2), x1_back)``.
-
-    Values and gradients are the block's; ``recompute_grads`` (Mesh
-    TensorFlow's memory saving, rebuilding ``x1`` from ``y1`` in the
-    backward pass) is accepted but not done: mtf_core's autodiff keeps the
-    activations.
-    """
-    del recompute_grads
-    if x1.shape != x2.shape:
-        raise ShapeError(
-            f"reversible_half_residual_and_swap: x1 [{x1.shape}] and x2 "
-            f"[{x2.shape}] must have one shape"
-        )
-    return x2, x2_backwards, x1 + f(x2), x1_backwards
