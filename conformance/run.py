@@ -52,7 +52,11 @@ EXPECTED: dict[str, int] = {
     "utils_test.py": 1,
 }
 # What is taken out of the wheel: the tests and Mesh TF's own model packages.
-_PACKAGES = ("mesh_tensorflow/transformer/", "mesh_tensorflow/experimental/")
+_PACKAGES = (
+    "mesh_tensorflow/transformer/",
+    "mesh_tensorflow/experimental/",
+    "mesh_tensorflow/bert/",
+)
 _ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -17,7 +17,11 @@ halfway and resumes it under the model-parallel layout, plans the training step
 with ``mtf.auto_layout`` and trains under the plan, and decodes with Mesh TF's
 own decoders (LM: greedy ``sample_autoregressive`` and ``beam_search``;
 bitransformer: ``Bitransformer.decode`` with 2 beams and with sampling).  The
-text is Python's own ``this`` module (the Zen of Python), byte-level.
+LM also trains model-parallel with its layers recomputed
+(``LayerStack.recompute_grads``: the same losses) and as Mesh TF's
+``ReversibleLayerStack``, its layers kept and rebuilt (the same losses as
+each other).  The text is Python's own ``this`` module (the Zen of Python),
+byte-level.
 """
 
 from __future__ import annotations

@@ -95,7 +95,7 @@ def build_core_families() -> Built:
     outs.append(mtf.zeros(b.mesh, f"batch:{BATCH}", "int32") + 7)
     outs.append(mtf.constant(b.mesh, True, dtype="bool"))
     custom = mtf.custom_gradient(
-        lambda a: mtf.square(a), lambda ins, outs_, gys: [gys[0] * 2.0], [x]
+        lambda a: mtf.square(a), lambda output_grads, **_: [output_grads[0] * 2.0], [x]
     )
     outs.append(custom)
     outs.append(mtf.recompute_grad(lambda a: mtf.tanh(a) * 2.0, [x]))

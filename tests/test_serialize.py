@@ -225,7 +225,9 @@ def test_gradients_through_a_rebuilt_custom_gradient_op_raise_clearly() -> None:
     g = mtf.Graph()
     m = mtf.Mesh(g, "m")
     x = mtf.placeholder(m, "a:2", name="x")
-    y = mtf.custom_gradient(mtf.square, lambda i, o, gy: [gy[0]], [x])
+    y = mtf.custom_gradient(
+        mtf.square, lambda output_grads, **_: [output_grads[0]], [x]
+    )
     loaded = mtf.graph_from_dict(mtf.graph_to_dict(g, outputs=[y]))
     (ly,) = loaded.outputs
     assert ly.operation.op_type == "CustomGradient" and ly.name == y.name
