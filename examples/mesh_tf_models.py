@@ -137,9 +137,13 @@ def _graph(mtf: Any) -> tuple[Any, Any, list[Any]]:
     return graph, mesh, shape
 
 
-def _training_step(mtf: Any, model: Any, encoder: bool) -> Step:
+def _training_step(
+    mtf: Any, model: Any, encoder: bool, sequence_id: bool = False
+) -> Step:
     """Placeholders ``[inputs, targets]`` (``encoder``) or ``[targets]`` (an
-    LM, whose inputs are its targets shifted right)."""
+    LM, whose inputs are its targets shifted right).  ``sequence_id``: mark
+    the padding (id 0) as T5's packed data does, which Mesh TF's mixture of
+    experts needs (its gating weighs each position by it)."""
     import tensorflow as tf
     from mesh_tensorflow.transformer import transformer
 
@@ -151,9 +155,12 @@ def _training_step(mtf: Any, model: Any, encoder: bool) -> Step:
     else:
         inputs = transformer.autoregressive_inputs(targets)
         feeds = [targets]
+    segments = {}
+    if sequence_id:
+        segments["sequence_id"] = mtf.cast(mtf.not_equal(targets, 0), tf.int32)
     # mode "train": defaults.gin's dropout (0.1) is on.
     _, loss = model.call_simple(
-        inputs=inputs, targets=targets, compute_loss=True, mode="train"
+        inputs=inputs, targets=targets, compute_loss=True, mode="train", **segments
     )
     variables = graph.trainable_variables
     grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
@@ -201,6 +208,28 @@ def lm_variant_step(mtf: Any, recompute_grads: bool, reversible: bool) -> Step:
     finally:
         with gin.unlock_config():
             gin.bind_parameter("LayerStack.recompute_grads", False)
+
+
+def moe_lm_step(mtf: Any, mesh_shape: str, layout: str) -> Step:
+    """The LM with Mesh TF's mixture of experts (``moe.MoE1D``: 16 experts,
+    top-2 gating) in place of each feed-forward layer.  It is built for one
+    layout: Mesh TF's MoE sizes its groups from the layout's split of the
+    batch."""
+    from mesh_tensorflow.transformer import moe, transformer, transformer_layers
+
+    stack = transformer.make_layer_stack(
+        layers=[transformer_layers.SelfAttention, moe.MoE1D]
+    )
+    model = transformer.Unitransformer(
+        layer_stack=stack,
+        input_vocab_size=VOCAB,
+        output_vocab_size=VOCAB,
+        autoregressive=True,
+        max_length=LENGTH,
+        mesh_shape=mesh_shape,
+        layout=layout,
+    )
+    return _training_step(mtf, model, encoder=False, sequence_id=True)
 
 
 def lm_decoders(mtf: Any) -> Decoders:

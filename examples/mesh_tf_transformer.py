@@ -20,8 +20,10 @@ bitransformer: ``Bitransformer.decode`` with 2 beams and with sampling).  The
 LM also trains model-parallel with its layers recomputed
 (``LayerStack.recompute_grads``: the same losses) and as Mesh TF's
 ``ReversibleLayerStack``, its layers kept and rebuilt (the same losses as
-each other).  The text is Python's own ``this`` module (the Zen of Python),
-byte-level.
+each other), and with Mesh TF's mixture of experts (``moe.MoE1D``) in place
+of its feed-forward layers, its batch alone or its batch and its experts
+split over the devices (the same losses).  The text is Python's own ``this``
+module (the Zen of Python), byte-level.
 """
 
 from __future__ import annotations
@@ -156,6 +158,28 @@ def recomputed(
     return losses, lines
 
 
+def experts(mtf: Any, devices: int, steps: int) -> list[str]:
+    """The LM with Mesh TF's mixture of experts, trained with the batch split
+    over the devices and with the batch and the experts split over them
+    (each built for its layout, from the first's initial weights): lines
+    with their losses."""
+    mesh = f"all:{devices}"
+    start = None
+    lines = []
+    for name, rules in (
+        ("data-parallel", "batch:all"),
+        ("experts", "batch:all;experts:all"),
+    ):
+        step = models.moe_lm_step(mtf, mesh, rules)
+        fn = compile_on(mtf, step.graph, step.mesh, (mesh, rules), *_args(step))
+        if start is None:
+            start = fn.variables.to_dict()
+        fn.variables.load_dict(start)
+        losses = run(fn, step, 0, steps)
+        lines.append(f"mixture of experts, {name} ({rules}) losses {_losses(losses)}")
+    return lines
+
+
 def _args(step: models.Step) -> tuple[Any, ...]:
     return step.inputs, [step.loss], step.updates
 
@@ -226,6 +250,7 @@ def main(argv: list[str] | None = None) -> None:
         if name == "LM":
             again, lines = recomputed(mtf, args.devices, args.steps, init)
             losses["model-parallel, layers recomputed"] = again
+            lines += experts(mtf, args.devices, args.steps)
         dec = build_decoders(mtf)
         texts = decode(mtf, dec, mp_layout, weights, PROMPTS[name])
         report(name, losses, texts)

@@ -97,6 +97,14 @@ def test_mesh_tf_lm_and_bitransformer_train_equally_resume_plan_and_decode():
         recomputed, kept = ops.removesuffix(" kept)").split(" (")
         assert int(blocks) == 4 and int(recomputed) > int(kept)
 
+    # Mesh TF's mixture of experts (moe.MoE1D, top-2 gating): the experts
+    # split over the devices as the batch is, or not, give the same losses
+    moe = _losses(out, "LM: mixture of experts, data-parallel (batch:all) losses")
+    split = _losses(
+        out, "LM: mixture of experts, experts (batch:all;experts:all) losses"
+    )
+    assert moe[-1] < moe[0] and split == pytest.approx(moe, rel=1e-5)
+
     greedy = ast.literal_eval(_line(out, "LM: greedy: "))
     prompts = [b"Beautiful is ", b"Errors should ", b"Now is "]
     assert [g[: len(p)] for g, p in zip(greedy, prompts)] == prompts  # continued
