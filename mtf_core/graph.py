@@ -9,6 +9,7 @@ gradient and how it lowers, and :mod:`mtf_core.lowering` does the rest.
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -345,6 +346,11 @@ class Operation:
         """A copy of this op reading ``inputs`` (of the same shapes), added
         to the graph under a fresh name (:meth:`Graph.clone_operations`)."""
         clone = copy.copy(self)
+        for klass in type(self).__mro__:  # what was worked out from the inputs
+            for name, attr in vars(klass).items():
+                if isinstance(attr, functools.cached_property):
+                    clone.__dict__.pop(name, None)
+        clone._dim_names = None
         clone._inputs = inputs
         clone._outputs = [
             Tensor(clone, t.shape, t.dtype, i) for i, t in enumerate(self._outputs)

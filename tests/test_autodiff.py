@@ -375,3 +375,30 @@ def test_constants_fn_reads_are_not_inputs_of_its_gradient() -> None:
     y = mtf.custom_gradient(lambda a: (a + bias) * from_ids * scale, grad_fn, [x])
     mtf.gradients([mtf.reduce_sum(y)], [x])
     assert seen["all"] == [x, scale]
+
+
+def test_a_copy_works_out_again_what_its_op_worked_out_from_its_inputs(
+    devices: list[str],
+) -> None:
+    # An einsum with a one_hot input lowers as a lookup (its onehot_plan,
+    # worked out once from its inputs); its copy reading an identity of the
+    # one-hot tensor is a plain einsum, with the same values.
+    graph, mesh = _mesh()
+    ids = mtf.placeholder(mesh, "batch:4", dtype="int32")
+    table = mtf.placeholder(mesh, "vocab:8,hidden:4")
+    hot = mtf.one_hot(ids, mtf.Dimension("vocab", 8))
+    looked_up = mtf.einsum([hot, table], output_shape="batch:4,hidden:4")
+    assert looked_up.operation.onehot_plan is not None
+    (copy,), mapping = graph.clone_operations(
+        [looked_up.operation], {hot: mtf.identity(hot)}
+    )
+    assert copy.onehot_plan is None
+    feeds = {
+        ids: np.array([3, 0, 7, 3], np.int32),
+        table: np.arange(32, dtype=np.float32).reshape(8, 4),
+    }
+    got = lower(
+        graph, mesh, ONE_DEVICE, devices, [looked_up, mapping[looked_up]], feeds
+    )[0]
+    np.testing.assert_array_equal(got[0], feeds[table][[3, 0, 7, 3]])
+    np.testing.assert_array_equal(got[1], got[0])
