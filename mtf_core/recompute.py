@@ -1,8 +1,7 @@
 """Recomputing a block that creates its own weights (activation checkpointing).
 
-:func:`mtf_core.autodiff.recompute_grad` needs a function of its inputs only,
-weights included.  Model code (``mtf.layers``) creates its weights inside the
-block, so :func:`recompute_block` runs the block once as it is (creating its
+The model builders' whole-block recomputation (the planner's ``block``
+option).  :func:`recompute_block` runs the block once as it is (creating its
 variables and the forward ops), records the weight tensors the block read
 from ``get_variable``, and wraps the forward outputs in one custom-gradient op
 whose inputs are the block's input and those weights.  The backward pass runs
@@ -15,6 +14,11 @@ where the cost model counts them).
 
 Randomness inside a recomputed block would draw new numbers the second time;
 blocks with dropout are refused by the model builders.
+
+:func:`mtf_core.autodiff.recompute_grad` (Mesh TF's) takes such blocks too,
+dropout included: it copies the forward operations instead of running the
+code again.  The builders keep this function, whose graphs (fresh copies of
+the weights, read by name) the planner's tables and tests are built on.
 """
 
 from __future__ import annotations
