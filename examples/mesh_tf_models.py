@@ -1,5 +1,5 @@
 """Mesh TF's Transformer package on mtf_core: loading it, its gin defaults, the
-text, and the two models of ``examples/mesh_tf_transformer.py``.
+text, and the models of ``examples/mesh_tf_transformer.py``.
 
 Each model is built twice, into two graphs: the training step (loss and
 Adafactor updates) and the decoders (Mesh TF's ``while_loop``s).  Mesh TF
@@ -170,18 +170,18 @@ def _training_step(
     return Step(graph, mesh, feeds, loss, updates)
 
 
-def language_model(mtf: Any, layer_stack_cls: Any = None) -> Any:
-    """defaults.gin's LM: a ``Unitransformer`` on ``make_layer_stack()``
-    (of ``layer_stack_cls``, if given)."""
+def language_model(mtf: Any, stack: dict[str, Any] | None = None, **model: Any) -> Any:
+    """defaults.gin's LM: a ``Unitransformer`` on ``make_layer_stack(**stack)``
+    (``model``: more of the ``Unitransformer``'s arguments)."""
     from mesh_tensorflow.transformer import transformer
 
-    cls = {} if layer_stack_cls is None else {"layer_stack_cls": layer_stack_cls}
     return transformer.Unitransformer(
-        layer_stack=transformer.make_layer_stack(**cls),
+        layer_stack=transformer.make_layer_stack(**(stack or {})),
         input_vocab_size=VOCAB,
         output_vocab_size=VOCAB,
         autoregressive=True,
         max_length=LENGTH,
+        **model,
     )
 
 
@@ -203,7 +203,9 @@ def lm_variant_step(mtf: Any, recompute_grads: bool, reversible: bool) -> Step:
     with gin.unlock_config():
         gin.bind_parameter("LayerStack.recompute_grads", recompute_grads)
     try:
-        stack = transformer.ReversibleLayerStack if reversible else None
+        stack = (
+            {"layer_stack_cls": transformer.ReversibleLayerStack} if reversible else {}
+        )
         return _training_step(mtf, language_model(mtf, stack), encoder=False)
     finally:
         with gin.unlock_config():
@@ -215,20 +217,10 @@ def moe_lm_step(mtf: Any, mesh_shape: str, layout: str) -> Step:
     top-2 gating) in place of each feed-forward layer.  It is built for one
     layout: Mesh TF's MoE sizes its groups from the layout's split of the
     batch."""
-    from mesh_tensorflow.transformer import moe, transformer, transformer_layers
+    from mesh_tensorflow.transformer import moe, transformer_layers
 
-    stack = transformer.make_layer_stack(
-        layers=[transformer_layers.SelfAttention, moe.MoE1D]
-    )
-    model = transformer.Unitransformer(
-        layer_stack=stack,
-        input_vocab_size=VOCAB,
-        output_vocab_size=VOCAB,
-        autoregressive=True,
-        max_length=LENGTH,
-        mesh_shape=mesh_shape,
-        layout=layout,
-    )
+    stack = {"layers": [transformer_layers.SelfAttention, moe.MoE1D]}
+    model = language_model(mtf, stack, mesh_shape=mesh_shape, layout=layout)
     return _training_step(mtf, model, encoder=False, sequence_id=True)
 
 
