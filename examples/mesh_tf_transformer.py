@@ -246,16 +246,17 @@ def main(argv: list[str] | None = None) -> None:
         ("bitransformer", models.bitransformer_step, models.bitransformer_decoders),
     ]:
         losses, weights, init = train(mtf, build_step(mtf), args.devices, args.steps)
-        lines = []
         if name == "LM":
-            again, lines = recomputed(mtf, args.devices, args.steps, init)
-            losses["model-parallel, layers recomputed"] = again
-            lines += experts(mtf, args.devices, args.steps)
+            lm_init = init
         dec = build_decoders(mtf)
         texts = decode(mtf, dec, mp_layout, weights, PROMPTS[name])
         report(name, losses, texts)
-        for line in lines:
-            print(f"{name}: {line}")
+    # After both models, so that their initial weights (TF's seeded draws)
+    # are those of a run without these.
+    again, lines = recomputed(mtf, args.devices, args.steps, lm_init)
+    print(f"LM: model-parallel, layers recomputed losses {_losses(again)}")
+    for line in lines + experts(mtf, args.devices, args.steps):
+        print(f"LM: {line}")
 
 
 if __name__ == "__main__":
