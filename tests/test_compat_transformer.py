@@ -99,6 +99,7 @@ def test_mesh_tf_lm_and_bitransformer_train_equally_resume_plan_and_decode():
 
     # Mesh TF's mixture of experts (moe.MoE1D, top-2 gating): the experts
     # split over the devices as the batch is, or not, give the same losses
+    # over these 4 steps (later, rounding flips a routing decision)
     moe = _losses(out, "LM: mixture of experts, data-parallel (batch:all) losses")
     split = _losses(
         out, "LM: mixture of experts, experts (batch:all;experts:all) losses"
