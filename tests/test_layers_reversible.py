@@ -63,8 +63,8 @@ def test_recomputed_blocks_hold_as_much_for_eight_blocks_as_for_four() -> None:
         for blocks in (4, 8)
         for recompute in (False, True)
     }
-    # Kept: each block's f holds its tanh [batch, mid] and its output
-    # [batch, hidden] for the backward pass, so 4 more blocks hold 4 more.
+    # Kept: each block holds f's input [batch, hidden] and its tanh
+    # [batch, mid] for the backward pass, so 4 more blocks hold 4 more.
     assert peaks[8, False] - peaks[4, False] == 4 * (64 * 32 + 64 * 8) * 4
     # Rebuilt: nothing more is held for the backward pass; what grows is the
     # weights' gradients (up 8x32 + 32, down 32x8 + 8), outputs kept to the end.
