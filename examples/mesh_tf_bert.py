@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "examples"))
 
-from mesh_tf_models import zen  # noqa: E402
+from mesh_tf_models import mesh_tf_on_mtf_core, zen  # noqa: E402
 
 BATCH, HALF, MASKED, VOCAB = 8, 8, 3, 128
 LENGTH = 2 * HALF
@@ -41,21 +41,9 @@ LENGTH = 2 * HALF
 
 def load_bert() -> tuple[Any, Any, Any]:
     """``mesh_tensorflow`` on mtf_core and Mesh TF's ``bert`` and
-    ``bert.optimization`` modules (from ``MTF_COMPAT_MESH_TF_PATH`` if set,
-    else from the wheel in ``.cache/conformance``)."""
-    import os
-
-    from conformance.bootstrap import install_stand_ins
-    from conformance.run import fetch_wheel, unpack
-
-    install_stand_ins()  # TF 2.21 lacks the Estimator modules Mesh TF imports
-    import mtf_core.compat
-
-    if not os.environ.get("MTF_COMPAT_MESH_TF_PATH"):
-        cache = ROOT / ".cache" / "conformance"
-        mesh_tf_dir, _ = unpack(fetch_wheel(cache), cache)
-        mtf_core.compat.add_mesh_tf_path(mesh_tf_dir)
-    import mesh_tensorflow
+    ``bert.optimization`` modules (:func:`mesh_tf_models.mesh_tf_on_mtf_core`
+    says from where)."""
+    mesh_tensorflow = mesh_tf_on_mtf_core()
     from mesh_tensorflow.bert import bert, optimization
 
     return mesh_tensorflow, bert, optimization

@@ -47,17 +47,15 @@ T5_SHAPE = [
 ]
 
 
-def load_mesh_tf() -> Any:
-    """``mesh_tensorflow`` on mtf_core, with Mesh TF's transformer package
-    configured by its own ``defaults.gin`` (plus :data:`SIZES`, :data:`T5_SHAPE`).
+def mesh_tf_on_mtf_core() -> Any:
+    """``mesh_tensorflow`` on mtf_core, its model packages (``transformer``,
+    ``bert``, ...) loadable.
 
-    The package comes from ``MTF_COMPAT_MESH_TF_PATH`` if set, else from the
+    They come from ``MTF_COMPAT_MESH_TF_PATH`` if set, else from the
     mesh-tensorflow 0.1.21 wheel in ``.cache/conformance`` (fetched from PyPI
     once, as ``make conformance`` does; Mesh TF's code is never committed).
     """
     install_stand_ins()  # TF 2.21 lacks the Estimator modules it imports
-    import gin
-
     import mtf_core.compat
 
     if not os.environ.get("MTF_COMPAT_MESH_TF_PATH"):
@@ -65,6 +63,16 @@ def load_mesh_tf() -> Any:
         mesh_tf_dir, _ = unpack(fetch_wheel(cache), cache)
         mtf_core.compat.add_mesh_tf_path(mesh_tf_dir)
     import mesh_tensorflow
+
+    return mesh_tensorflow
+
+
+def load_mesh_tf() -> Any:
+    """:func:`mesh_tf_on_mtf_core`, with Mesh TF's transformer package
+    configured by its own ``defaults.gin`` (plus :data:`SIZES`, :data:`T5_SHAPE`).
+    """
+    mesh_tensorflow = mesh_tf_on_mtf_core()
+    import gin
     from mesh_tensorflow.transformer import transformer
 
     defaults = Path(transformer.__file__).parent / "gin" / "defaults.gin"
