@@ -117,10 +117,11 @@ def train(
 
 
 def recomputed(
-    mtf: Any, devices: int, steps: int, init: dict[str, np.ndarray]
+    mtf: Any, devices: int, steps: int, lm: models.Step, init: dict[str, np.ndarray]
 ) -> tuple[list[float], list[str]]:
     """The LM with its layers recomputed (``LayerStack.recompute_grads``),
-    model-parallel from ``init``: its losses.  Then Mesh TF's
+    model-parallel from ``init`` (the weights ``lm``, the LM kept, trained
+    from): its losses.  Then Mesh TF's
     ``ReversibleLayerStack``, its layers kept and rebuilt, from the kept
     run's first weights.  Lines to print: the reversible runs' losses and,
     per recomputed graph, its recomputed blocks and ops (against the kept
@@ -133,7 +134,6 @@ def recomputed(
             fn.variables.load_dict(start)
         return fn
 
-    kept = models.lm_step(mtf)
     again = models.lm_variant_step(mtf, recompute_grads=True, reversible=False)
     losses = run(trained(again, init), again, 0, steps)
     rev_kept = models.lm_variant_step(mtf, recompute_grads=False, reversible=True)
@@ -147,7 +147,7 @@ def recomputed(
         f"reversible layers recomputed losses {_losses(rev_re)}",
     ]
     for name, plain, step in (
-        ("layers", kept, again),
+        ("layers", lm, again),
         ("reversible layers", rev_kept, rev_again),
     ):
         ops = step.graph.operations
@@ -246,15 +246,16 @@ def main(argv: list[str] | None = None) -> None:
         ("LM", models.lm_step, models.lm_decoders),
         ("bitransformer", models.bitransformer_step, models.bitransformer_decoders),
     ]:
-        losses, weights, init = train(mtf, build_step(mtf), args.devices, args.steps)
+        step = build_step(mtf)
+        losses, weights, init = train(mtf, step, args.devices, args.steps)
         if name == "LM":
-            lm_init = init
+            lm, lm_init = step, init
         dec = build_decoders(mtf)
         texts = decode(mtf, dec, mp_layout, weights, PROMPTS[name])
         report(name, losses, texts)
     # After both models, so that their initial weights (TF's seeded draws)
     # are those of a run without these.
-    again, lines = recomputed(mtf, args.devices, args.steps, lm_init)
+    again, lines = recomputed(mtf, args.devices, args.steps, lm, lm_init)
     print(f"LM: model-parallel, layers recomputed losses {_losses(again)}")
     for line in lines + experts(mtf, args.devices, args.steps):
         print(f"LM: {line}")
