@@ -104,10 +104,7 @@ def gradients(
         needed = [t in downstream for t in op.inputs]
         if not any(needed):
             continue
-        if isinstance(op, CustomGradientOp):
-            in_grads = op.gradient_for(out_grads, needed)
-        else:
-            in_grads = op.gradient(out_grads)
+        in_grads = op.gradient_for(out_grads, needed)
         for t, g, need in zip(op.inputs, in_grads, needed):
             if g is None or not need:
                 continue
@@ -165,8 +162,8 @@ class CustomGradientOp(Operation):
     def gradient_for(
         self, grad_ys: Sequence[Tensor | None], needed: Sequence[bool]
     ) -> list[Tensor | None]:
-        """:meth:`gradient`, computing only the ``needed`` inputs' where the
-        function can tell (``needed``: one flag per input)."""
+        """:meth:`gradient`, the function told which inputs' gradients are
+        ``needed`` (it may skip the others)."""
         ins = self.inputs[: self._n_in]
         outs = self.inputs[self._n_in :]
         gxs = list(self.grad_fn(ins, outs, list(grad_ys), tuple(needed[: self._n_in])))

@@ -432,6 +432,14 @@ class Operation:
     def gradient(self, grad_ys: Sequence[Tensor | None]) -> list[Tensor | None]:
         raise NotImplementedError(f"{self.op_type} ({self.name}) has no gradient")
 
+    def gradient_for(
+        self, grad_ys: Sequence[Tensor | None], needed: Sequence[bool]
+    ) -> list[Tensor | None]:
+        """What ``mtf.gradients`` calls: :meth:`gradient`, where ``needed[i]``
+        says whether input ``i``'s gradient is asked for (an op that can skip
+        the others overrides this)."""
+        return self.gradient(grad_ys)
+
     def lower(self, lowering: LoweringContext) -> None:
         """Makes this op's TensorFlow work through ``lowering`` (the seam,
         :class:`mtf_core.seams.LoweringContext`): ``lowering.tf``, the
