@@ -559,10 +559,19 @@ def _weighted(
     return cp_model.LinearExpr.weighted_sum(list(vs), list(coefs))
 
 
-def solve_choice(choice: ChoiceProgram, params: SolveParams) -> ChoiceResult:
+def solve_choice(
+    choice: ChoiceProgram, params: SolveParams, max_time_ps: int | None = None
+) -> ChoiceResult:
     """The fastest (option, layout) of ``choice`` under each option's
     capacity; on equal time the earlier option, then the lexicographically
-    smallest layout.  ``params.top_k`` is ignored (one answer)."""
+    smallest layout.  ``params.top_k`` is ignored (one answer).
+
+    ``max_time_ps``: only an answer whose time is at most this is sought;
+    where none is, the status is ``infeasible``.  The answer is the same
+    wherever it is within the limit (the limit only cuts slower layouts),
+    and CP-SAT proves that nothing fits within a limit below the optimum
+    far sooner than it proves the optimum itself (a caller that needs only
+    what beats a step found elsewhere passes that step)."""
     t0 = time.monotonic()
     cm = ChoiceModel(choice, params.max_objective_weight)
     if not cm.live:
@@ -572,6 +581,10 @@ def solve_choice(choice: ChoiceProgram, params: SolveParams) -> ChoiceResult:
     single = cm.single_objective()
     t_var = cm.time_variable()
     model = cm.model
+    if max_time_ps is not None:
+        if max_time_ps < cm.time_floor_ps:  # below every option's least time
+            return _result(cm, SolveStatus.INFEASIBLE, None, t0, loop)
+        model.add(t_var <= max_time_ps - cm.time_floor_ps)
     if single is not None:
         model.minimize(single.on(model))
         run = loop.solve(model, "choice", workers, None)

@@ -23,6 +23,7 @@ the same answer, as the best of each option's own optimum.
 from __future__ import annotations
 
 import copy
+import math
 import os
 import time
 from collections.abc import Hashable, Mapping, Sequence
@@ -41,6 +42,7 @@ from layout_planner.plan_mesh import (
 )
 from layout_planner.problem import LayoutProblem
 from layout_planner.program import (
+    PS_PER_S,
     SMALL_PROGRAM_VARIABLES,
     ChoiceProgram,
     ChoiceResult,
@@ -57,7 +59,12 @@ K = TypeVar("K", bound=Hashable)
 
 class NothingFitsError(PlannerError):
     """No option fits under any layout (raised instead of finding each
-    option's smallest peak, where the caller asked not to)."""
+    option's smallest peak, where the caller asked not to); with
+    ``max_time_s``, none that fits takes that long or less."""
+
+    def __init__(self, message: str, max_time_s: float | None = None) -> None:
+        super().__init__(message)
+        self.max_time_s = max_time_s
 
 
 @dataclass(frozen=True)
@@ -102,6 +109,7 @@ def solve_with_recomputation(
     extras: bool = False,
     jointly: bool | None = None,
     smallest_peak: bool = True,
+    max_time_s: float | None = None,
 ) -> RecomputePlan[K]:
     """The fastest (option, layout) pair of ``problems`` that fits.
 
@@ -122,6 +130,13 @@ def solve_with_recomputation(
     that peak and every option's; with ``smallest_peak=False``,
     :class:`NothingFitsError` is raised instead, and no smallest peak is
     solved for (one memory-objective program per option).
+
+    ``max_time_s`` (with ``smallest_peak=False``): only a pair whose time
+    is at most this is sought, and where none fits,
+    :class:`NothingFitsError` says so.  The joint program proves that far
+    sooner than its optimum (``recompute_cpsat.solve_choice``); solved
+    option by option, the limit is not applied, and the answer may be
+    slower.
     """
     keys = list(problems)
     if not keys:
@@ -133,6 +148,11 @@ def solve_with_recomputation(
                 f"option {key!r} is on mesh {problems[key].mesh_shape}, option "
                 f"{keys[0]!r} on {mesh}; the options of one solve share a mesh"
             )
+    if max_time_s is not None and smallest_peak:
+        raise PlannerError(
+            f"max_time_s={max_time_s!r} needs smallest_peak=False: under a time "
+            "limit, the smallest peak is not sought"
+        )
     caps = _capacities(problems, capacity_bytes)
     chosen = {k: _with_capacity(problems[k], caps[k]) for k in keys}
     if jointly is None:
@@ -143,7 +163,7 @@ def solve_with_recomputation(
             "in the worker (solver_process.solver_location()); pass jointly=None"
         )
     if jointly:
-        return _joint(chosen, params, verify, extras, smallest_peak)
+        return _joint(chosen, params, verify, extras, smallest_peak, max_time_s)
     return _separate(chosen, params, verify, extras, smallest_peak)
 
 
@@ -170,6 +190,7 @@ def _joint(
     verify: bool,
     extras: bool,
     smallest_peak: bool = True,
+    max_time_s: float | None = None,
 ) -> RecomputePlan[K]:
     from layout_planner.recompute_cpsat import solve_choice
 
@@ -179,7 +200,7 @@ def _joint(
         [problems[k] for k in keys], [problems[k].hw.memory_bytes for k in keys]
     )
     params = _workers(params, [o.program for o in choice.options])
-    res = solve_choice(choice, params)
+    res = solve_choice(choice, params, _time_limit_ps(max_time_s, choice))
     excluded = tuple(keys[i] for i in res.excluded)
     if res.option is not None and res.solution is not None:
         key = keys[res.option]
@@ -199,7 +220,7 @@ def _joint(
     empty = _program_result(res)
     if res.status is SolveStatus.INFEASIBLE:
         if not smallest_peak:
-            raise _nothing_fits_error(problems)
+            raise _nothing_fits_error(problems, max_time_s)
         return _nothing_fits(
             problems, params, empty, res.wall_time_s, True, excluded, t0
         )
@@ -258,12 +279,32 @@ def _nothing_fits(
     return _none_fits(key, plan, [(k, p) for k, p, _ in peaks], jointly, excluded)
 
 
-def _nothing_fits_error(problems: Mapping[K, LayoutProblem]) -> NothingFitsError:
+def _time_limit_ps(max_time_s: float | None, choice: ChoiceProgram) -> int | None:
+    """``max_time_s`` as a limit on the joint program's time, which adds
+    each dim set's time rounded to the picosecond: one picosecond of slack
+    per dim set, and a relative ``1e-9`` for the float sums, so that no
+    layout of at most ``max_time_s`` is cut (the reference models' program
+    times and steps agree within ``1e-11``)."""
+    if max_time_s is None or max_time_s == float("inf"):
+        return None
+    terms = sum(len(o.program.dimsets) for o in choice.options)
+    return math.ceil(max_time_s * PS_PER_S * (1 + 1e-9)) + terms + 1
+
+
+def _nothing_fits_error(
+    problems: Mapping[K, LayoutProblem], max_time_s: float | None = None
+) -> NothingFitsError:
     caps = {k: p.hw.memory_bytes for k, p in problems.items()}
     if len(set(caps.values())) == 1:
         room = f"in {fmt_bytes(next(iter(caps.values())))} per device"
     else:
         room = "in " + ", ".join(f"{fmt_bytes(c)} ({k})" for k, c in caps.items())
+    if max_time_s is not None and max_time_s < float("inf"):
+        return NothingFitsError(
+            f"no recomputation option fits {room} at a step of "
+            f"{max_time_s:.6g} s or less",
+            max_time_s,
+        )
     return NothingFitsError(f"no recomputation option fits {room} under any layout")
 
 

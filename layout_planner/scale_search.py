@@ -54,7 +54,7 @@ from layout_planner.baselines import plan_cost
 from layout_planner.errors import PlannerError, SolverError
 from layout_planner.plan import LayoutPlan
 from layout_planner.program import SolveParams
-from layout_planner.recompute_program import solve_with_recomputation
+from layout_planner.recompute_program import NothingFitsError, solve_with_recomputation
 from layout_planner.scale_bounds import flops_bound_s
 from layout_planner.scale_plan import (
     ScaleChoice,
@@ -69,6 +69,7 @@ from layout_planner.scale_sources import (
     InProcess,
     Mesh,
     Result,
+    Slower,
     Source,
     refined_first,
 )
@@ -120,13 +121,16 @@ def _solve_options(
     params: SolveParams,
     limits: Mapping[ScaleChoice, int],
     smallest_peak: bool = True,
+    max_step_s: float | None = None,
 ) -> tuple[ScaleChoice, LayoutPlan]:
     """The fastest (option, layout) of ``options`` (one mesh), each option
     under its ``limits`` bytes per device: one CP-SAT solve, the option a
     decision of the program
     (:func:`~layout_planner.recompute_program.solve_with_recomputation`;
     ``smallest_peak=False``: where no option fits, it raises
-    ``NothingFitsError`` instead of finding the smallest peak)."""
+    ``NothingFitsError`` instead of finding the smallest peak; with
+    ``max_step_s`` too, it raises that where none fits within that step,
+    which the program proves far sooner than its optimum)."""
     if len(options) == 1:
         c = options[0]
         # The last layout this process found (most often of a mesh with
@@ -145,6 +149,7 @@ def _solve_options(
         params,
         capacity_bytes={c: limits[c] for c in options},
         smallest_peak=smallest_peak,
+        max_time_s=max_step_s,
     )
     return got.key, got.plan
 
@@ -157,10 +162,11 @@ def _trial(
     params: SolveParams,
     limit: int | None = None,
     smallest_peak: bool = True,
+    max_step_s: float | None = None,
 ) -> Outcome:
     """The fastest fitting (option, layout) of ``options`` on their mesh,
     each under ``limit`` bytes per device (the hardware's capacity if None;
-    ``smallest_peak``: see :func:`_solve_options`).
+    ``smallest_peak`` and ``max_step_s``: see :func:`_solve_options`).
 
     The program's objective is the pipelined step (``m + p - 1`` times the
     per-micro-batch part, plus the once-per-step part), so it weighs a
@@ -170,7 +176,8 @@ def _trial(
     answer fits exactly when some layout of the options does."""
     first = hw.memory_bytes if limit is None else limit
     choice, plan = _solve_options(
-        stages, options, hw, params, {c: first for c in options}, smallest_peak
+        stages, options, hw, params, {c: first for c in options}, smallest_peak,
+        max_step_s,
     )
     stage = stages.stage(choice, hw)
     parts = stage.parts(plan.layout_rules)
@@ -294,13 +301,23 @@ def search(
             return FreeResult(None, 0.0, str(e))
         return FreeResult(free, bound, None)
 
-    def joint(stages: Stages, mesh: Mesh) -> Outcome | str:
+    def joint(stages: Stages, task: tuple[Mesh, float]) -> Outcome | Slower | str:
+        mesh, cutoff_s = task
         try:
             # Where nothing fits, the trial says so; the smallest peak (a
             # memory-objective program per option) is not worth its time.
             return _trial(
-                stages, mesh_options(mesh), mesh.spec, hw, params, smallest_peak=False
+                stages,
+                mesh_options(mesh),
+                mesh.spec,
+                hw,
+                params,
+                smallest_peak=False,
+                max_step_s=None if cutoff_s == math.inf else cutoff_s,
             )
+        except NothingFitsError as e:
+            limit = math.inf if e.max_time_s is None else e.max_time_s
+            return Slower(limit, str(e))
         except (PlannerError, SolverError) as e:
             return str(e)
 
@@ -489,15 +506,52 @@ def _passes(
             f"recomputation on {mesh} ({j + 1} of {len(pending)})",
             0.8 + 0.2 * j / len(pending),
         )
-        outcome = source.joint(index[i])
-        if isinstance(outcome, str):
-            trials.append(ScaleTrial(options[0], None, None, False, "", outcome))
-        else:
-            trials.append(outcome.trial)
+        # Only a step at most the best so far can count: the program is
+        # asked for nothing slower, which it rules out far sooner than it
+        # proves its optimum.  Whatever limit a result was found under (at
+        # least this one), the trial says the same (joint_trial).
+        limit = incumbent_s if best is None else best[0][0]
+        outcome = source.joint(index[i], limit)
+        trial = joint_trial(options[0], outcome, limit)
+        trials.append(trial)
+        if isinstance(outcome, Outcome) and trial is outcome.trial:
             consider(outcome)
     if refine is not None and best is not None and best[1] is not refined:
         consider(refine(best[1], trials, 1.0))
     return trials, None if best is None else best[1]
+
+
+def joint_trial(
+    least: ScaleChoice, got: Outcome | Slower | str, limit_s: float
+) -> ScaleTrial:
+    """The trial of a joint program whose result ``got`` was found under a
+    step limit of at least ``limit_s`` (the best fitting step before it):
+    its own trial where it takes at most ``limit_s``, else one saying that
+    no (option, layout) that fits does.  That is the same for any limit the
+    result was found under, so the trials do not depend on what a process
+    computing ahead knew."""
+    if isinstance(got, str):
+        return ScaleTrial(least, None, None, False, "", got)
+    if isinstance(got, Outcome):
+        step = got.trial.step_time_s
+        if step is not None and step <= limit_s:
+            return got.trial
+    elif got.limit_s < limit_s:
+        raise PlannerError(  # pragma: no cover - the sources ask again
+            f"a joint program limited to {got.limit_s:.6g} s cannot say what "
+            f"beats {limit_s:.6g} s"
+        )
+    elif limit_s == math.inf:
+        return ScaleTrial(least, None, None, False, "", got.message)
+    return ScaleTrial(
+        least,
+        None,
+        None,
+        False,
+        "",
+        f"no recomputation option fits at a step of {limit_s:.6g} s or less "
+        "(the fastest fitting step found before it)",
+    )
 
 
 def _fewer_rounds(

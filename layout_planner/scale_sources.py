@@ -71,10 +71,21 @@ class FreeResult:
     error: str | None
 
 
-#: What a source runs: ("free", mesh) lays a mesh out free, ("joint", mesh)
-#: runs its joint recomputation program, on a process's stages; ("check",
-#: (choice, rules)) prices a layout on its full stage graph.
-Result: TypeAlias = "FreeResult | Outcome | Checked | str"
+@dataclass(frozen=True)
+class Slower:
+    """A joint program's answer under a step limit: no (option, layout) of
+    its mesh that fits takes ``limit_s`` or less (``inf``: none fits at all,
+    as ``message`` says)."""
+
+    limit_s: float
+    message: str
+
+
+#: What a source runs: ("free", mesh) lays a mesh out free, ("joint", (mesh,
+#: limit)) runs its joint recomputation program for a step of at most
+#: ``limit`` s, on a process's stages; ("check", (choice, rules)) prices a
+#: layout on its full stage graph.
+Result: TypeAlias = "FreeResult | Outcome | Slower | Checked | str"
 Run = Callable[[Stages, tuple[str, Any]], Result]
 
 
@@ -98,21 +109,30 @@ class Source:
         return i
 
     def free(self, i: int) -> FreeResult:
-        got = self._result(("free", i))
+        got = self._result(("free", i), math.inf)
         assert isinstance(got, FreeResult)
         return got
 
-    def joint(self, i: int) -> Outcome | str:
-        got = self._result(("joint", i))
-        assert isinstance(got, (Outcome, str))
+    def joint(self, i: int, limit_s: float = math.inf) -> Outcome | Slower | str:
+        """Mesh ``i``'s joint program, found under a step limit of at least
+        ``limit_s`` (a :class:`Slower` of a lower limit is never returned)."""
+        got = self._result(("joint", i), limit_s)
+        assert isinstance(got, (Outcome, Slower, str))
         return got
 
-    def _item(self, task: tuple[str, Any]) -> tuple[str, Any]:
-        """What runs for ``task``: a mesh's index becomes the mesh."""
+    def _item(self, task: tuple[str, Any], limit_s: float = math.inf) -> tuple[str, Any]:
+        """What runs for ``task``: a mesh's index becomes the mesh (and a
+        joint program's, the mesh and its step limit)."""
         kind, what = task
-        return task if kind == "check" else (kind, self.meshes[what])
+        if kind == "check":
+            return task
+        if kind == "joint":
+            return kind, (self.meshes[what], limit_s)
+        return kind, self.meshes[what]
 
-    def _result(self, task: tuple[str, Any]) -> Result:
+    def _result(self, task: tuple[str, Any], limit_s: float) -> Result:
+        """``task``'s result (a joint program's under a step limit of at
+        least ``limit_s``)."""
         raise NotImplementedError
 
     def __enter__(self) -> Source:
@@ -130,8 +150,8 @@ class InProcess(Source):
         self._run = run
         self.stages = stages
 
-    def _result(self, task: tuple[str, Any]) -> Result:
-        return self._run(self.stages, self._item(task))
+    def _result(self, task: tuple[str, Any], limit_s: float) -> Result:
+        return self._run(self.stages, self._item(task, limit_s))
 
 
 #: A fitting trial's step, its mesh's index, whether it was a free layout,
@@ -197,13 +217,20 @@ class Ahead(Source):
     def __exit__(self, *exc: object) -> None:
         self._pool.close()
 
-    def _result(self, task: tuple[str, Any]) -> Result:
-        while task not in self._done:
-            self._feed(task)
-            for key, got in self._pool.finished():
-                self._record(key, got)
-            self._drop_beaten(task)
-        return self._done[task]
+    def _result(self, task: tuple[str, Any], limit_s: float) -> Result:
+        while True:
+            while task not in self._done:
+                self._feed(task, limit_s)
+                for key, got in self._pool.finished():
+                    self._record(key, got)
+                self._drop_beaten(task)
+            got = self._done[task]
+            if not (isinstance(got, Slower) and got.limit_s < limit_s):
+                return got
+            # Run ahead under a lower limit than the passes' (a fitting
+            # trial they do not count yet): it says too little; run it again.
+            del self._done[task]
+            self._sent.discard(task)
 
     def _drop_beaten(self, needed: tuple[str, Any]) -> None:
         """Replaces each worker whose job a result since beats (the passes
@@ -252,7 +279,7 @@ class Ahead(Source):
             assert step is not None
             self._fits.append((step, task[1], task[0] == "free", outcome.trial))
 
-    def _feed(self, needed: tuple[str, Any]) -> None:
+    def _feed(self, needed: tuple[str, Any], limit_s: float) -> None:
         for w in self._pool.idle():
             task = needed if needed not in self._sent else self._next(w)
             if task is None:
@@ -260,7 +287,9 @@ class Ahead(Source):
             self._sent.add(task)
             if task[0] != "check":
                 self._laid[w].add(self.meshes[task[1]].sizes)
-            self._pool.submit(w, task, self._item(task))
+            if task != needed and task[0] == "joint":
+                limit_s = self._joint_limit(task[1])
+            self._pool.submit(w, task, self._item(task, limit_s))
         if not self._pool.busy():  # pragma: no cover - needed is always sent
             raise WorkerError(f"nothing is running and {needed!r} is not done")
 
@@ -303,6 +332,19 @@ class Ahead(Source):
         near = joints[: self._pool.count]
         own = next((i for i in near if meshes[i].micro_batches in mine), near[0])
         return ("joint", own)
+
+    def _joint_limit(self, i: int) -> float:
+        """The step limit for mesh ``i``'s joint program run ahead: the
+        fastest fitting step known that the passes will have seen when they
+        ask for it (:meth:`_best_step`, and the joint programs before it in
+        their order).  Should they count less by then, they ask again."""
+        order = {i: (b, i) for b, i in self._joint_bounds()}
+        before = [
+            step
+            for step, t, free, _ in self._fits
+            if not free and t in order and order[t] < order[i]
+        ]
+        return min([self._best_step(), *before])
 
     def _micro_batches(self, w: int) -> set[int]:
         """The micro-batch counts whose graphs worker ``w`` holds."""

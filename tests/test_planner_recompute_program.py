@@ -332,6 +332,42 @@ def test_asked_not_to_nothing_fits_raises_without_finding_smallest_peaks(
     assert seen.count("memory") == len(OPTIONS)
 
 
+@pytest.mark.parametrize("mesh", MESHES)
+def test_under_a_step_limit_the_answer_is_the_same_or_none_fits_within_it(
+    mesh: str,
+) -> None:
+    """A limit at or above the fastest fitting pair's time changes nothing
+    (it only cuts slower layouts); one below it is answered by
+    NothingFitsError naming the limit, at every capacity regime."""
+    problems = lm_problems(mesh)
+    pairs = every_pair(problems)
+    starts = regime_starts(pairs)
+    limited = 0
+    for capacity in [HW.memory_bytes, *starts[::2], *(s - 1 for s in starts[1::2])]:
+        want = best_fitting(pairs, capacity)
+        kwargs = dict(capacity_bytes=capacity, smallest_peak=False)
+        if want is None:
+            with pytest.raises(NothingFitsError) as none:
+                solve_with_recomputation(problems, PARAMS, max_time_s=1.0, **kwargs)
+            assert none.value.max_time_s == 1.0
+            continue
+        free = solve_with_recomputation(problems, PARAMS, **kwargs)
+        for limit in (want[3], want[3] * 1.001, 10 * want[3]):
+            got = solve_with_recomputation(
+                problems, PARAMS, max_time_s=limit, **kwargs
+            )
+            assert got.key == free.key == want[1], (capacity, limit)
+            assert got.plan.layout_rules == free.plan.layout_rules
+            assert got.time_s == free.time_s
+        below = want[3] * (1 - 1e-3)
+        with pytest.raises(NothingFitsError, match=f"at a step of {below:.6g} s"):
+            solve_with_recomputation(problems, PARAMS, max_time_s=below, **kwargs)
+        limited += 1
+    assert limited >= 3
+    with pytest.raises(PlannerError, match="max_time_s=1.0 needs smallest_peak"):
+        solve_with_recomputation(problems, PARAMS, max_time_s=1.0)
+
+
 def test_a_term_added_to_the_time_objective_counts_in_every_option() -> None:
     """``LayoutProblem.add_time`` (a pipeline's sends): a cost outside the
     graph that reads the layout of some names.  The joint program picks

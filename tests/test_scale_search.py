@@ -344,6 +344,8 @@ meshes = [Mesh(float(i), 1, 1, 8, 4, spec) for i in (1, 2, 3)]
 
 def run(stages, task):
     kind, mesh = task
+    if kind == "joint":
+        mesh, limit = mesh
     i = meshes.index(mesh)
     choice = ScaleChoice(1, 8, 1, 4, "1f1b", "none", "none")
     if kind == "joint":
@@ -373,6 +375,85 @@ def test_a_worker_running_a_beaten_joint_program_is_replaced():
     assert got["running"] == []
     assert got["sent"] == [["free", 0], ["free", 1], ["free", 2], ["joint", 2]]
     assert got["took"] < 4.0
+
+
+# Mesh 0's free layout fits at 10 s; meshes 1 and 2 do not (bounds 5 and
+# 6 s).  A joint program answers Slower under the limit it was given.
+_JOINT_LIMITS = """
+import json
+from cost_models.pipeline import PipelineSpec
+from layout_planner.scale_plan import ScaleChoice, ScaleTrial
+from layout_planner.scale_sources import Ahead, FreeResult, Mesh, Slower
+from layout_planner.scale_stages import Outcome
+
+spec = PipelineSpec(1, 4, "1f1b")
+meshes = [Mesh(float(i), 1, 1, 8, 4, spec) for i in (1, 2, 3)]
+
+def run(stages, task):
+    kind, mesh = task
+    if kind == "joint":
+        mesh, limit = mesh
+        return Slower(limit, "none fits")
+    i = meshes.index(mesh)
+    c = ScaleChoice(1, 8, 1, 4, "1f1b", "none", "none")
+    trial = ScaleTrial(c, 10.0 if i == 0 else 30.0, 100, i == 0, "r")
+    return FreeResult(Outcome(trial, None, None), {0: 0.0, 1: 5.0, 2: 6.0}[i], None)
+
+with Ahead(meshes, run, lambda: None, 2) as source:
+    for i in range(3):
+        source.free(i)
+    # As if run ahead under a lower limit than the passes will ask for.
+    source._done[("joint", 1)] = Slower(3.0, "too little")
+    source._sent.add(("joint", 1))
+    again = source.joint(1, 10.0)  # meanwhile the idle worker runs mesh 2's
+    ahead = source.joint(2, 10.0)
+print(json.dumps({"again": again.limit_s, "ahead": ahead.limit_s}))
+"""
+
+
+def test_a_joint_program_run_ahead_is_limited_to_the_fitting_step_before_it():
+    """A joint program run ahead is asked for nothing slower than the
+    fitting steps the passes will have seen before it (mesh 0's 10 s), and
+    one answered under a lower limit than the passes ask for is run again
+    under theirs (it would say too little)."""
+    got = _in_fresh_interpreter(_JOINT_LIMITS)
+    assert got == {"again": 10.0, "ahead": 10.0}
+
+
+def test_a_step_limit_on_joint_programs_changes_no_trial_and_no_plan(monkeypatch):
+    """Each joint program is asked only for what beats the fastest fitting
+    step before it; the plan and every trial are what the programs give
+    without that limit (a slower program's trial says it is slower)."""
+    from layout_planner import scale_search
+
+    real = scale_search.solve_with_recomputation
+    limits: list[float | None] = []
+
+    def limited(*args, max_time_s=None, **kwargs):
+        limits.append(max_time_s)
+        return real(*args, max_time_s=max_time_s, **kwargs)
+
+    def unlimited(*args, max_time_s=None, **kwargs):
+        return real(*args, **kwargs)
+
+    kw = dict(
+        hardware="h100-nvlink-ib", memory_limit=30 * 2**20, time_limit_s=30.0,
+        workers=1,
+    )  # fmt: skip
+    monkeypatch.setattr(scale_search, "solve_with_recomputation", limited)
+    fast = plan_transformer(CFG, 8, **kw)
+    monkeypatch.setattr(scale_search, "solve_with_recomputation", unlimited)
+    slow = plan_transformer(CFG, 8, **kw)
+    assert fast.trials == slow.trials
+    assert fast.choice == slow.choice and fast.layout_rules == slow.layout_rules
+    assert fast.step_time_s == slow.step_time_s
+    assert sum(limit is not None for limit in limits) >= 2
+    cut = [t for t in fast.trials if t.note.endswith("(the fastest fitting step found before it)")]
+    assert cut and all(t.step_time_s is None for t in cut)
+    assert all(
+        float(t.note.split("at a step of ")[1].split(" s")[0]) >= fast.step_time_s
+        for t in cut
+    )
 
 
 @pytest.mark.parametrize("stages", [1, 2])
@@ -406,6 +487,8 @@ def test_the_first_passs_best_gets_fewer_micro_batches_before_the_joint_programs
 
     def run(_, task):
         kind, mesh = task
+        if kind == "joint":
+            mesh, limit = mesh
         i = meshes.index(mesh)
         asked.append((kind, i))
         if kind == "joint":
@@ -436,7 +519,10 @@ def test_the_first_passs_best_gets_fewer_micro_batches_before_the_joint_programs
         # 13 s reaches mesh 1's bound: its joint program is skipped.
         assert asked == [*frees, ("joint", 2)]
         assert refined == [(15.0, 0.8)] and best.trial.step_time_s == 13.0
-        assert steps == [15.0, 30.0, 30.0, 13.0, 14.8]
+        # Mesh 2's joint program (14.8 s) is slower than the 13 s before it:
+        # its trial says so, as it would had the program been cut there.
+        assert steps == [15.0, 30.0, 30.0, 13.0, None]
+        assert "at a step of 13 s or less" in trials[-1].note
     else:
         assert asked == [*frees, ("joint", 2), ("joint", 1)]
         assert refined == [(12.5, 1.0)] and best.trial.step_time_s == 12.5
@@ -462,6 +548,8 @@ every = meshes + [fewer]
 
 def run(stages, task):
     kind, mesh = task
+    if kind == "joint":
+        mesh, limit = mesh
     i = every.index(mesh)
     c = ScaleChoice(STAGES, mesh.data, mesh.tensor, mesh.micro_batches, "1f1b",
                     "none", "none")
