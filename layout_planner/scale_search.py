@@ -176,7 +176,12 @@ def _trial(
     answer fits exactly when some layout of the options does."""
     first = hw.memory_bytes if limit is None else limit
     choice, plan = _solve_options(
-        stages, options, hw, params, {c: first for c in options}, smallest_peak,
+        stages,
+        options,
+        hw,
+        params,
+        {c: first for c in options},
+        smallest_peak,
         max_step_s,
     )
     stage = stages.stage(choice, hw)

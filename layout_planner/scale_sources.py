@@ -120,7 +120,9 @@ class Source:
         assert isinstance(got, (Outcome, Slower, str))
         return got
 
-    def _item(self, task: tuple[str, Any], limit_s: float = math.inf) -> tuple[str, Any]:
+    def _item(
+        self, task: tuple[str, Any], limit_s: float = math.inf
+    ) -> tuple[str, Any]:
         """What runs for ``task``: a mesh's index becomes the mesh (and a
         joint program's, the mesh and its step limit)."""
         kind, what = task

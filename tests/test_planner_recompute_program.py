@@ -353,9 +353,7 @@ def test_under_a_step_limit_the_answer_is_the_same_or_none_fits_within_it(
             continue
         free = solve_with_recomputation(problems, PARAMS, **kwargs)
         for limit in (want[3], want[3] * 1.001, 10 * want[3]):
-            got = solve_with_recomputation(
-                problems, PARAMS, max_time_s=limit, **kwargs
-            )
+            got = solve_with_recomputation(problems, PARAMS, max_time_s=limit, **kwargs)
             assert got.key == free.key == want[1], (capacity, limit)
             assert got.plan.layout_rules == free.plan.layout_rules
             assert got.time_s == free.time_s

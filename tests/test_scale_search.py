@@ -448,7 +448,11 @@ def test_a_step_limit_on_joint_programs_changes_no_trial_and_no_plan(monkeypatch
     assert fast.choice == slow.choice and fast.layout_rules == slow.layout_rules
     assert fast.step_time_s == slow.step_time_s
     assert sum(limit is not None for limit in limits) >= 2
-    cut = [t for t in fast.trials if t.note.endswith("(the fastest fitting step found before it)")]
+    cut = [
+        t
+        for t in fast.trials
+        if t.note.endswith("(the fastest fitting step found before it)")
+    ]
     assert cut and all(t.step_time_s is None for t in cut)
     assert all(
         float(t.note.split("at a step of ")[1].split(" s")[0]) >= fast.step_time_s
