@@ -27,8 +27,9 @@ search could start, more than it saved (docs/scale.md, "Planning time").
 from __future__ import annotations
 
 from cost_models.hardware import HardwareProfile
+from mtf_core.models import TransformerConfig
 
-__all__ = ["flops_bound_s"]
+__all__ = ["flops_bound_s", "recompute_bound_s"]
 
 
 def flops_bound_s(
@@ -38,3 +39,42 @@ def flops_bound_s(
     the bubble of ``stages`` stages and ``micro_batches`` micro-batches."""
     m, pp = micro_batches, stages
     return flops / (devices * hw.peak_flops) * (m + pp - 1) / m
+
+
+def recompute_bound_s(
+    cfg: TransformerConfig,
+    recompute: tuple[str, str],
+    hw: HardwareProfile,
+    stages: int,
+    micro_batches: int,
+    stage_devices: int,
+    encoder_decoder: bool = False,
+) -> float:
+    """What recomputing ``recompute`` (attention, ffn) adds at least to the
+    pipelined step of every layout of a mesh with ``stages`` stages of
+    ``stage_devices`` devices each: the recomputed blocks' projections at
+    peak on every device of a stage, in each of the ``m + pp - 1`` slots.
+
+    A recomputed block runs its forward again in the backward pass
+    (:func:`mtf_core.recompute.recompute_block`): the graph holds every op
+    of the graph without recomputation, priced the same under a layout,
+    and a copy of the block's forward besides.  Whole attention and
+    feed-forward blocks hold each layer's q, k, v, o, wi and wo
+    projections, ``2 x tokens x (4 d_model heads d_kv + 2 d_model d_ff)``
+    flops a layer, and an op takes at least its flops per device at peak
+    on a roofline profile.  So a mesh whose free layout's bound plus this
+    is slower than a fitting step found has no faster layout of the
+    option.  0 (no bound) for another option, a mixture of experts, an
+    encoder-decoder or a fitted profile (its rates are not a roofline)."""
+    if (
+        tuple(recompute) != ("block", "block")
+        or encoder_decoder
+        or cfg.experts
+        or hw.rates is not None
+    ):
+        return 0.0
+    d, h = cfg.d_model, cfg.heads * cfg.d_kv
+    tokens = cfg.batch // micro_batches * cfg.length
+    layers = cfg.num_layers // stages
+    flops = 2.0 * tokens * layers * (4 * d * h + 2 * d * cfg.d_ff)
+    return (micro_batches + stages - 1) * flops / (stage_devices * hw.peak_flops)

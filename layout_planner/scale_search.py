@@ -55,7 +55,7 @@ from layout_planner.errors import PlannerError, SolverError
 from layout_planner.plan import LayoutPlan
 from layout_planner.program import SolveParams
 from layout_planner.recompute_program import NothingFitsError, solve_with_recomputation
-from layout_planner.scale_bounds import flops_bound_s
+from layout_planner.scale_bounds import flops_bound_s, recompute_bound_s
 from layout_planner.scale_plan import (
     ScaleChoice,
     ScaleError,
@@ -122,6 +122,7 @@ def _solve_options(
     limits: Mapping[ScaleChoice, int],
     smallest_peak: bool = True,
     max_step_s: float | None = None,
+    jointly: bool = False,
 ) -> tuple[ScaleChoice, LayoutPlan]:
     """The fastest (option, layout) of ``options`` (one mesh), each option
     under its ``limits`` bytes per device: one CP-SAT solve, the option a
@@ -130,8 +131,9 @@ def _solve_options(
     ``smallest_peak=False``: where no option fits, it raises
     ``NothingFitsError`` instead of finding the smallest peak; with
     ``max_step_s`` too, it raises that where none fits within that step,
-    which the program proves far sooner than its optimum)."""
-    if len(options) == 1:
+    which the program proves far sooner than its optimum).  ``jointly``:
+    through that program even for one option."""
+    if len(options) == 1 and not jointly:
         c = options[0]
         # The last layout this process found (most often of a mesh with
         # the same axes) takes CP-SAT near this one's: GPT-3's free layouts
@@ -163,10 +165,12 @@ def _trial(
     limit: int | None = None,
     smallest_peak: bool = True,
     max_step_s: float | None = None,
+    jointly: bool = False,
 ) -> Outcome:
     """The fastest fitting (option, layout) of ``options`` on their mesh,
     each under ``limit`` bytes per device (the hardware's capacity if None;
-    ``smallest_peak`` and ``max_step_s``: see :func:`_solve_options`).
+    ``smallest_peak``, ``max_step_s`` and ``jointly``: see
+    :func:`_solve_options`).
 
     The program's objective is the pipelined step (``m + p - 1`` times the
     per-micro-batch part, plus the once-per-step part), so it weighs a
@@ -183,6 +187,7 @@ def _trial(
         {c: first for c in options},
         smallest_peak,
         max_step_s,
+        jointly,
     )
     stage = stages.stage(choice, hw)
     parts = stage.parts(plan.layout_rules)
@@ -306,25 +311,44 @@ def search(
             return FreeResult(None, 0.0, str(e))
         return FreeResult(free, bound, None)
 
-    def joint(stages: Stages, task: tuple[Mesh, float]) -> Outcome | Slower | str:
-        mesh, cutoff_s = task
+    def joint(
+        stages: Stages, task: tuple[Mesh, float, float]
+    ) -> Outcome | Slower | str:
+        mesh, cutoff_s, bound_s = task
+        every = mesh_options(mesh)
+        # An option whose least step (the free bound and what its
+        # recomputation adds) exceeds the limit is not even built.
+        options = [c for c in every if not _beyond(bound_s + extra(mesh, c), cutoff_s)]
         try:
             # Where nothing fits, the trial says so; the smallest peak (a
             # memory-objective program per option) is not worth its time.
             return _trial(
                 stages,
-                mesh_options(mesh),
+                options,
                 mesh.spec,
                 hw,
                 params,
                 smallest_peak=False,
                 max_step_s=None if cutoff_s == math.inf else cutoff_s,
+                jointly=len(every) > 1,
             )
         except NothingFitsError as e:
             limit = math.inf if e.max_time_s is None else e.max_time_s
             return Slower(limit, str(e))
         except (PlannerError, SolverError) as e:
             return str(e)
+
+    def extra(mesh: Mesh, c: ScaleChoice) -> float:
+        option = (c.recompute_attention, c.recompute_ffn)
+        return recompute_bound_s(
+            cfg,
+            option,
+            hw,
+            mesh.stages,
+            mesh.micro_batches,
+            devices // mesh.stages,
+            encoder_decoder,
+        )
 
     def check(stages: Stages, task: tuple[ScaleChoice, str]) -> Checked | str:
         choice, rules = task
@@ -516,7 +540,7 @@ def _passes(
         # proves its optimum.  Whatever limit a result was found under (at
         # least this one), the trial says the same (joint_trial).
         limit = incumbent_s if best is None else best[0][0]
-        outcome = source.joint(index[i], limit)
+        outcome = source.joint(index[i], limit, bound)
         trial = joint_trial(options[0], outcome, limit)
         trials.append(trial)
         if isinstance(outcome, Outcome) and trial is outcome.trial:
@@ -524,6 +548,12 @@ def _passes(
     if refine is not None and best is not None and best[1] is not refined:
         consider(refine(best[1], trials, 1.0))
     return trials, None if best is None else best[1]
+
+
+def _beyond(bound_s: float, limit_s: float) -> bool:
+    """Whether a step of at least ``bound_s`` is surely slower than
+    ``limit_s`` (beyond the float and picosecond rounding of either)."""
+    return bound_s > limit_s * (1 + 1e-9) + 1e-9
 
 
 def joint_trial(

@@ -109,32 +109,36 @@ class Source:
         return i
 
     def free(self, i: int) -> FreeResult:
-        got = self._result(("free", i), math.inf)
+        got = self._result(("free", i), math.inf, 0.0)
         assert isinstance(got, FreeResult)
         return got
 
-    def joint(self, i: int, limit_s: float = math.inf) -> Outcome | Slower | str:
+    def joint(
+        self, i: int, limit_s: float = math.inf, bound_s: float = 0.0
+    ) -> Outcome | Slower | str:
         """Mesh ``i``'s joint program, found under a step limit of at least
-        ``limit_s`` (a :class:`Slower` of a lower limit is never returned)."""
-        got = self._result(("joint", i), limit_s)
+        ``limit_s`` (a :class:`Slower` of a lower limit is never returned);
+        ``bound_s``: a lower bound on its steps without recomputation (its
+        free layout's)."""
+        got = self._result(("joint", i), limit_s, bound_s)
         assert isinstance(got, (Outcome, Slower, str))
         return got
 
     def _item(
-        self, task: tuple[str, Any], limit_s: float = math.inf
+        self, task: tuple[str, Any], limit_s: float = math.inf, bound_s: float = 0.0
     ) -> tuple[str, Any]:
         """What runs for ``task``: a mesh's index becomes the mesh (and a
-        joint program's, the mesh and its step limit)."""
+        joint program's, the mesh, its step limit and its bound)."""
         kind, what = task
         if kind == "check":
             return task
         if kind == "joint":
-            return kind, (self.meshes[what], limit_s)
+            return kind, (self.meshes[what], limit_s, bound_s)
         return kind, self.meshes[what]
 
-    def _result(self, task: tuple[str, Any], limit_s: float) -> Result:
+    def _result(self, task: tuple[str, Any], limit_s: float, bound_s: float) -> Result:
         """``task``'s result (a joint program's under a step limit of at
-        least ``limit_s``)."""
+        least ``limit_s``, ``bound_s`` its bound)."""
         raise NotImplementedError
 
     def __enter__(self) -> Source:
@@ -152,8 +156,8 @@ class InProcess(Source):
         self._run = run
         self.stages = stages
 
-    def _result(self, task: tuple[str, Any], limit_s: float) -> Result:
-        return self._run(self.stages, self._item(task, limit_s))
+    def _result(self, task: tuple[str, Any], limit_s: float, bound_s: float) -> Result:
+        return self._run(self.stages, self._item(task, limit_s, bound_s))
 
 
 #: A fitting trial's step, its mesh's index, whether it was a free layout,
@@ -219,10 +223,10 @@ class Ahead(Source):
     def __exit__(self, *exc: object) -> None:
         self._pool.close()
 
-    def _result(self, task: tuple[str, Any], limit_s: float) -> Result:
+    def _result(self, task: tuple[str, Any], limit_s: float, bound_s: float) -> Result:
         while True:
             while task not in self._done:
-                self._feed(task, limit_s)
+                self._feed(task, limit_s, bound_s)
                 for key, got in self._pool.finished():
                     self._record(key, got)
                 self._drop_beaten(task)
@@ -281,7 +285,10 @@ class Ahead(Source):
             assert step is not None
             self._fits.append((step, task[1], task[0] == "free", outcome.trial))
 
-    def _feed(self, needed: tuple[str, Any], limit_s: float) -> None:
+    def _feed(self, needed: tuple[str, Any], limit_s: float, bound_s: float) -> None:
+        """Gives each idle worker ``needed`` (a joint program's under the
+        passes' ``limit_s``, with its ``bound_s``) or what :meth:`_next`
+        picks."""
         for w in self._pool.idle():
             task = needed if needed not in self._sent else self._next(w)
             if task is None:
@@ -289,9 +296,11 @@ class Ahead(Source):
             self._sent.add(task)
             if task[0] != "check":
                 self._laid[w].add(self.meshes[task[1]].sizes)
+            limit, bound = limit_s, bound_s
             if task != needed and task[0] == "joint":
-                limit_s = self._joint_limit(task[1])
-            self._pool.submit(w, task, self._item(task, limit_s))
+                limit = self._joint_limit(task[1])
+                bound = dict((i, b) for b, i in self._joint_bounds())[task[1]]
+            self._pool.submit(w, task, self._item(task, limit, bound))
         if not self._pool.busy():  # pragma: no cover - needed is always sent
             raise WorkerError(f"nothing is running and {needed!r} is not done")
 

@@ -7,7 +7,7 @@ import pytest
 
 from cost_models.profiles import get_hardware
 from layout_planner.choices import model_flops, plan_transformer
-from layout_planner.scale_bounds import flops_bound_s
+from layout_planner.scale_bounds import flops_bound_s, recompute_bound_s
 from mtf_core.models import TransformerConfig
 
 CFG = TransformerConfig(
@@ -59,3 +59,81 @@ def test_the_bubble_stretches_the_bound():
     assert flat == pytest.approx(1e15 / (8 * hw.peak_flops))
     # 16 micro-batches through 4 stages: 19 slots for 16 micro-batches' work.
     assert flops_bound_s(1e15, hw, 8, 16, 4) == pytest.approx(flat * 19 / 16)
+
+
+def _problem(cfg, mesh, hw, recompute):
+    import mtf_core as mtf
+    from layout_planner.problem import LayoutProblem
+    from mtf_core.models import build_lm
+
+    attn, ffn = recompute
+    model = build_lm(
+        cfg.replace(recompute_attention=attn, recompute_ffn=ffn), optimizer="adam"
+    )
+    return LayoutProblem(model.graph, mtf.convert_to_shape(mesh), hw, [model.loss])
+
+
+@pytest.mark.parametrize("mesh", ["dp:2;tp:2", "x:2;y:2;z:2"])
+def test_recomputing_whole_blocks_adds_at_least_its_bound_under_every_layout(mesh):
+    """Under every layout the tables accept, the graph that recomputes
+    whole blocks costs at least the one that keeps them plus
+    ``recompute_bound_s`` (one stage, one micro-batch)."""
+    import itertools
+
+    hw = get_hardware("h100-nvlink-ib")
+    # Large enough for the projections' flops to dominate the recomputed
+    # blocks (the graphs cost the same to build and price at any size).
+    cfg = TransformerConfig(
+        num_layers=2, d_model=4096, heads=32, d_kv=128, d_ff=16384, vocab=512,
+        length=2048, batch=8, activation_dtype="bfloat16",
+    )  # fmt: skip
+    keep = _problem(cfg, mesh, hw, ("none", "none"))
+    block = _problem(cfg, mesh, hw, ("block", "block"))
+    devices = keep.mesh_shape.size
+    bound = recompute_bound_s(cfg, ("block", "block"), hw, 1, 1, devices)
+    assert bound > 0
+    dims = keep.free_dims
+    assert block.free_dims == dims
+    added = []
+    for axes in itertools.product(*([None, *keep.allowed[d]] for d in dims)):
+        asg = dict(zip(dims, axes))
+        a, b = keep.table_cost(asg), block.table_cost(asg)
+        if a.invalid is None and b.invalid is None:
+            added.append(b.time_s - a.time_s)
+    assert len(added) > 50
+    assert min(added) >= bound * (1 - 1e-9)
+    # Not vacuous: the layout that adds least adds within 3x the bound.
+    assert min(added) < 3 * bound
+
+
+def test_a_pipelined_trial_recomputing_whole_blocks_costs_the_flops_and_recompute_bounds():
+    hw = get_hardware("h100-nvlink-ib")
+    plan = plan_transformer(
+        CFG, 8, hardware=hw, memory_limit=30 * 2**20, exhaustive=True,
+        stages=[1, 2, 4], recompute=[("block", "block")], time_limit_s=30.0,
+    )  # fmt: skip
+    priced = [t for t in plan.trials if t.step_time_s is not None]
+    assert len(priced) >= 4
+    for t in priced:
+        c = t.choice
+        extra = recompute_bound_s(
+            CFG, ("block", "block"), hw, c.stages, c.micro_batches, 8 // c.stages
+        )
+        assert 0 < extra and _bound(CFG, hw, c) + extra <= t.step_time_s, c
+
+
+def test_the_recompute_bound_is_zero_where_it_is_not_known():
+    import os
+
+    hw = get_hardware("h100-nvlink-ib")
+    block = ("block", "block")
+    assert recompute_bound_s(CFG, block, hw, 2, 4, 4) > 0
+    assert recompute_bound_s(CFG, ("scores", "none"), hw, 2, 4, 4) == 0
+    assert recompute_bound_s(CFG, ("block", "none"), hw, 2, 4, 4) == 0
+    assert recompute_bound_s(CFG.replace(experts=4), block, hw, 2, 4, 4) == 0
+    assert recompute_bound_s(CFG, block, hw, 2, 4, 4, encoder_decoder=True) == 0
+    # A fitted profile's rates are no roofline: no bound.
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    fitted = get_hardware(os.path.join(root, "bench", "profiles", "h100-kernels.json"))
+    assert fitted.rates is not None
+    assert recompute_bound_s(CFG, block, fitted, 2, 4, 4) == 0

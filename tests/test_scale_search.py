@@ -345,7 +345,7 @@ meshes = [Mesh(float(i), 1, 1, 8, 4, spec) for i in (1, 2, 3)]
 def run(stages, task):
     kind, mesh = task
     if kind == "joint":
-        mesh, limit = mesh
+        mesh, limit, _ = mesh
     i = meshes.index(mesh)
     choice = ScaleChoice(1, 8, 1, 4, "1f1b", "none", "none")
     if kind == "joint":
@@ -392,7 +392,7 @@ meshes = [Mesh(float(i), 1, 1, 8, 4, spec) for i in (1, 2, 3)]
 def run(stages, task):
     kind, mesh = task
     if kind == "joint":
-        mesh, limit = mesh
+        mesh, limit, _ = mesh
         return Slower(limit, "none fits")
     i = meshes.index(mesh)
     c = ScaleChoice(1, 8, 1, 4, "1f1b", "none", "none")
@@ -492,7 +492,7 @@ def test_the_first_passs_best_gets_fewer_micro_batches_before_the_joint_programs
     def run(_, task):
         kind, mesh = task
         if kind == "joint":
-            mesh, limit = mesh
+            mesh, limit, _ = mesh
         i = meshes.index(mesh)
         asked.append((kind, i))
         if kind == "joint":
@@ -553,7 +553,7 @@ every = meshes + [fewer]
 def run(stages, task):
     kind, mesh = task
     if kind == "joint":
-        mesh, limit = mesh
+        mesh, limit, _ = mesh
     i = every.index(mesh)
     c = ScaleChoice(STAGES, mesh.data, mesh.tensor, mesh.micro_batches, "1f1b",
                     "none", "none")
