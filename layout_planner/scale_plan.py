@@ -204,6 +204,8 @@ class ScalePlan:
             c = t.choice
             if c.mesh_sizes == self.choice.mesh_sizes:
                 key = (-c.micro_batches, c.recompute_attention, c.recompute_ffn)
+                if t.step_time_s is None and key in on_mesh:
+                    continue  # a joint program's note: the free layout's line stays
                 on_mesh[key] = t
         several = len({m for m, _, _ in on_mesh}) > 1
         for (m, a, f), t in sorted(on_mesh.items()):

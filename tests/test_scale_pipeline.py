@@ -159,6 +159,17 @@ def test_scale_planner_picks_the_fastest_fitting_trial_and_explains_it() -> None
                  "bubble", "MFU"):  # fmt: skip
         assert word in text
     assert 0 < plan.mfu < 1
+    # A note without a step (a joint program slower than the step before
+    # it) on the chosen mesh leaves the line of its free layout as it was.
+    import dataclasses
+
+    from layout_planner.scale_plan import ScaleTrial
+
+    mine = [t for t in plan.trials if t.choice.mesh_sizes == plan.choice.mesh_sizes]
+    first = mine[0]
+    note = ScaleTrial(first.choice, None, None, False, "", "slower than 1 s")
+    noted = dataclasses.replace(plan, trials=(*plan.trials, note))
+    assert noted.explain().splitlines()[:-1] == text.splitlines()[:-1]
 
 
 def test_scale_planner_refuses_bad_requests_naming_the_value() -> None:
