@@ -52,17 +52,19 @@ def recompute_bound_s(
 ) -> float:
     """What recomputing ``recompute`` (attention, ffn) adds at least to the
     pipelined step of every layout of a mesh with ``stages`` stages of
-    ``stage_devices`` devices each: the recomputed blocks' projections at
-    peak on every device of a stage, in each of the ``m + pp - 1`` slots.
+    ``stage_devices`` devices each: the recomputed blocks' input projections
+    at peak on every device of a stage, in each of the ``m + pp - 1`` slots.
 
     A recomputed block runs its forward again in the backward pass
     (:func:`mtf_core.recompute.recompute_block`): the graph holds every op
     of the graph without recomputation, priced the same under a layout,
-    and a copy of the block's forward besides.  Whole attention and
-    feed-forward blocks hold each layer's q, k, v, o, wi and wo
-    projections, ``2 x tokens x (4 d_model heads d_kv + 2 d_model d_ff)``
-    flops a layer, and an op takes at least its flops per device at peak
-    on a roofline profile.  So a mesh whose free layout's bound plus this
+    and a copy of the block's forward besides, less what no gradient
+    reads (the output projections, ``o`` and ``wo``, whose outputs only the
+    next block reads).  So each layer recomputes at least its q, k, v and
+    wi projections, ``2 x tokens x (3 d_model heads d_kv + d_model d_ff)``
+    flops (the attention scores, norms and activations besides are not
+    counted), and an op takes at least its flops per device at peak on a
+    roofline profile.  So a mesh whose free layout's bound plus this
     is slower than a fitting step found has no faster layout of the
     option.  0 (no bound) for another option, a mixture of experts, an
     encoder-decoder or a fitted profile (its rates are not a roofline)."""
@@ -76,5 +78,5 @@ def recompute_bound_s(
     d, h = cfg.d_model, cfg.heads * cfg.d_kv
     tokens = cfg.batch // micro_batches * cfg.length
     layers = cfg.num_layers // stages
-    flops = 2.0 * tokens * layers * (4 * d * h + 2 * d * cfg.d_ff)
+    flops = 2.0 * tokens * layers * (3 * d * h + d * cfg.d_ff)
     return (micro_batches + stages - 1) * flops / (stage_devices * hw.peak_flops)

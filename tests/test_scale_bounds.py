@@ -102,8 +102,9 @@ def test_recomputing_whole_blocks_adds_at_least_its_bound_under_every_layout(mes
             added.append(b.time_s - a.time_s)
     assert len(added) > 50
     assert min(added) >= bound * (1 - 1e-9)
-    # Not vacuous: the layout that adds least adds within 3x the bound.
-    assert min(added) < 3 * bound
+    # Not vacuous: the layout that adds least adds within 5x the bound (the
+    # scores, norms and activations recomputed besides are not counted).
+    assert min(added) < 5 * bound
 
 
 def test_a_pipelined_trial_recomputing_whole_blocks_costs_the_flops_and_recompute_bounds():
