@@ -73,20 +73,25 @@ def _problem(cfg, mesh, hw, recompute):
     return LayoutProblem(model.graph, mtf.convert_to_shape(mesh), hw, [model.loss])
 
 
+# Large enough for the projections' flops to dominate the recomputed blocks
+# (the graphs cost the same to build and price at any size): a long
+# sequence, and a short one with a wide feed-forward (little attention).
+WIDE = TransformerConfig(
+    num_layers=2, d_model=4096, heads=32, d_kv=128, d_ff=16384, vocab=512,
+    length=2048, batch=8, activation_dtype="bfloat16",
+)  # fmt: skip
+FFN_HEAVY = WIDE.replace(d_model=2048, heads=16, d_ff=32768, length=128, batch=64)
+
+
 @pytest.mark.parametrize("mesh", ["dp:2;tp:2", "x:2;y:2;z:2"])
-def test_recomputing_whole_blocks_adds_at_least_its_bound_under_every_layout(mesh):
+@pytest.mark.parametrize("cfg", [WIDE, FFN_HEAVY], ids=["wide", "ffn-heavy"])
+def test_recomputing_whole_blocks_adds_at_least_its_bound_under_every_layout(mesh, cfg):
     """Under every layout the tables accept, the graph that recomputes
     whole blocks costs at least the one that keeps them plus
     ``recompute_bound_s`` (one stage, one micro-batch)."""
     import itertools
 
     hw = get_hardware("h100-nvlink-ib")
-    # Large enough for the projections' flops to dominate the recomputed
-    # blocks (the graphs cost the same to build and price at any size).
-    cfg = TransformerConfig(
-        num_layers=2, d_model=4096, heads=32, d_kv=128, d_ff=16384, vocab=512,
-        length=2048, batch=8, activation_dtype="bfloat16",
-    )  # fmt: skip
     keep = _problem(cfg, mesh, hw, ("none", "none"))
     block = _problem(cfg, mesh, hw, ("block", "block"))
     devices = keep.mesh_shape.size
