@@ -319,6 +319,8 @@ def search(
         # An option whose least step (the free bound and what its
         # recomputation adds) exceeds the limit is not even built.
         options = [c for c in every if not _beyond(bound_s + extra(mesh, c), cutoff_s)]
+        if not options:  # run ahead under a limit below the mesh's bound
+            return Slower(cutoff_s, f"no option's bound is {cutoff_s:.6g} s or less")
         try:
             # Where nothing fits, the trial says so; the smallest peak (a
             # memory-objective program per option) is not worth its time.

@@ -82,9 +82,10 @@ class Slower:
 
 
 #: What a source runs: ("free", mesh) lays a mesh out free, ("joint", (mesh,
-#: limit)) runs its joint recomputation program for a step of at most
-#: ``limit`` s, on a process's stages; ("check", (choice, rules)) prices a
-#: layout on its full stage graph.
+#: limit, bound)) runs its joint recomputation program for a step of at
+#: most ``limit`` s (``bound``: its free layout's bound), on a process's
+#: stages; ("check", (choice, rules)) prices a layout on its full stage
+#: graph.
 Result: TypeAlias = "FreeResult | Outcome | Slower | Checked | str"
 Run = Callable[[Stages, tuple[str, Any]], Result]
 
