@@ -332,16 +332,21 @@ def test_an_idle_worker_runs_what_the_search_asks_for_next_ahead():
     assert got["miss"] is None
 
 
-_DROP_BEATEN = """
+# Three one-stage meshes of bounds 1, 2 and 3 s, for a ``run`` to lay out.
+_THREE_MESHES = """
 import json, time
 from cost_models.pipeline import PipelineSpec
 from layout_planner.scale_plan import ScaleChoice, ScaleTrial
-from layout_planner.scale_sources import Ahead, FreeResult, Mesh
+from layout_planner.scale_sources import Ahead, FreeResult, Mesh, Slower
 from layout_planner.scale_stages import Outcome
 
 spec = PipelineSpec(1, 4, "1f1b")
 meshes = [Mesh(float(i), 1, 1, 8, 4, spec) for i in (1, 2, 3)]
+"""
 
+_DROP_BEATEN = (
+    _THREE_MESHES
+    + """
 def run(stages, task):
     kind, mesh = task
     if kind == "joint":
@@ -365,6 +370,7 @@ with Ahead(meshes, run, lambda: None, 2) as source:
     took = time.perf_counter() - start
 print(json.dumps({"running": running, "sent": sent, "took": took}))
 """
+)
 
 
 def test_a_worker_running_a_beaten_joint_program_is_replaced():
@@ -379,16 +385,9 @@ def test_a_worker_running_a_beaten_joint_program_is_replaced():
 
 # Mesh 0's free layout fits at 10 s; meshes 1 and 2 do not (bounds 5 and
 # 6 s).  A joint program answers Slower under the limit it was given.
-_JOINT_LIMITS = """
-import json
-from cost_models.pipeline import PipelineSpec
-from layout_planner.scale_plan import ScaleChoice, ScaleTrial
-from layout_planner.scale_sources import Ahead, FreeResult, Mesh, Slower
-from layout_planner.scale_stages import Outcome
-
-spec = PipelineSpec(1, 4, "1f1b")
-meshes = [Mesh(float(i), 1, 1, 8, 4, spec) for i in (1, 2, 3)]
-
+_JOINT_LIMITS = (
+    _THREE_MESHES
+    + """
 def run(stages, task):
     kind, mesh = task
     if kind == "joint":
@@ -409,6 +408,7 @@ with Ahead(meshes, run, lambda: None, 2) as source:
     ahead = source.joint(2, 10.0)
 print(json.dumps({"again": again.limit_s, "ahead": ahead.limit_s}))
 """
+)
 
 
 def test_a_joint_program_run_ahead_is_limited_to_the_fitting_step_before_it():
