@@ -241,13 +241,19 @@ seen = []
 kw = dict(hardware="h100-nvlink-ib", memory_limit=30 * 2**20, time_limit_s=30.0)
 one = plan_transformer(cfg, 8, workers=1, **kw)
 two = plan_transformer(cfg, 8, workers=2, progress=lambda p, f: seen.append((p, f)), **kw)
+# Wide enough for whole blocks to be left out of joint programs (2 GiB).
+wide = cfg.replace(d_model=2048, heads=16, d_kv=128, d_ff=8192, length=1024)
+kw["memory_limit"] = 2 * 2**30
+wide_one = plan_transformer(wide, 8, workers=1, **kw)
+wide_two = plan_transformer(wide, 8, workers=2, **kw)
 def out(plan):
     ev = plan.stage_plan.evaluation
     return [str(plan.choice), plan.layout_rules,
             plan.step_time_s, plan.peak_memory_bytes, ev.time_s, ev.peak_memory_bytes,
-            [(str(t.choice), t.step_time_s, t.peak_memory_bytes, t.fits, t.layout_rules)
-             for t in plan.trials]]
-print(json.dumps({"one": out(one), "two": out(two), "seen": seen}))
+            [(str(t.choice), t.step_time_s, t.peak_memory_bytes, t.fits, t.layout_rules,
+              t.note) for t in plan.trials]]
+print(json.dumps({"one": out(one), "two": out(two), "seen": seen,
+                  "wide_one": out(wide_one), "wide_two": out(wide_two)}))
 """
 
 
@@ -258,6 +264,9 @@ def test_two_processes_give_the_same_plan_and_trials():
     code = "CFG = " + repr(json.dumps(dataclasses.asdict(CFG))) + _TWO_PROCESSES
     got = _in_fresh_interpreter(code, timeout=600)
     assert got["one"] == got["two"]  # plan and every trial, to the last bit
+    assert got["wide_one"] == got["wide_two"]
+    # Joint programs slower than the step before them say so, alike.
+    assert any("or less" in t[-1] for t in got["wide_one"][-1])
     meshes = [p for p, _ in got["seen"] if p.startswith("mesh ")]
     assert meshes and all(p.endswith("(on 2 processes)") for p in meshes)
     fractions = [f for _, f in got["seen"]]
