@@ -587,7 +587,7 @@ def joint_trial(
         False,
         "",
         f"no recomputation option fits at a step of {limit_s:.6g} s or less "
-        "(the fastest fitting step found before it)",
+        "(the step to beat: the fastest fitting one before it, or the one given)",
     )
 
 
