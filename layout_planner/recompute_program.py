@@ -131,8 +131,8 @@ def solve_with_recomputation(
     :class:`NothingFitsError` is raised instead, and no smallest peak is
     solved for (one memory-objective program per option).
 
-    ``max_time_s`` (with ``smallest_peak=False``): only a pair whose time
-    is at most this is sought, and where none fits,
+    ``max_time_s`` (with ``smallest_peak=False``; ``inf``: no limit):
+    only a pair whose time is at most this is sought, and where none fits,
     :class:`NothingFitsError` says so.  The joint program proves that far
     sooner than its optimum (``recompute_cpsat.solve_choice``); solved
     option by option, the limit is not applied, and the answer may be

@@ -331,7 +331,7 @@ def search(
                 hw,
                 params,
                 smallest_peak=False,
-                max_step_s=None if cutoff_s == math.inf else cutoff_s,
+                max_step_s=cutoff_s,
                 jointly=len(every) > 1,
             )
         except NothingFitsError as e:

@@ -299,8 +299,7 @@ class Ahead(Source):
                 self._laid[w].add(self.meshes[task[1]].sizes)
             limit, bound = limit_s, bound_s
             if task != needed and task[0] == "joint":
-                limit = self._joint_limit(task[1])
-                bound = dict((i, b) for b, i in self._joint_bounds())[task[1]]
+                limit, bound = self._joint_limit(task[1])
             self._pool.submit(w, task, self._item(task, limit, bound))
         if not self._pool.busy():  # pragma: no cover - needed is always sent
             raise WorkerError(f"nothing is running and {needed!r} is not done")
@@ -345,18 +344,19 @@ class Ahead(Source):
         own = next((i for i in near if meshes[i].micro_batches in mine), near[0])
         return ("joint", own)
 
-    def _joint_limit(self, i: int) -> float:
-        """The step limit for mesh ``i``'s joint program run ahead: the
-        fastest fitting step known that the passes will have seen when they
-        ask for it (:meth:`_best_step`, and the joint programs before it in
-        their order).  Should they count less by then, they ask again."""
+    def _joint_limit(self, i: int) -> tuple[float, float]:
+        """The step limit for mesh ``i``'s joint program run ahead, and its
+        bound: the fastest fitting step known that the passes will have
+        seen when they ask for it (:meth:`_best_step`, and the joint
+        programs before it in their order).  Should they count less by
+        then, they ask again."""
         order = {i: (b, i) for b, i in self._joint_bounds()}
         before = [
             step
             for step, t, free, _ in self._fits
             if not free and t in order and order[t] < order[i]
         ]
-        return min([self._best_step(), *before])
+        return min([self._best_step(), *before]), order[i][0]
 
     def _micro_batches(self, w: int) -> set[int]:
         """The micro-batch counts whose graphs worker ``w`` holds."""
