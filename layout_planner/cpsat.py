@@ -14,6 +14,7 @@ from typing import Protocol
 
 import numpy as np
 
+from layout_planner import cp_proto
 from layout_planner.errors import SolverError
 from layout_planner.ortools_import import cp_sat_import
 
@@ -141,24 +142,25 @@ class LayoutModel:
                 m.add_at_most_one(self.x[i] for i in xs)
         for i, j in p.conflicts:
             m.add_at_most_one(self.x[i], self.x[j])
-        for i, js in p.precedence:
-            m.add(self.x[i] <= sum(self.x[j] for j in js))
+        x = [v.index for v in self.x]
+        for i, js in p.precedence:  # x_i <= sum_j x_j
+            cp_proto.add_linear(m, [x[i], *(x[j] for j in js)], [1] + [-1] * len(js), hi=0)
+        buffer = None if self.buffer is None else self.buffer.index
         for s, ds in enumerate(p.dimsets):
             zs = self.z[s]
             m.add_exactly_one(zs)
+            z = [v.index for v in zs]
             for a, bad in enumerate(ds.invalid):
                 if bad:
-                    m.add(zs[a] == 0)
+                    cp_proto.add_linear(m, [z[a]], [1], 0, 0)
             for pos, d in enumerate(ds.dims):
-                for xi in p.dim_x[d]:
-                    m.add(
-                        self.x[xi]
-                        == sum(
-                            zs[a] for a, ch in enumerate(ds.choices) if ch[pos] == xi
-                        )
-                    )
-            if self.buffer is not None and any(ds.buffer_bytes):
-                m.add(self.buffer >= _weighted(zs, ds.buffer_bytes))
+                for xi in p.dim_x[d]:  # x = the z whose choice puts d there
+                    on = [z[a] for a, ch in enumerate(ds.choices) if ch[pos] == xi]
+                    cp_proto.add_linear(m, [x[xi], *on], [1] + [-1] * len(on), 0, 0)
+            if buffer is not None and any(ds.buffer_bytes):  # B >= its buffer
+                cp_proto.add_linear(
+                    m, [buffer, *z], [1, *(-b for b in ds.buffer_bytes)], lo=0
+                )
 
     def _add_memory_constraints(self) -> None:
         """Adds the live sets most likely to bind; :meth:`violated_rows` finds
@@ -197,13 +199,10 @@ class LayoutModel:
                 terms = self.row_terms(r)
                 if self.buffer is not None:
                     terms = terms.plus(self.buffer.index)
-                expr = terms.on(model)
                 if self.peak is not None:
-                    model.add(
-                        model.get_int_var_from_proto_index(self.peak.index) >= expr
-                    )
+                    terms.at_most_var(model, self.peak.index)
                 else:
-                    model.add(expr <= self.program.capacity_bytes)
+                    terms.at_most(model, self.program.capacity_bytes)
 
     def row_terms(self, r: int) -> Terms:
         p = self.program
@@ -252,7 +251,10 @@ class LayoutModel:
         return self.violated_rows(values, limit)
 
     def _set_objective(self) -> None:
-        self.model.minimize(self.primary())
+        if self.peak is not None:
+            cp_proto.minimize(self.model, [self.peak.index], [1])
+        else:
+            self.time_terms().minimize(self.model)
 
     # -- expressions (as (variable index, coefficient) terms) -------------------
     def time_terms(self) -> Terms:
@@ -264,11 +266,6 @@ class LayoutModel:
                     idx.append(self.z[s][a].index)
                     coefs.append(t)
         return Terms(idx, coefs, self.program.time_offset_ps)
-
-    def primary(self) -> cp_model.LinearExprT:
-        if self.peak is not None:
-            return self.peak
-        return self.time_terms().on(self.model)
 
     def tiebreak_chunks(self) -> list[list[int]]:
         """Dims (indices into ``dim_x``) grouped so each chunk's weights fit."""
@@ -358,7 +355,7 @@ class LayoutModel:
                 if not bad and t != lo:
                     idx.append(self.z[s][a].index)
                     coefs.append(t - lo)
-        m.add(t_var == Terms(idx, coefs, 0).on(m))
+        Terms(idx, coefs, 0).equal_to_var(m, t_var.index)
         self.time_var = t_var
         return t_var
 
@@ -388,6 +385,41 @@ class Terms:
         vs = [model.get_int_var_from_proto_index(i) for i in self.indices]
         return cp_model.LinearExpr.weighted_sum(vs, self.coefs) + self.offset
 
+    # The same constraints and objectives as through :meth:`on`, written
+    # straight into the proto (:mod:`layout_planner.cp_proto`); terms that
+    # are all zero go through :meth:`on`, as the API writes them.
+    def minimize(self, model: cp_model.CpModel) -> None:
+        if any(self.coefs):
+            cp_proto.minimize(model, self.indices, self.coefs, self.offset)
+        else:
+            model.minimize(self.on(model))
+
+    def at_most(
+        self, model: cp_model.CpModel, bound: int, enforced_by: int | None = None
+    ) -> None:
+        """Adds ``these terms <= bound`` (where the Boolean variable
+        ``enforced_by`` is true, if given)."""
+        if any(self.coefs):
+            hi = bound - self.offset
+            cp_proto.add_linear(model, self.indices, self.coefs, hi=hi, enforced_by=enforced_by)
+            return
+        ct = model.add(self.on(model) <= bound)
+        if enforced_by is not None:
+            ct.only_enforce_if(model.get_bool_var_from_proto_index(enforced_by))
+
+    def at_most_var(
+        self, model: cp_model.CpModel, index: int, enforced_by: int | None = None
+    ) -> None:
+        """Adds ``var[index] >= these terms`` (where ``enforced_by`` is
+        true, if given)."""
+        indices, coefs = [index, *self.indices], [1, *(-c for c in self.coefs)]
+        cp_proto.add_linear(model, indices, coefs, lo=self.offset, enforced_by=enforced_by)
+
+    def equal_to_var(self, model: cp_model.CpModel, index: int) -> None:
+        """Adds ``var[index] == these terms``."""
+        indices, coefs = [index, *self.indices], [1, *(-c for c in self.coefs)]
+        cp_proto.add_linear(model, indices, coefs, self.offset, self.offset)
+
     def plus(self, index: int) -> Terms:
         """These terms plus variable ``index``."""
         return Terms([*self.indices, index], [*self.coefs, 1], self.offset, self.weight)
@@ -396,12 +428,6 @@ class Terms:
         return self.offset + sum(
             c * values[i] for i, c in zip(self.indices, self.coefs)
         )
-
-
-def _weighted(
-    vs: Sequence[cp_model.IntVar], coefs: Sequence[int]
-) -> cp_model.LinearExprT:
-    return cp_model.LinearExpr.weighted_sum(list(vs), list(coefs))
 
 
 @dataclass
@@ -558,7 +584,7 @@ def solve_program(
     run = SolveLoop(lm, params)
     secondary = lm.secondary_terms()
     if lm.peak is None and secondary is not None:
-        lm.model.minimize(secondary.on(lm.model))
+        secondary.minimize(lm.model)
     solutions: list[Solution] = []
     first_status = SolveStatus.UNKNOWN
     complete = True
@@ -619,7 +645,7 @@ def _solve_one(
         model = lm.model.clone()
         model.add(model.get_int_var_from_proto_index(lm.peak.index) <= peak)
         if secondary is not None:
-            model.minimize(secondary.on(model))
+            secondary.minimize(model)
             second = run.solve(model, f"rank{rank}:time", workers, values)
             if second.status.has_solution:
                 values = second.values
@@ -658,7 +684,7 @@ def _lexicographic(
     model = model.clone()
     workers = max(run.params.num_workers, 1)
     if lm.peak is not None:
-        model.minimize(time_terms.on(model))
+        time_terms.minimize(model)
         res = run.solve(model, f"rank{rank}:time", workers, values)
         if not res.status.has_solution:
             return SolveStatus.FEASIBLE, values
@@ -667,16 +693,16 @@ def _lexicographic(
     # "<=" rather than "==": the same set (nothing beats the optimum), but
     # CP-SAT proves it from one side; an equality on a sum of picosecond
     # coefficients took seconds to satisfy on programs with many ties.
-    model.add(time_terms.on(model) <= time_terms.value(values))
+    time_terms.at_most(model, time_terms.value(values))
     for chunk in lm.tiebreak_chunks():
         terms = lm.tiebreak_terms(chunk)
-        model.minimize(terms.on(model))
+        terms.minimize(model)
         res = run.solve(model, f"rank{rank}:tiebreak", workers, values)
         if not res.status.has_solution:
             return SolveStatus.FEASIBLE, values  # as good, only less canonical
         values = res.values
         status = _worse(status, res.status)
-        model.add(terms.on(model) <= terms.value(values))
+        terms.at_most(model, terms.value(values))
     return status, values
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from layout_planner import cp_proto
 from layout_planner.cpsat import SolveLoop, Terms
 from layout_planner.ortools_import import cp_sat_import
 from layout_planner.program import (
@@ -207,63 +208,66 @@ class ChoiceModel:
             for i, js in self.programs[k].precedence:
                 rule = (keys[i], tuple(sorted(keys[j] for j in js)))
                 precedes.setdefault(rule, []).append(k)
+        x = {key: var.index for key, var in self.x.items()}
         for (one, two), ks in pairs.items():
             for lit in self._enforced_by(ks):
-                ct = m.add(self.x[one] + self.x[two] <= 1)
-                if lit is not None:
-                    ct.only_enforce_if(lit)
+                cp_proto.add_linear(m, [x[one], x[two]], [1, 1], hi=1, enforced_by=lit)
         for (low, highs), ks in precedes.items():
-            for lit in self._enforced_by(ks):
-                ct = m.add(self.x[low] <= sum(self.x[h] for h in highs))
-                if lit is not None:
-                    ct.only_enforce_if(lit)
+            indices = [x[low], *(x[h] for h in highs)]
+            coefs = [1] + [-1] * len(highs)
+            for lit in self._enforced_by(ks):  # x_low <= sum x_high
+                cp_proto.add_linear(m, indices, coefs, hi=0, enforced_by=lit)
         have: dict[XKey, list[int]] = {}
         for k in self.live:
             for key in self.choice.options[k].x_keys:
                 have.setdefault(key, []).append(k)
         for key, var in self.x.items():
             ks = have.get(key, [])
-            if len(ks) < len(self.live):
-                m.add(var <= sum(self.r[k] for k in ks))
+            if len(ks) < len(self.live):  # x <= sum of its options' r
+                rs = [self.r[k].index for k in ks]
+                cp_proto.add_linear(m, [var.index, *rs], [1] + [-1] * len(rs), hi=0)
         for group in self.groups:
             ds = self.programs[group.option].dimsets[group.dimset]
             dim_x = self.programs[group.option].dim_x
             zs = group.z
             m.add_exactly_one(zs)
+            z = [v.index for v in zs]
             for a, bad in enumerate(ds.invalid):
                 if bad:
-                    m.add(zs[a] == 0)
+                    cp_proto.add_linear(m, [z[a]], [1], 0, 0)
             lit = self._chosen_among(group.owners)
             for pos, d in enumerate(ds.dims):
-                for xi in dim_x[d]:
-                    same = [zs[a] for a, ch in enumerate(ds.choices) if ch[pos] == xi]
-                    ct = m.add(self._xk(group.option, xi) == sum(same))
-                    if lit is not None:
-                        ct.only_enforce_if(lit)
+                for xi in dim_x[d]:  # x = the z whose choice puts d there
+                    on = [z[a] for a, ch in enumerate(ds.choices) if ch[pos] == xi]
+                    xk = self._xk(group.option, xi).index
+                    coefs = [1] + [-1] * len(on)
+                    cp_proto.add_linear(m, [xk, *on], coefs, 0, 0, enforced_by=lit)
         for k in self.live:
             buffer = self.buffer[k]
             for s, ds in enumerate(self.programs[k].dimsets):
-                if buffer is not None and any(ds.buffer_bytes):
-                    m.add(buffer >= _weighted(self.z[k][s], ds.buffer_bytes))
+                if buffer is not None and any(ds.buffer_bytes):  # B_k >= its buffer
+                    z = [v.index for v in self.z[k][s]]
+                    coefs = [1, *(-b for b in ds.buffer_bytes)]
+                    cp_proto.add_linear(m, [buffer.index, *z], coefs, lo=0)
 
-    def _chosen_among(self, ks: Sequence[int]) -> cp_model.IntVar | None:
-        """A literal true when one of options ``ks`` is chosen (None: all
-        options are among them)."""
+    def _chosen_among(self, ks: Sequence[int]) -> int | None:
+        """A literal (its variable's index) true when one of options ``ks``
+        is chosen (None: all options are among them)."""
         if len(ks) == len(self.live):
             return None
         if len(ks) == 1:
-            return self.r[ks[0]]
+            return self.r[ks[0]].index
         lit = self.model.new_bool_var("any_" + "_".join(map(str, ks)))
         self.model.add(lit == sum(self.r[k] for k in ks))
-        return lit
+        return lit.index
 
-    def _enforced_by(self, ks: Sequence[int]) -> list[cp_model.IntVar | None]:
-        """The literals enforcing a constraint options ``ks`` have: none
-        (one copy, unenforced) when every option has it, else one copy per
-        option, enforced by its ``r_k``."""
+    def _enforced_by(self, ks: Sequence[int]) -> list[int | None]:
+        """The literals (variable indices) enforcing a constraint options
+        ``ks`` have: none (one copy, unenforced) when every option has it,
+        else one copy per option, enforced by its ``r_k``."""
         if len(ks) == len(self.live):
             return [None]
-        return [self.r[k] for k in ks]
+        return [self.r[k].index for k in ks]
 
     def _add_memory_constraints(self) -> None:
         """Per option, the live sets most likely to bind (as
@@ -297,8 +301,8 @@ class ChoiceModel:
             k = int(np.searchsorted(self.row_offset, g, side="right")) - 1
             terms = self._row_terms(k, g - int(self.row_offset[k]))
             for model in (self.model, clone) if clone is not None else (self.model,):
-                ct = model.add(terms.on(model) <= self.programs[k].capacity_bytes)
-                ct.only_enforce_if(model.get_bool_var_from_proto_index(self.r[k].index))
+                capacity = self.programs[k].capacity_bytes
+                terms.at_most(model, capacity, enforced_by=self.r[k].index)
 
     def _row_terms(self, k: int, r: int) -> Terms:
         p = self.programs[k]
@@ -391,7 +395,7 @@ class ChoiceModel:
         for k in self.live:
             idx, coefs = terms[k]
             above = Terms(idx, coefs, floors[k] - self.time_floor_ps)
-            m.add(t_var >= above.on(m)).only_enforce_if(self.r[k])
+            above.at_most_var(m, t_var.index, enforced_by=self.r[k].index)
         self._add_time_cut(t_var)
         self.t_var = t_var
         return t_var
@@ -432,7 +436,7 @@ class ChoiceModel:
                 if not bad and t != lo:
                     idx.append(self.groups[g].z[a].index)
                     coefs.append(t - lo)
-        self.model.add(t_var >= Terms(idx, coefs, offset).on(self.model))
+        Terms(idx, coefs, offset).at_most_var(self.model, t_var.index)
 
     def option_terms(self) -> Terms:
         """``sum_k (k - k0) r_k``: the chosen option's index, less the
@@ -553,12 +557,6 @@ class _Group:
     owners: list[int]
 
 
-def _weighted(
-    vs: Sequence[cp_model.IntVar], coefs: Sequence[int]
-) -> cp_model.LinearExprT:
-    return cp_model.LinearExpr.weighted_sum(list(vs), list(coefs))
-
-
 def solve_choice(
     choice: ChoiceProgram, params: SolveParams, max_time_ps: int | None = None
 ) -> ChoiceResult:
@@ -586,7 +584,7 @@ def solve_choice(
             return _result(cm, SolveStatus.INFEASIBLE, None, t0, loop)
         model.add(t_var <= max_time_ps - cm.time_floor_ps)
     if single is not None:
-        model.minimize(single.on(model))
+        single.minimize(model)
         run = loop.solve(model, "choice", workers, None)
         if not run.status.has_solution:
             return _result(cm, run.status, None, t0, loop)
@@ -605,7 +603,7 @@ def solve_choice(
     model.add(t_var <= values[t_var.index])
     for name, terms in cm.tie_objectives():
         if terms.value(values) > 0:  # every term is >= 0: 0 is optimal
-            model.minimize(terms.on(model))
+            terms.minimize(model)
             res = loop.solve(model, name, workers, values)
             if not res.status.has_solution:
                 status = SolveStatus.FEASIBLE  # as fast, only less canonical
@@ -613,7 +611,7 @@ def solve_choice(
             values = res.values
             if res.status is not SolveStatus.OPTIMAL:
                 status = SolveStatus.FEASIBLE
-        model.add(terms.on(model) <= terms.value(values))
+        terms.at_most(model, terms.value(values))
     return _result(cm, status, cm.solution(values, status, bound), t0, loop)
 
 
