@@ -68,7 +68,7 @@ def minimize(
     """Replaces the objective with ``sum coefs[k] * var[indices[k]] + offset``,
     minimized."""
     idx, cs = canonical(indices, coefs)
-    model.clear_objective()
+    model.clear_objective()  # type: ignore[no-untyped-call]
     objective = model.proto.objective
     objective.vars.extend(idx)
     objective.coeffs.extend(cs)

@@ -144,7 +144,9 @@ class LayoutModel:
             m.add_at_most_one(self.x[i], self.x[j])
         x = [v.index for v in self.x]
         for i, js in p.precedence:  # x_i <= sum_j x_j
-            cp_proto.add_linear(m, [x[i], *(x[j] for j in js)], [1] + [-1] * len(js), hi=0)
+            cp_proto.add_linear(
+                m, [x[i], *(x[j] for j in js)], [1] + [-1] * len(js), hi=0
+            )
         buffer = None if self.buffer is None else self.buffer.index
         for s, ds in enumerate(p.dimsets):
             zs = self.z[s]
@@ -401,7 +403,9 @@ class Terms:
         ``enforced_by`` is true, if given)."""
         if any(self.coefs):
             hi = bound - self.offset
-            cp_proto.add_linear(model, self.indices, self.coefs, hi=hi, enforced_by=enforced_by)
+            cp_proto.add_linear(
+                model, self.indices, self.coefs, hi=hi, enforced_by=enforced_by
+            )
             return
         ct = model.add(self.on(model) <= bound)
         if enforced_by is not None:
@@ -413,7 +417,9 @@ class Terms:
         """Adds ``var[index] >= these terms`` (where ``enforced_by`` is
         true, if given)."""
         indices, coefs = [index, *self.indices], [1, *(-c for c in self.coefs)]
-        cp_proto.add_linear(model, indices, coefs, lo=self.offset, enforced_by=enforced_by)
+        cp_proto.add_linear(
+            model, indices, coefs, lo=self.offset, enforced_by=enforced_by
+        )
 
     def equal_to_var(self, model: cp_model.CpModel, index: int) -> None:
         """Adds ``var[index] == these terms``."""
