@@ -341,7 +341,8 @@ def test_an_idle_worker_runs_what_the_search_asks_for_next_ahead():
     assert got["miss"] is None
 
 
-# Three one-stage meshes of bounds 1, 2 and 3 s, for a ``run`` to lay out.
+# Three one-stage meshes of bounds 1, 2 and 3 s, for a ``run`` to lay out
+# (with one choice), and what a ``run`` reads of its task.
 _THREE_MESHES = """
 import json, time
 from cost_models.pipeline import PipelineSpec
@@ -351,17 +352,21 @@ from layout_planner.scale_stages import Outcome
 
 spec = PipelineSpec(1, 4, "1f1b")
 meshes = [Mesh(float(i), 1, 1, 8, 4, spec) for i in (1, 2, 3)]
+choice = ScaleChoice(1, 8, 1, 4, "1f1b", "none", "none")
+
+def unpack(task):  # kind, mesh index, (a joint program's) step limit
+    kind, mesh = task
+    limit = None
+    if kind == "joint":
+        mesh, limit, _ = mesh
+    return kind, meshes.index(mesh), limit
 """
 
 _DROP_BEATEN = (
     _THREE_MESHES
     + """
 def run(stages, task):
-    kind, mesh = task
-    if kind == "joint":
-        mesh, limit, _ = mesh
-    i = meshes.index(mesh)
-    choice = ScaleChoice(1, 8, 1, 4, "1f1b", "none", "none")
+    kind, i, _ = unpack(task)
     if kind == "joint":
         time.sleep(5.0 if i == 1 else 0.0)  # mesh 1's: long, and beaten
         return Outcome(ScaleTrial(choice, 20.0, 100, False, "r"), None, None)
@@ -398,13 +403,10 @@ _JOINT_LIMITS = (
     _THREE_MESHES
     + """
 def run(stages, task):
-    kind, mesh = task
+    kind, i, limit = unpack(task)
     if kind == "joint":
-        mesh, limit, _ = mesh
         return Slower(limit, "none fits")
-    i = meshes.index(mesh)
-    c = ScaleChoice(1, 8, 1, 4, "1f1b", "none", "none")
-    trial = ScaleTrial(c, 10.0 if i == 0 else 30.0, 100, i == 0, "r")
+    trial = ScaleTrial(choice, 10.0 if i == 0 else 30.0, 100, i == 0, "r")
     return FreeResult(Outcome(trial, None, None), {0: 0.0, 1: 5.0, 2: 6.0}[i], None)
 
 with Ahead(meshes, run, lambda: None, 2) as source:
