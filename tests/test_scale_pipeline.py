@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 import mtf_core as mtf
@@ -19,6 +21,7 @@ from cost_models import evaluate, get_hardware
 from cost_models.collectives import shift_time_s
 from cost_models.pipeline import PipelineError, PipelineSpec, pipeline_cost, split_step
 from layout_planner.choices import ScaleError, model_flops, plan_transformer
+from layout_planner.scale_plan import ScaleTrial
 from mtf_core.comm import LayoutContext
 from mtf_core.models import TransformerConfig, build_lm
 
@@ -161,10 +164,6 @@ def test_scale_planner_picks_the_fastest_fitting_trial_and_explains_it() -> None
     assert 0 < plan.mfu < 1
     # A note without a step (a joint program slower than the step before
     # it) on the chosen mesh leaves the line of its free layout as it was.
-    import dataclasses
-
-    from layout_planner.scale_plan import ScaleTrial
-
     mine = [t for t in plan.trials if t.choice.mesh_sizes == plan.choice.mesh_sizes]
     first = mine[0]
     note = ScaleTrial(first.choice, None, None, False, "", "slower than 1 s")
