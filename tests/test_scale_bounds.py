@@ -3,12 +3,17 @@
 
 from __future__ import annotations
 
+import itertools
+import os
+
 import pytest
 
+import mtf_core as mtf
 from cost_models.profiles import get_hardware
 from layout_planner.choices import model_flops, plan_transformer
+from layout_planner.problem import LayoutProblem
 from layout_planner.scale_bounds import flops_bound_s, recompute_bound_s
-from mtf_core.models import TransformerConfig
+from mtf_core.models import TransformerConfig, build_lm
 
 CFG = TransformerConfig(
     num_layers=12, d_model=256, heads=8, d_kv=32, d_ff=1024, vocab=1024,
@@ -62,10 +67,6 @@ def test_the_bubble_stretches_the_bound():
 
 
 def _problem(cfg, mesh, hw, recompute):
-    import mtf_core as mtf
-    from layout_planner.problem import LayoutProblem
-    from mtf_core.models import build_lm
-
     attn, ffn = recompute
     model = build_lm(
         cfg.replace(recompute_attention=attn, recompute_ffn=ffn), optimizer="adam"
@@ -89,8 +90,6 @@ def test_recomputing_whole_blocks_adds_at_least_its_bound_under_every_layout(mes
     """Under every layout the tables accept, the graph that recomputes
     whole blocks costs at least the one that keeps them plus
     ``recompute_bound_s`` (one stage, one micro-batch)."""
-    import itertools
-
     hw = get_hardware("h100-nvlink-ib")
     keep = _problem(cfg, mesh, hw, ("none", "none"))
     block = _problem(cfg, mesh, hw, ("block", "block"))
@@ -129,8 +128,6 @@ def test_a_pipelined_trial_recomputing_whole_blocks_costs_the_flops_and_recomput
 
 
 def test_the_recompute_bound_is_zero_where_it_is_not_known():
-    import os
-
     hw = get_hardware("h100-nvlink-ib")
     block = ("block", "block")
     assert recompute_bound_s(CFG, block, hw, 2, 4, 4) > 0
