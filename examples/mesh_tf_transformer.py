@@ -23,8 +23,8 @@ LM also trains model-parallel with its layers recomputed
 each other), and with Mesh TF's mixture of experts (``moe.MoE1D``) in place
 of its feed-forward layers, its batch alone or its batch and its experts
 split over the devices (the same losses for the first steps; then float32
-rounding flips a routing decision and they part: docs/compatibility.md).  The text is Python's own ``this``
-module (the Zen of Python), byte-level.
+rounding flips a routing decision and they part: docs/compatibility.md).
+The text is Python's own ``this`` module (the Zen of Python), byte-level.
 """
 
 from __future__ import annotations
