@@ -44,12 +44,10 @@ def add_linear(
     hi: int = INT_MAX,
     enforced_by: int | None = None,
 ) -> None:
-    """Adds ``lo <= sum coefs[k] * var[indices[k]] <= hi`` (at least one
-    nonzero term: a constraint on constants is the caller's to decide), if
-    given only where the Boolean variable ``enforced_by`` is true."""
+    """Adds ``lo <= sum coefs[k] * var[indices[k]] <= hi``, if given only
+    where the Boolean variable ``enforced_by`` is true (terms that are all
+    zero leave a constraint without variables, as the API writes it)."""
     idx, cs = canonical(indices, coefs)
-    if not idx:
-        raise ValueError("a linear constraint without variables")
     constraint = model.proto.constraints.add()
     if enforced_by is not None:
         constraint.enforcement_literal.append(enforced_by)

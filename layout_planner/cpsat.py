@@ -388,28 +388,19 @@ class Terms:
         return cp_model.LinearExpr.weighted_sum(vs, self.coefs) + self.offset
 
     # The same constraints and objectives as through :meth:`on`, written
-    # straight into the proto (:mod:`layout_planner.cp_proto`); terms that
-    # are all zero go through :meth:`on`, as the API writes them.
+    # straight into the proto (:mod:`layout_planner.cp_proto`).
     def minimize(self, model: cp_model.CpModel) -> None:
-        if any(self.coefs):
-            cp_proto.minimize(model, self.indices, self.coefs, self.offset)
-        else:
-            model.minimize(self.on(model))
+        cp_proto.minimize(model, self.indices, self.coefs, self.offset)
 
     def at_most(
         self, model: cp_model.CpModel, bound: int, enforced_by: int | None = None
     ) -> None:
         """Adds ``these terms <= bound`` (where the Boolean variable
         ``enforced_by`` is true, if given)."""
-        if any(self.coefs):
-            hi = bound - self.offset
-            cp_proto.add_linear(
-                model, self.indices, self.coefs, hi=hi, enforced_by=enforced_by
-            )
-            return
-        ct = model.add(self.on(model) <= bound)
-        if enforced_by is not None:
-            ct.only_enforce_if(model.get_bool_var_from_proto_index(enforced_by))
+        hi = bound - self.offset
+        cp_proto.add_linear(
+            model, self.indices, self.coefs, hi=hi, enforced_by=enforced_by
+        )
 
     def at_most_var(
         self, model: cp_model.CpModel, index: int, enforced_by: int | None = None

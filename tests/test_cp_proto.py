@@ -86,7 +86,14 @@ def test_the_same_program_solves_to_the_same_answer():
     assert answers[0] == answers[1] == (9.0, [0, 1, 1, 0])
 
 
-def test_a_constraint_without_variables_is_refused():
-    _, _, direct = _models()
-    with pytest.raises(ValueError, match="without variables"):
-        cp_proto.add_linear(direct, [1, 1], [2, -2], hi=0)
+def test_terms_that_are_all_zero_are_written_as_the_api_writes_them():
+    api, vs, direct = _models()
+    zero = cp_model.LinearExpr.weighted_sum([vs[1], vs[1]], [2, -2]) + 3
+    api.add(zero <= 9)
+    api.add(zero <= 2).only_enforce_if(vs[0])
+    api.minimize(zero)
+    cp_proto.add_linear(direct, [1, 1], [2, -2], hi=9 - 3)
+    cp_proto.add_linear(direct, [1, 1], [2, -2], hi=2 - 3, enforced_by=0)
+    cp_proto.minimize(direct, [1, 1], [2, -2], 3)
+    assert str(direct.proto) == str(api.proto)
+    assert not direct.proto.constraints[0].linear.vars
