@@ -376,19 +376,15 @@ class LayoutModel:
 
 @dataclass(frozen=True)
 class Terms:
-    """A linear expression by variable index, so it can be rebuilt on a clone."""
+    """A linear expression by variable index, so it can be written into any
+    model with those variables (a clone too), straight into its proto
+    (:mod:`layout_planner.cp_proto`)."""
 
     indices: list[int]
     coefs: list[int]
     offset: int
     weight: int = 1  # for T * W + tiebreak: W
 
-    def on(self, model: cp_model.CpModel) -> cp_model.LinearExprT:
-        vs = [model.get_int_var_from_proto_index(i) for i in self.indices]
-        return cp_model.LinearExpr.weighted_sum(vs, self.coefs) + self.offset
-
-    # The same constraints and objectives as through :meth:`on`, written
-    # straight into the proto (:mod:`layout_planner.cp_proto`).
     def minimize(self, model: cp_model.CpModel) -> None:
         cp_proto.minimize(model, self.indices, self.coefs, self.offset)
 
