@@ -35,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Collection, Hashable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import NamedTuple
 
 from cost_models.collectives import axes_key, collective_time_s
 from cost_models.deferred import DeferredAllreduces, may_defer, static_deferral
@@ -86,9 +87,10 @@ class CostUnit:
         return f"CostUnit({self.kind}: {names}{more}; dims {sorted(self.dim_names)})"
 
 
-@dataclass(frozen=True)
-class UnitCost:
-    """What one unit costs under one layout."""
+class UnitCost(NamedTuple):
+    """What one unit costs under one layout (a named tuple: a search makes
+    tens of thousands, and a frozen dataclass's construction costs several
+    times a tuple's)."""
 
     compute_s: float
     comm_s_by_axis: tuple[tuple[str, float], ...]
@@ -206,6 +208,17 @@ class UnitPricer:
         return UnitCost(
             0.0, self._by_axis(forced_all), tuple(forced_all), once_s=once_s
         )
+
+    def costs(
+        self,
+        units: Sequence[CostUnit],
+        ctx: LayoutContext,
+        split: tuple[tuple[str, int], ...] | None = None,
+    ) -> list[UnitCost]:
+        """:meth:`cost` of each of ``units`` under ``ctx``, in order: the units
+        of one table entry, whose dims ``split`` splits as :meth:`cost` says
+        (a subclass may look up what they share once for all of them)."""
+        return [self.cost(u, ctx, split) for u in units]
 
     def _op_statics(self, op: Operation) -> tuple[float, tuple[str, ...], bool]:
         got = self._statics.get(op)

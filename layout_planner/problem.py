@@ -230,24 +230,32 @@ class LayoutProblem:
             table.num_units = sum(count for _, count in by_sig)
             memo_key: Hashable = None
             if memo is not None and all(u.signature is not None for u, _ in by_sig):
-                units = tuple((u.signature, count) for u, count in by_sig)
-                memo_key = (dims, tuple(table.assignments), units)
+                signed = tuple((u.signature, count) for u, count in by_sig)
+                memo_key = (dims, tuple(table.assignments), signed)
                 known = memo.get(memo_key)
                 if known is not None:
                     known.fill(table)
                     continue
+            # One sequence of units for every entry: the pricer may remember
+            # what it looks up for them by its identity.
+            units = tuple(u for u, _ in by_sig)
+            counts = [count for _, count in by_sig]
             images = orbit_images(table, perms)
             for k in range(len(table.assignments)):
                 if k not in images:
-                    self._price_entry(table, k, by_sig)
-            if images and not self._copy_images(table, images, by_sig):
+                    self._price_entry(table, k, units, counts)
+            if images and not self._copy_images(table, images, units, counts):
                 for k in images:  # not symmetric after all: price them all
-                    self._price_entry(table, k, by_sig)
+                    self._price_entry(table, k, units, counts)
             if memo is not None and memo_key is not None:
                 memo[memo_key] = PricedTable.of(table)
 
     def _price_entry(
-        self, table: DimsetTable, k: int, by_sig: Sequence[tuple[CostUnit, int]]
+        self,
+        table: DimsetTable,
+        k: int,
+        units: tuple[CostUnit, ...],
+        counts: Sequence[int],
     ) -> None:
         """Prices assignment ``k`` of ``table``: every signature's unit, times
         its count."""
@@ -264,24 +272,24 @@ class LayoutProblem:
         ordered = False
         buffers = self._buffers
         try:
-            for unit, count in by_sig:
-                uc = self._pricer.cost(unit, ctx, split)
-                self._num_pricings += 1
-                compute += count * uc.compute_s
-                once += count * uc.once_s
-                for axis, sec in uc.comm_s_by_axis:
-                    comm[axis] = comm.get(axis, 0.0) + count * sec
-                known = buffers.get(id(uc))
-                if known is None or known[0] is not uc:
-                    known = buffers[id(uc)] = (uc, *self._buffer_and_moves(uc))
-                buffer = max(buffer, known[1])
-                # A layout change of several steps goes axis by axis in mesh
-                # order, and each step's bytes depend on the steps before: its
-                # cost is not the same under a permutation of the axes.
-                ordered = ordered or known[2] > 1
+            priced = self._pricer.costs(units, ctx, split)
         except LayoutError as e:
             table.invalid[k] = str(e)
             return
+        self._num_pricings += len(units)
+        for uc, count in zip(priced, counts):
+            compute += count * uc.compute_s
+            once += count * uc.once_s
+            for axis, sec in uc.comm_s_by_axis:
+                comm[axis] = comm.get(axis, 0.0) + count * sec
+            known = buffers.get(id(uc))
+            if known is None or known[0] is not uc:
+                known = buffers[id(uc)] = (uc, *self._buffer_and_moves(uc))
+            buffer = max(buffer, known[1])
+            # A layout change of several steps goes axis by axis in mesh
+            # order, and each step's bytes depend on the steps before: its
+            # cost is not the same under a permutation of the axes.
+            ordered = ordered or known[2] > 1
         if ordered:
             table.ordered.add(k)
         table.invalid[k] = None
@@ -333,7 +341,8 @@ class LayoutProblem:
         self,
         table: DimsetTable,
         images: dict[int, tuple[int, tuple[int, ...]]],
-        by_sig: Sequence[tuple[CostUnit, int]],
+        units: tuple[CostUnit, ...],
+        counts: Sequence[int],
     ) -> bool:
         """Fills each image ``k -> (canonical, perm)`` from its canonical
         entry (comm keys renamed by ``perm``); an image of an invalid entry
@@ -356,7 +365,7 @@ class LayoutProblem:
         )
         if check is not None:
             canon, perm = images[check]
-            self._price_entry(table, check, by_sig)
+            self._price_entry(table, check, units, counts)
             want = {rename(a, perm): v for a, v in table.comm_s[canon].items()}
             got = table.comm_s[check]
             if (
@@ -371,7 +380,7 @@ class LayoutProblem:
             if k == check:
                 continue
             if table.invalid[canon] is not None or canon in table.ordered:
-                self._price_entry(table, k, by_sig)
+                self._price_entry(table, k, units, counts)
                 continue
             table.compute_s[k] = table.compute_s[canon]
             table.comm_s[k] = {

@@ -61,6 +61,32 @@ from mtf_core.models.base import ModelGraph
 from mtf_core.shapes import Shape, convert_to_shape
 
 
+class SharedUnitCosts:
+    """Unit costs shared by the :class:`SignaturePricer` of every mesh of a
+    search (on one hardware profile), by two small integers: one for the
+    unit's signature and dims, one for the name, size and link of each axis
+    splitting them.  Keys of two integers hash and compare in a few
+    nanoseconds, where a key of signatures and axis tuples took a
+    microsecond or more at each of a search's hundred thousand lookups."""
+
+    def __init__(self) -> None:
+        self.costs: dict[tuple[int, int], UnitCost] = {}
+        self._units: dict[tuple[Hashable, frozenset[str]], int] = {}
+        self._axes: dict[tuple[tuple[str, str], ...], int] = {}
+
+    def unit_id(self, unit: CostUnit) -> int:
+        """The id of ``unit``'s signature and dims (equal for units that cost
+        the same under every layout)."""
+        return self._units.setdefault(
+            (unit.signature, unit.dim_names), len(self._units)
+        )
+
+    def axes_id(self, on_axes: tuple[tuple[str, str], ...]) -> int:
+        """The id of ``on_axes``: (dim name, axis as its name, size and
+        link) pairs."""
+        return self._axes.setdefault(on_axes, len(self._axes))
+
+
 class SignaturePricer(UnitPricer):
     """A :class:`UnitPricer` that remembers each unit's cost by its signature
     and the layout of its own dims: units of equal signature cost the same
@@ -79,25 +105,29 @@ class SignaturePricer(UnitPricer):
         self,
         mesh_shape: Shape,
         hw: HardwareProfile,
-        shared: dict[tuple[object, ...], UnitCost] | None = None,
+        shared: SharedUnitCosts | None = None,
     ) -> None:
         super().__init__(mesh_shape, hw)
         #: Layouts the lowering rejects, by the key of ``shared`` (their
         #: messages name this mesh).
-        self._rejected: dict[tuple[object, ...], LayoutError] = {}
+        self._rejected: dict[tuple[int, int], LayoutError] = {}
         #: Tables priced with this pricer (``LayoutProblem``'s ``table_memo``):
         #: a mesh's recomputation options share most of them.
         self.tables: dict[Hashable, PricedTable] = {}
-        self._shared = {} if shared is None else shared
-        # Each axis as one string (its hash is computed once, where a
-        # LinkSpec's is computed at every lookup): equal strings are equal
-        # (name, size, link), as float reprs round-trip.
+        self._shared = SharedUnitCosts() if shared is None else shared
+        # Each axis as one string: equal strings are equal (name, size,
+        # link), as float reprs round-trip.
         self._axes = [
             repr((d.name, d.size, hw.link_for_axis(d.name, mesh_shape)))
             for d in mesh_shape
         ]
-        #: ``split`` -> the same pairs with each axis as its string.
-        self._splits: dict[tuple[tuple[str, int], ...], tuple[object, ...]] = {}
+        #: ``split`` -> the shared id of its pairs with each axis as its string.
+        self._splits: dict[tuple[tuple[str, int], ...], int] = {}
+        #: Per sequence of units given to :meth:`costs` (by identity, kept
+        #: alive beside it): each unit's shared id, None without a signature.
+        self._unit_ids: dict[
+            int, tuple[Sequence[CostUnit], list[int | None]]
+        ] = {}
 
     def cost(
         self,
@@ -112,23 +142,59 @@ class SignaturePricer(UnitPricer):
             split = tuple(
                 (n, axes_of[n]) for n in sorted(unit.dim_names) if n in axes_of
             )
-        on_axes = self._splits.get(split)
-        if on_axes is None:
-            axes = self._axes
-            on_axes = self._splits[split] = tuple((n, axes[a]) for n, a in split)
-        key = (unit.signature, unit.dim_names, on_axes)
-        got = self._shared.get(key)
+        key = (self._shared.unit_id(unit), self._split_id(split))
+        got = self._shared.costs.get(key)
+        return self._price(key, unit, ctx) if got is None else got
+
+    def costs(
+        self,
+        units: Sequence[CostUnit],
+        ctx: LayoutContext,
+        split: tuple[tuple[str, int], ...] | None = None,
+    ) -> list[UnitCost]:
+        if split is None:
+            return super().costs(units, ctx, split)
+        known = self._unit_ids.get(id(units))
+        if known is None or known[0] is not units:
+            ids = [
+                None if u.signature is None else self._shared.unit_id(u) for u in units
+            ]
+            known = self._unit_ids[id(units)] = (units, ids)
+        on = self._split_id(split)
+        shared = self._shared.costs
+        out = []
+        for unit, uid in zip(units, known[1]):
+            if uid is None:
+                out.append(UnitPricer.cost(self, unit, ctx))
+                continue
+            key = (uid, on)
+            got = shared.get(key)
+            out.append(self._price(key, unit, ctx) if got is None else got)
+        return out
+
+    def _split_id(self, split: tuple[tuple[str, int], ...]) -> int:
+        got = self._splits.get(split)
         if got is None:
-            rejected = self._rejected.get(key)
-            if rejected is not None:
-                raise rejected
-            try:
-                got = self._shared[key] = super().cost(
-                    unit, CachedLayoutContext.wrap(ctx)
-                )
-            except LayoutError as e:  # its message names this mesh
-                self._rejected[key] = e
-                raise
+            axes = self._axes
+            got = self._splits[split] = self._shared.axes_id(
+                tuple((n, axes[a]) for n, a in split)
+            )
+        return got
+
+    def _price(
+        self, key: tuple[int, int], unit: CostUnit, ctx: LayoutContext
+    ) -> UnitCost:
+        """Prices ``unit`` (not known under ``key``) and shares its cost."""
+        rejected = self._rejected.get(key)
+        if rejected is not None:
+            raise rejected
+        try:
+            got = self._shared.costs[key] = UnitPricer.cost(
+                self, unit, CachedLayoutContext.wrap(ctx)
+            )
+        except LayoutError as e:  # its message names this mesh
+            self._rejected[key] = e
+            raise
         return got
 
 
@@ -319,9 +385,7 @@ class Stages:
         self._pricers: dict[tuple[str, str], SignaturePricer] = {}
         # Unit costs shared by every mesh's pricer, per profile (kept alive
         # beside its id).
-        self._unit_costs: dict[
-            int, tuple[HardwareProfile, dict[tuple[object, ...], UnitCost]]
-        ] = {}
+        self._unit_costs: dict[int, tuple[HardwareProfile, SharedUnitCosts]] = {}
         self.built_layers = 0
         #: The layout of the last stage solved alone, a hint for the next.
         self.last_layout: LayoutRules | None = None
@@ -366,7 +430,7 @@ class Stages:
         g = self.graph(choice, n if stacked is None else 2)
         pricer = self._pricers.get((choice.stage_mesh, hw.name))
         if pricer is None or pricer.hw != hw:
-            shared = self._unit_costs.setdefault(id(hw), (hw, {}))[1]
+            shared = self._unit_costs.setdefault(id(hw), (hw, SharedUnitCosts()))[1]
             pricer = SignaturePricer(mesh, hw, shared)
             self._pricers[(choice.stage_mesh, hw.name)] = pricer
         # The objective is the pipelined step: each micro-batch slot
