@@ -65,9 +65,9 @@ class SharedUnitCosts:
     """Unit costs shared by the :class:`SignaturePricer` of every mesh of a
     search (on one hardware profile), by two small integers: one for the
     unit's signature and dims, one for the name, size and link of each axis
-    splitting them.  Keys of two integers hash and compare in a few
-    nanoseconds, where a key of signatures and axis tuples took a
-    microsecond or more at each of a search's hundred thousand lookups."""
+    splitting them.  A table entry looks its units up under its one axes
+    id, and two integers hash and compare without walking signatures and
+    axis tuples at each of a search's hundred thousand lookups."""
 
     def __init__(self) -> None:
         self.costs: dict[tuple[int, int], UnitCost] = {}
@@ -125,9 +125,7 @@ class SignaturePricer(UnitPricer):
         self._splits: dict[tuple[tuple[str, int], ...], int] = {}
         #: Per sequence of units given to :meth:`costs` (by identity, kept
         #: alive beside it): each unit's shared id, None without a signature.
-        self._unit_ids: dict[
-            int, tuple[Sequence[CostUnit], list[int | None]]
-        ] = {}
+        self._unit_ids: dict[int, tuple[Sequence[CostUnit], list[int | None]]] = {}
 
     def cost(
         self,
