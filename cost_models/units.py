@@ -39,6 +39,7 @@ from typing import NamedTuple
 
 from cost_models.collectives import axes_key, collective_time_s
 from cost_models.deferred import DeferredAllreduces, may_defer, static_deferral
+from cost_models.entry_compute import compute_only, compute_seconds
 from cost_models.gc_pause import gc_paused
 from cost_models.hardware import CostModelError, HardwareProfile
 from cost_models.layout_cache import CachedLayoutContext, LayoutSizes
@@ -219,6 +220,31 @@ class UnitPricer:
         of one table entry, whose dims ``split`` splits as :meth:`cost` says
         (a subclass may look up what they share once for all of them)."""
         return [self.cost(u, ctx, split) for u in units]
+
+    def table_compute(
+        self,
+        unit: CostUnit,
+        dims: Sequence[str],
+        assignments: Sequence[tuple[int | None, ...]],
+    ) -> list[float | None] | None:
+        """For an op unit that costs its compute alone under every layout
+        (:func:`cost_models.entry_compute.compute_only`) on a roofline
+        profile: its ``compute_s`` under each assignment of ``dims`` (mesh
+        axis indices; ``unit``'s other dims unsplit), as :meth:`cost` gives
+        it, or None where :meth:`cost` must decide (it raises the lowering's
+        error there).  None for any other unit.  Its ``once_s`` is that time
+        where ``unit.once`` says it runs once per step, else 0."""
+        if unit.kind != OP or self.hw.rates is not None:
+            return None
+        (op,) = unit.ops
+        if not compute_only(op):
+            return None
+        flops, _, _ = self._op_statics(op)
+        tensors = self._tensors.get(op)
+        if tensors is None:
+            tensors = self._tensors[op] = hbm_tensors(op)
+        sizes = [d.size for d in self.mesh_shape]
+        return compute_seconds(op, flops, tensors, self.hw, sizes, dims, assignments)
 
     def _op_statics(self, op: Operation) -> tuple[float, tuple[str, ...], bool]:
         got = self._statics.get(op)

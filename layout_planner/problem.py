@@ -71,6 +71,21 @@ _MAX_FLOAT_S = sys.float_info.max / PS_PER_S
 _LAYOUT_CHANGES = frozenset({"alltoall", "allconcat"})
 
 
+@dataclass(frozen=True)
+class _TableUnits:
+    """One table's units as :meth:`LayoutProblem._price_entry` prices them:
+    ``compute[i]``: unit ``i``'s compute seconds per entry, when its pricer
+    gives them table-wide (None per entry it cannot vouch for), else None;
+    ``once[i]``: whether that compute runs once per step; ``rest``: the
+    units without table-wide compute, in order."""
+
+    units: tuple[CostUnit, ...]
+    counts: list[int]
+    compute: list[list[float | None] | None]
+    once: list[bool]
+    rest: tuple[CostUnit, ...]
+
+
 class LayoutProblem:
     """One request's dimension graph, cost tables and memory rows."""
 
@@ -236,48 +251,79 @@ class LayoutProblem:
                 if known is not None:
                     known.fill(table)
                     continue
-            # One sequence of units for every entry: the pricer may remember
-            # what it looks up for them by its identity.
-            units = tuple(u for u, _ in by_sig)
-            counts = [count for _, count in by_sig]
+            entries = self._entries(table, by_sig)
             images = orbit_images(table, perms)
             for k in range(len(table.assignments)):
                 if k not in images:
-                    self._price_entry(table, k, units, counts)
-            if images and not self._copy_images(table, images, units, counts):
+                    self._price_entry(table, k, entries)
+            if images and not self._copy_images(table, images, entries):
                 for k in images:  # not symmetric after all: price them all
-                    self._price_entry(table, k, units, counts)
+                    self._price_entry(table, k, entries)
             if memo is not None and memo_key is not None:
                 memo[memo_key] = PricedTable.of(table)
 
-    def _price_entry(
-        self,
-        table: DimsetTable,
-        k: int,
-        units: tuple[CostUnit, ...],
-        counts: Sequence[int],
-    ) -> None:
-        """Prices assignment ``k`` of ``table``: every signature's unit, times
-        its count."""
-        split = tuple(
-            (d, a) for d, a in zip(table.dims, table.assignments[k]) if a is not None
+    def _entries(
+        self, table: DimsetTable, by_sig: Sequence[tuple[CostUnit, int]]
+    ) -> _TableUnits:
+        """What pricing ``table``'s entries needs of its units: each unit's
+        count, compute per entry where the pricer gives it for the whole
+        table (``UnitPricer.table_compute``), and the other units."""
+        units = tuple(u for u, _ in by_sig)
+        compute = [
+            self._pricer.table_compute(u, table.dims, table.assignments) for u in units
+        ]
+        return _TableUnits(
+            units=units,
+            counts=[count for _, count in by_sig],
+            compute=compute,
+            once=[bool(u.once and u.once[0]) for u in units],
+            # One sequence for every entry: the pricer may remember what it
+            # looks up for them by its identity.
+            rest=tuple(u for u, c in zip(units, compute) if c is None),
         )
-        ctx = self._contexts.get(split)
-        if ctx is None:
-            ctx = self._contexts[split] = self.context(dict(split))
+
+    def _price_entry(self, table: DimsetTable, k: int, entries: _TableUnits) -> None:
+        """Prices assignment ``k`` of ``table``: every signature's unit, times
+        its count, in order (compute-only units from their table-wide times,
+        unless one of them cannot vouch for ``k``)."""
         comm: dict[str, float] = {}
         compute = 0.0
         once = 0.0
         buffer = 0
         ordered = False
         buffers = self._buffers
-        try:
-            priced = self._pricer.costs(units, ctx, split)
-        except LayoutError as e:
-            table.invalid[k] = str(e)
-            return
-        self._num_pricings += len(units)
-        for uc, count in zip(priced, counts):
+        fast = entries.compute
+        if all(c is None or c[k] is not None for c in fast):
+            units = entries.rest
+        else:
+            units = entries.units
+            fast = [None] * len(units)
+        priced = None
+        if units:
+            split = tuple(
+                (d, a)
+                for d, a in zip(table.dims, table.assignments[k])
+                if a is not None
+            )
+            ctx = self._contexts.get(split)
+            if ctx is None:
+                ctx = self._contexts[split] = self.context(dict(split))
+            try:
+                priced = iter(self._pricer.costs(units, ctx, split))
+            except LayoutError as e:
+                table.invalid[k] = str(e)
+                return
+        self._num_pricings += len(entries.units)
+        for c, count, is_once in zip(fast, entries.counts, entries.once):
+            if c is not None:
+                seconds = c[k]
+                assert seconds is not None
+                compute += count * seconds
+                if is_once:
+                    once += count * seconds
+                continue
+            assert priced is not None
+            uc = next(priced)
             compute += count * uc.compute_s
             once += count * uc.once_s
             for axis, sec in uc.comm_s_by_axis:
@@ -341,8 +387,7 @@ class LayoutProblem:
         self,
         table: DimsetTable,
         images: dict[int, tuple[int, tuple[int, ...]]],
-        units: tuple[CostUnit, ...],
-        counts: Sequence[int],
+        entries: _TableUnits,
     ) -> bool:
         """Fills each image ``k -> (canonical, perm)`` from its canonical
         entry (comm keys renamed by ``perm``); an image of an invalid entry
@@ -365,7 +410,7 @@ class LayoutProblem:
         )
         if check is not None:
             canon, perm = images[check]
-            self._price_entry(table, check, units, counts)
+            self._price_entry(table, check, entries)
             want = {rename(a, perm): v for a, v in table.comm_s[canon].items()}
             got = table.comm_s[check]
             if (
@@ -380,7 +425,7 @@ class LayoutProblem:
             if k == check:
                 continue
             if table.invalid[canon] is not None or canon in table.ordered:
-                self._price_entry(table, k, units, counts)
+                self._price_entry(table, k, entries)
                 continue
             table.compute_s[k] = table.compute_s[canon]
             table.comm_s[k] = {
