@@ -2,8 +2,8 @@
 
 Most of a graph's ops issue no collective of their own under any layout:
 elementwise ops, casts, variables and their updates (whose ``communication``
-is :class:`~mtf_core.graph.Operation`'s, none), and einsums (whose sums over
-split dims are left pending: the deferred units price them).  Such an op
+is :class:`~mtf_core.graph.Operation`'s, none), and einsums and sums (whose
+sums over split dims are left pending: the deferred units price them).  Such an op
 unit costs its roofline compute and nothing else
 (:func:`cost_models.op_costs.op_compute`):
 
@@ -32,15 +32,20 @@ from cost_models.hardware import HardwareProfile
 from mtf_core import dtypes
 from mtf_core.graph import Operation, Tensor
 from mtf_core.ops.einsum import Einsum
+from mtf_core.ops.reduce import Reduce
 
 __all__ = ["compute_only", "compute_seconds"]
 
 
 def compute_only(op: Operation) -> bool:
     """Whether ``op``'s unit is its compute alone under every layout: it
-    issues no collective itself (an einsum's sums stay pending)."""
+    issues no collective itself (an einsum's or a sum's sums stay pending)."""
     if isinstance(op, Einsum):
         return type(op).communication is Einsum.communication
+    if isinstance(op, Reduce):
+        return type(op).communication is Reduce.communication and (
+            op.reduction == "SUM"
+        )
     return type(op).communication is Operation.communication
 
 
@@ -59,15 +64,21 @@ def compute_seconds(
     op's other dims unsplit), or None where the general path must decide."""
     fixed, moved = tensors
     where = {d: j for j, d in enumerate(dims)}
-    # Per moved tensor: its element bytes and, per dim, (index in dims or
-    # -1, size).
-    shapes = [
-        (
-            dtypes.size_bytes(t.dtype),
-            [(where.get(d.name, -1), d.size) for d in t.shape.dims],
-        )
-        for t in moved
-    ]
+    # Per moved tensor: its bytes over the dims no assignment splits (its
+    # element bytes times their sizes, in the dims' order as the general
+    # path multiplies them, which integers make exact in any order), and
+    # (index in dims, size) of the others.
+    shapes = []
+    for t in moved:
+        whole = dtypes.size_bytes(t.dtype)
+        split = []
+        for d in t.shape.dims:
+            j = where.get(d.name)
+            if j is None:
+                whole *= d.size
+            else:
+                split.append((j, d.size))
+        shapes.append((whole, split))
     own = [where[n] for n in sorted(op.all_dim_names) if n in where]
     check_op = isinstance(op, Einsum)
     peak, bandwidth = hw.peak_flops, hw.hbm_bandwidth_bytes_per_s
@@ -75,11 +86,10 @@ def compute_seconds(
     for asg in assignments:
         total = fixed
         ok = True
-        for elem, tensor_dims in shapes:
-            nbytes = elem
+        for nbytes, split in shapes:
             used = 0
-            for j, size in tensor_dims:
-                a = asg[j] if j >= 0 else None
+            for j, size in split:
+                a = asg[j]
                 if a is None:
                     nbytes *= size
                     continue
