@@ -44,11 +44,11 @@ def _captured(case) -> list[cp_model.CpModel]:
     models: list[cp_model.CpModel] = []
     solve_once = cpsat.SolveLoop._solve_once
 
-    def capture(self, model, phase, workers, hint):
+    def capture(self, model, phase, workers, hint, *rest):
         copy = model.clone()
         cpsat.set_hint(copy, hint)
         models.append(copy)
-        return solve_once(self, model, phase, workers, hint)
+        return solve_once(self, model, phase, workers, hint, *rest)
 
     cpsat.SolveLoop._solve_once = capture
     try:

@@ -86,6 +86,44 @@ def test_without_presolve_every_rank_is_the_same(
     assert all(s.status is SolveStatus.OPTIMAL for s in without.solutions)
 
 
+@pytest.mark.parametrize("objective", [Objective.TIME, Objective.MEMORY])
+def test_tie_break_solves_run_without_the_lp_to_the_same_answers(
+    objective: Objective, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from layout_planner import cpsat
+
+    program = _small_program(objective)
+    # Time, then each tie-break dim, one after the other.
+    params = SolveParams(60, 1, 0, 4, max_objective_weight=50)
+    levels: list[tuple[str, int]] = []
+    once = cpsat.SolveLoop._solve_once
+    solve = cpsat.cp_model.CpSolver.solve
+
+    def phase_spy(self, model, phase, *rest):  # type: ignore[no-untyped-def]
+        levels.append((phase, -1))
+        return once(self, model, phase, *rest)
+
+    def solver_spy(self, model, *args, **kwargs):  # type: ignore[no-untyped-def]
+        levels[-1] = (levels[-1][0], self.parameters.linearization_level)
+        return solve(self, model, *args, **kwargs)
+
+    monkeypatch.setattr(cpsat.SolveLoop, "_solve_once", phase_spy)
+    monkeypatch.setattr(cpsat.cp_model.CpSolver, "solve", solver_spy)
+    fast = cpsat.solve_program(program, params)
+    tie_breaks = [level for phase, level in levels if phase.endswith(":tiebreak")]
+    assert tie_breaks and set(tie_breaks) == {0}
+    assert {level for phase, level in levels if not phase.endswith(":tiebreak")} == {
+        cpsat.TUNING["linearization_level"]
+    }
+    monkeypatch.setattr(cpsat, "_TIEBREAK_LINEARIZATION", None)
+    levels.clear()
+    full = cpsat.solve_program(program, params)
+    assert {level for _, level in levels} == {cpsat.TUNING["linearization_level"]}
+    assert [s.x for s in fast.solutions] == [s.x for s in full.solutions]
+    assert [s.time_ps for s in fast.solutions] == [s.time_ps for s in full.solutions]
+    assert all(s.status is SolveStatus.OPTIMAL for s in fast.solutions)
+
+
 def test_memory_rows_are_added_only_when_an_answer_breaks_them() -> None:
     model = transformer(**PRESSURE_SIZES)
     free = mtf.auto_layout(
@@ -112,8 +150,8 @@ def test_a_solve_again_after_rows_are_added_starts_from_the_old_answer(
     calls: list[tuple[str, list[int] | None, list[int]]] = []
     once = cpsat.SolveLoop._solve_once
 
-    def spy(self, model, phase, workers, hint):  # type: ignore[no-untyped-def]
-        run = once(self, model, phase, workers, hint)
+    def spy(self, model, phase, workers, hint, *rest):  # type: ignore[no-untyped-def]
+        run = once(self, model, phase, workers, hint, *rest)
         calls.append((phase, None if hint is None else list(hint), run.values))
         return run
 
@@ -154,9 +192,9 @@ def test_a_layout_hint_changes_where_cp_sat_starts_not_the_answer(
     hints: list[list[int] | None] = []
     once = cpsat.SolveLoop._solve_once
 
-    def spy(self, model, phase, workers, given):  # type: ignore[no-untyped-def]
+    def spy(self, model, phase, workers, given, *rest):  # type: ignore[no-untyped-def]
         hints.append(None if given is None else list(given))
-        return once(self, model, phase, workers, given)
+        return once(self, model, phase, workers, given, *rest)
 
     monkeypatch.setattr(cpsat.SolveLoop, "_solve_once", spy)
     problem.hint = convert_to_layout_rules(hint)
