@@ -63,8 +63,12 @@ from cost_models.units import UnitClass
 from layout_planner.analysis import MAX_GRAPH_BYTES, GraphAnalysis, unique_rows
 from layout_planner.errors import PlannerError
 
-#: Stages of at most this many layers are analysed as they are.
-DIRECT_LAYERS = 4
+#: Stages of at most this many layers are analysed as they are.  A 2-layer
+#: stage is its own representative; a 3- or 4-layer stage is priced from its
+#: stack like a deeper one, which costs less than building and analysing
+#: its own graph (a resized stack needs its 2-layer graph alone, which the
+#: meshes of that micro-batch size often have built already).
+DIRECT_LAYERS = 2
 
 
 class StackingError(PlannerError):

@@ -184,6 +184,44 @@ def test_a_resized_stage_derives_what_its_unbuilt_three_layer_graph_gives(
         assert (got.row_step == fresh.row_step).all()
 
 
+@pytest.mark.parametrize("stages_of", [4, 3])  # 3 and 4 layers a stage
+def test_a_stage_of_three_or_four_layers_is_priced_from_its_stack(stages_of):
+    hw = get_hardware("h100-nvlink-ib")
+    stages = _stacking_stages(0, build_lm)
+    n = CFG.num_layers // stages_of
+    # Another micro-batch size's stage builds the reference stack; this one
+    # is resized from it, building its 2-layer graph alone.
+    stages.stage(ScaleChoice(2, 1, 2, 8, "1f1b", "none", "none"), hw)
+    choice = ScaleChoice(stages_of, 2, 2, 16, "1f1b", "none", "none")
+    before = stages.built_layers
+    rep = stages.stage(choice, hw)
+    assert stages.built_layers == before + 2
+    assert len(rep.graphs) == 2 and isinstance(rep.graphs[1], DerivedGraph)
+    mesh = convert_to_shape(choice.stage_mesh)
+    full = Stage(mesh, hw, [stages.graph(choice, n)], n)
+    rng = random.Random(3)
+    checked = 0
+    assert rep.problem is not None
+    for _ in range(20000):
+        asg = {
+            d: rng.choice([None, *rep.problem.allowed[d]])
+            for d in rep.problem.free_dims
+        }
+        if rep.problem.table_cost(asg).invalid is not None:
+            continue
+        rules = rep.problem.rules_for(asg)
+        got = rep.parts(rules)
+        want, cost = full.evaluated(rules)
+        assert got.time_s == pytest.approx(want.time_s, rel=1e-9)
+        assert got.once_s == pytest.approx(want.once_s, rel=1e-9)
+        assert got.peak_bytes == want.peak_bytes == cost.peak_memory_bytes
+        assert got.held_bytes == want.held_bytes
+        checked += 1
+        if checked == 8:
+            break
+    assert checked == 8
+
+
 def test_held_buffers_are_not_derived_from_a_stage_holding_other_classes():
     stages = Stages(CFG, build_lm, "adam")
     none = ("none", "none")
