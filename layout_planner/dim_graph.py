@@ -26,6 +26,7 @@ variables are names, not tensors.  This module collects, from an mtf graph:
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -218,27 +219,16 @@ class DimensionGraph:
         The first assignment is always the all-None one.
         """
         names = list(names)
-        conflicts = [
-            [j for j in range(i) if self.conflict_kind(names[i], names[j]) == "tensor"]
+        conflicts = tuple(
+            tuple(
+                j
+                for j in range(i)
+                if self.conflict_kind(names[i], names[j]) == "tensor"
+            )
             for i in range(len(names))
-        ]
-        out: list[Assignment] = []
-        current: list[int | None] = []
-
-        def extend(i: int) -> None:
-            if i == len(names):
-                out.append(tuple(current))
-                return
-            options: list[int | None] = [None, *allowed.get(names[i], ())]
-            for axis in options:
-                if axis is not None and any(current[j] == axis for j in conflicts[i]):
-                    continue
-                current.append(axis)
-                extend(i + 1)
-                current.pop()
-
-        extend(0)
-        return out
+        )
+        options = tuple((None, *allowed.get(n, ())) for n in names)
+        return list(_assignments(options, conflicts))
 
     # -- serialization (for the REST API and the dashboard) -----------------------
     def to_dict(self, mesh_shape: Shape | None = None) -> dict[str, Any]:
@@ -275,3 +265,30 @@ def _add_pairs(
 
 def tensor_dim_names(t: Tensor) -> tuple[str, ...]:
     return tuple(t.shape.dimension_names)
+
+
+@functools.lru_cache(maxsize=4096)
+def _assignments(
+    options: tuple[tuple[int | None, ...], ...], conflicts: tuple[tuple[int, ...], ...]
+) -> tuple[Assignment, ...]:
+    """Every choice of one of ``options[i]`` per position ``i`` in which no
+    position takes the axis of an earlier one it ``conflicts`` with (None
+    conflicts with nothing), in order, the all-None one first.  Remembered:
+    the tables of every mesh and recomputation option of a search ask for the
+    same few hundred."""
+    out: list[Assignment] = []
+    current: list[int | None] = []
+
+    def extend(i: int) -> None:
+        if i == len(options):
+            out.append(tuple(current))
+            return
+        for axis in options[i]:
+            if axis is not None and any(current[j] == axis for j in conflicts[i]):
+                continue
+            current.append(axis)
+            extend(i + 1)
+            current.pop()
+
+    extend(0)
+    return tuple(out)
