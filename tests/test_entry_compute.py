@@ -4,24 +4,16 @@ to the last bit, and leave the general path what they cannot vouch for."""
 from __future__ import annotations
 
 import pytest
+from pricing_cases import HW, small_model
 
 import mtf_core as mtf
 from cost_models.entry_compute import compute_only
-from cost_models.profiles import get_hardware
 from cost_models.units import OP, UnitPricer, cost_units
-from layout_planner.analysis import GraphAnalysis
 from layout_planner.problem import LayoutProblem
 from mtf_core.comm import LayoutContext
 from mtf_core.errors import LayoutError
-from mtf_core.models import TransformerConfig, build_lm
 from mtf_core.shapes import convert_to_shape
 
-CFG = TransformerConfig(
-    num_layers=2, d_model=64, heads=4, d_kv=16, d_ff=128, vocab=256,
-    length=16, batch=8, activation_dtype="bfloat16",
-    shardable_weights=True, shardable_slots=True,
-)  # fmt: skip
-HW = get_hardware("h100-nvlink-ib")
 MESHES = ["dp:2,tp:2", "dp:4,tp:2", "x:2,y:2,z:2"]
 
 
@@ -44,11 +36,7 @@ class HolesPricer(UnitPricer):
 
 @pytest.fixture(scope="module")
 def model():
-    m = build_lm(CFG, optimizer="adam")
-    update = next(
-        i for i, op in enumerate(m.graph.operations) if op.name == "global_step"
-    )
-    return m, GraphAnalysis(m.graph, [m.loss], once_from=update)
+    return small_model()
 
 
 @pytest.mark.parametrize("mesh", MESHES)

@@ -4,27 +4,17 @@ under keys shared by the pricers of every mesh of a search."""
 from __future__ import annotations
 
 import pytest
+from pricing_cases import HW, small_model
 
-from cost_models.profiles import get_hardware
 from cost_models.units import UnitPricer
-from layout_planner.analysis import GraphAnalysis
 from layout_planner.problem import LayoutProblem
 from layout_planner.scale_stages import SharedUnitCosts, SignaturePricer
-from mtf_core.models import TransformerConfig, build_lm
 from mtf_core.shapes import convert_to_shape
-
-CFG = TransformerConfig(
-    num_layers=2, d_model=64, heads=4, d_kv=16, d_ff=128, vocab=256,
-    length=16, batch=8, activation_dtype="bfloat16",
-    shardable_weights=True, shardable_slots=True,
-)  # fmt: skip
-HW = get_hardware("h100-nvlink-ib")
 
 
 @pytest.fixture(scope="module")
 def analysis():
-    model = build_lm(CFG, optimizer="adam")
-    return model, GraphAnalysis(model.graph, [model.loss])
+    return small_model()
 
 
 #: A table's dims: the ffn's elementwise ops and its activation.
