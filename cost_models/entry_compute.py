@@ -3,8 +3,8 @@
 Most of a graph's ops issue no collective of their own under any layout:
 elementwise ops, casts, variables and their updates (whose ``communication``
 is :class:`~mtf_core.graph.Operation`'s, none), and einsums and sums (whose
-sums over split dims are left pending: the deferred units price them).  Such an op
-unit costs its roofline compute and nothing else
+sums over split dims are left pending: the deferred units price them).
+Such an op unit costs its roofline compute and nothing else
 (:func:`cost_models.op_costs.op_compute`):
 
     max(flops / devices splitting its dims / peak, local bytes / HBM bandwidth)
