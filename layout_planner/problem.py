@@ -32,6 +32,7 @@ import sys
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -66,6 +67,10 @@ from mtf_core.shapes import Shape
 
 # The longest time whose picoseconds a float holds.
 _MAX_FLOAT_S = sys.float_info.max / PS_PER_S
+
+# The numbers of a table's assignments (:meth:`LayoutProblem._hosts`) stay
+# below this, or its projections are looked up one by one.
+_MAX_CODE = 2**62
 
 # Collectives of a layout change (mtf_core.comm.plan_layout_change).
 _LAYOUT_CHANGES = frozenset({"alltoall", "allconcat"})
@@ -556,19 +561,28 @@ class LayoutProblem:
                     "more picoseconds than a float holds; expected smaller dims or "
                     "a profile with realistic rates and link bandwidths"
                 )
+            # Each dim's x variable per axis code (-1: unsplit), as columns.
+            choices = np.full(h.codes.shape, -1, dtype=np.int64)
+            for p, d in enumerate(host.dims):
+                xs = np.full(len(self.mesh_shape) + 1, -1, dtype=np.int64)
+                for axis in self.allowed[d]:
+                    xs[axis + 1] = self.x_index[(d, axis)]
+                choices[:, p] = xs[h.codes[:, p]]
+            scaled = np.rint(time_s * PS_PER_S)  # round() as Python rounds
+            time_ps = (
+                tuple(scaled.astype(np.int64).tolist())
+                if (scaled < 2.0**62).all()
+                else tuple(int(round(t * PS_PER_S)) for t in time_s)
+            )
             dimsets.append(
                 DimsetSpec(
                     dims=tuple(dim_id[d] for d in host.dims),
                     choices=tuple(
-                        tuple(
-                            -1 if ax is None else self.x_index[(d, ax)]
-                            for d, ax in zip(host.dims, asg)
-                        )
-                        for asg in host.assignments
+                        tuple(row) for row in cast("list[list[int]]", choices.tolist())
                     ),
-                    time_ps=tuple(int(round(t * PS_PER_S)) for t in time_s),
-                    buffer_bytes=tuple(int(b) for b in buffer),
-                    invalid=tuple(bool(i) for i in invalid),
+                    time_ps=time_ps,
+                    buffer_bytes=tuple(buffer.tolist()),
+                    invalid=tuple(invalid.tolist()),
                 )
             )
         host_of: dict[int, tuple[int, np.ndarray]] = {}
@@ -649,17 +663,37 @@ class LayoutProblem:
             (i for i, d in enumerate(dims) if not any(d < e for e in dims)),
             key=lambda i: (len(dims[i]), self.tables[i].dims),
         )
-        hosts = {i: _Host(i, []) for i in maximal}
+
+        # Assignments as arrays of axis index + 1 (0: unsplit), and each table
+        # entry's number in a mixed radix of those: a host assignment's
+        # restriction to a hosted table is then a search among its numbers.
+        radix = len(self.mesh_shape) + 1
+        codes = []
+        for table in self.tables:
+            # None (unsplit) reads as NaN, then 0.
+            a = np.asarray(table.assignments, dtype=np.float64)
+            a = a.reshape(len(table.assignments), len(table.dims))
+            codes.append(np.nan_to_num(a + 1.0, nan=0.0).astype(np.int64))
+        hosts = {i: _Host(i, [], codes[i]) for i in maximal}
         for t, d in enumerate(dims):
             h = next(i for i in maximal if d <= dims[i])
             host = self.tables[h]
             pos = [host.dims.index(n) for n in self.tables[t].dims]
-            index = self.tables[t].index
-            proj = np.fromiter(
-                (index[tuple(asg[p] for p in pos)] for asg in host.assignments),
-                dtype=np.int64,
-                count=len(host.assignments),
-            )
+            if radix ** len(pos) >= _MAX_CODE:  # numbers too large for int64
+                index = self.tables[t].index
+                proj = np.fromiter(
+                    (index[tuple(asg[p] for p in pos)] for asg in host.assignments),
+                    dtype=np.int64,
+                    count=len(host.assignments),
+                )
+                hosts[h].members.append((t, proj))
+                continue
+            weights = radix ** np.arange(len(pos), dtype=np.int64)
+            own = codes[t] @ weights
+            order = np.argsort(own, kind="stable")
+            wanted = codes[h][:, pos] @ weights
+            proj = order[np.searchsorted(own[order], wanted)]
+            assert (own[proj] == wanted).all()  # each restriction is an entry
             hosts[h].members.append((t, proj))
         return [hosts[i] for i in maximal]
 
@@ -794,7 +828,10 @@ class LayoutProblem:
 
 @dataclass(frozen=True)
 class _Host:
-    """A maximal table and the tables it hosts, with their projections."""
+    """A maximal table and the tables it hosts, with their projections;
+    ``codes[a, p]``: the mesh axis index + 1 (0: unsplit) that the table's
+    assignment ``a`` gives its dim ``p``."""
 
     table: int
     members: list[tuple[int, np.ndarray]]
+    codes: np.ndarray
