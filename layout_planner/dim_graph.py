@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import networkx as nx
+import numpy as np
 
 from mtf_core.graph import Graph, Operation, Tensor
 from mtf_core.shapes import Shape
@@ -212,11 +213,13 @@ class DimensionGraph:
 
     def local_assignments(
         self, names: Sequence[str], allowed: dict[str, tuple[int, ...]]
-    ) -> list[Assignment]:
+    ) -> tuple[Assignment, ...]:
         """Every assignment of ``names`` (in order) to an allowed axis or None in
         which no two names joined by a ``tensor`` edge share an axis.
 
-        The first assignment is always the all-None one.
+        The first assignment is always the all-None one.  The tuple is shared
+        by every caller that asks for the same options and conflicts
+        (:func:`assignment_codes` remembers its array by it).
         """
         names = list(names)
         conflicts = tuple(
@@ -228,7 +231,7 @@ class DimensionGraph:
             for i in range(len(names))
         )
         options = tuple((None, *allowed.get(n, ())) for n in names)
-        return list(_assignments(options, conflicts))
+        return _assignments(options, conflicts)
 
     # -- serialization (for the REST API and the dashboard) -----------------------
     def to_dict(self, mesh_shape: Shape | None = None) -> dict[str, Any]:
@@ -292,3 +295,16 @@ def _assignments(
 
     extend(0)
     return tuple(out)
+
+
+@functools.lru_cache(maxsize=4096)
+def assignment_codes(assignments: tuple[Assignment, ...]) -> np.ndarray:
+    """``assignments`` as an array: ``[a, p]`` is the mesh axis index + 1 that
+    assignment ``a`` gives position ``p``, 0 for unsplit (read-only)."""
+    width = len(assignments[0]) if assignments else 0
+    codes = np.array(
+        [[0 if x is None else x + 1 for x in asg] for asg in assignments],
+        dtype=np.int64,
+    ).reshape(len(assignments), width)
+    codes.flags.writeable = False
+    return codes

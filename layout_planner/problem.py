@@ -43,6 +43,7 @@ from cost_models.layout_cache import CachedLayoutContext
 from cost_models.memory import MemoryModel
 from cost_models.units import CostUnit, UnitClass, UnitCost, UnitPricer
 from layout_planner.analysis import GraphAnalysis, unique_rows
+from layout_planner.dim_graph import assignment_codes
 from layout_planner.errors import PlannerError
 from layout_planner.program import (
     PS_PER_S,
@@ -668,12 +669,7 @@ class LayoutProblem:
         # entry's number in a mixed radix of those: a host assignment's
         # restriction to a hosted table is then a search among its numbers.
         radix = len(self.mesh_shape) + 1
-        codes = []
-        for table in self.tables:
-            # None (unsplit) reads as NaN, then 0.
-            a = np.asarray(table.assignments, dtype=np.float64)
-            a = a.reshape(len(table.assignments), len(table.dims))
-            codes.append(np.nan_to_num(a + 1.0, nan=0.0).astype(np.int64))
+        codes = [assignment_codes(tuple(table.assignments)) for table in self.tables]
         hosts = {i: _Host(i, [], codes[i]) for i in maximal}
         for t, d in enumerate(dims):
             h = next(i for i in maximal if d <= dims[i])

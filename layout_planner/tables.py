@@ -22,7 +22,7 @@ class DimsetTable:
     """Costs of every local assignment of one set of free dims."""
 
     dims: tuple[str, ...]
-    assignments: list[Assignment]
+    assignments: Sequence[Assignment]
     factor: list[int]
     time_s: list[float]
     compute_s: list[float]
