@@ -240,11 +240,10 @@ class UnitPricer:
         if not compute_only(op):
             return None
         flops, _, _ = self._op_statics(op)
-        tensors = self._tensors.get(op)
-        if tensors is None:
-            tensors = self._tensors[op] = hbm_tensors(op)
         sizes = [d.size for d in self.mesh_shape]
-        return compute_seconds(op, flops, tensors, self.hw, sizes, dims, assignments)
+        return compute_seconds(
+            op, flops, self._hbm_tensors(op), self.hw, sizes, dims, assignments
+        )
 
     def _op_statics(self, op: Operation) -> tuple[float, tuple[str, ...], bool]:
         got = self._statics.get(op)
@@ -266,10 +265,15 @@ class UnitPricer:
             if self._sizes[0] is not ctx:
                 self._sizes = (ctx, LayoutSizes(ctx))
             return op_compute(op, ctx, self.hw, self._sizes[1], flops)
+        return op_compute(op, ctx, self.hw, None, flops, self._hbm_tensors(op))
+
+    def _hbm_tensors(self, op: Operation) -> tuple[int, tuple[Tensor, ...]]:
+        """:func:`~cost_models.op_costs.hbm_tensors` of ``op``, kept per op
+        (they do not depend on the layout)."""
         tensors = self._tensors.get(op)
         if tensors is None:
             tensors = self._tensors[op] = hbm_tensors(op)
-        return op_compute(op, ctx, self.hw, None, flops, tensors)
+        return tensors
 
     def _communication(
         self, op: Operation, names: tuple[str, ...], ctx: CachedLayoutContext
