@@ -20,6 +20,7 @@ from mtf_core.shapes import Shape, convert_to_shape
 
 if TYPE_CHECKING:
     from mtf_core.comm import CollectiveSpec, LayoutContext
+    from mtf_core.ops.stored import SlotSharding
     from mtf_core.ops.variables import Variable
     from mtf_core.seams import LoweringContext
 
@@ -33,6 +34,13 @@ class Graph:
         self.trainable_variables: list[Variable] = []
         self._names_in_use: dict[str, int] = {}  # lower-cased name -> uses
         self.meshes: list[Mesh] = []
+        # Kept on the graph, not in tables keyed by it, so that they go with
+        # it: their values refer to the graph, which a table would keep alive.
+        #: ``get_variable``'s variables by full name (asked again, a name
+        #: returns the same variable, as in Mesh TensorFlow).
+        self.variables_by_name: dict[str, Variable] = {}
+        #: Variables updated under slot names (``mtf_core.ops.stored``).
+        self.slot_shardings: dict[str, SlotSharding] = {}
 
     def unique_name(self, name: str, mark_as_used: bool = True) -> str:
         """``name``, or ``name_N`` if taken; as in TensorFlow (and Mesh TF),

@@ -112,12 +112,6 @@ class SlotSharding:
     reads: list[Tensor]
 
 
-#: Per graph, by variable (full) name.
-_SHARDED_SLOTS: weakref.WeakKeyDictionary[Graph, dict[str, SlotSharding]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
 def note_read(
     graph: Graph, name: str, full_name: str, shape: Shape, read: Tensor
 ) -> None:
@@ -130,7 +124,7 @@ def note_read(
     renames = _checked(name, shape, policy(name, shape))
     if not renames:
         return
-    table = _SHARDED_SLOTS.setdefault(graph, {})
+    table = graph.slot_shardings
     entry = table.get(full_name)
     if entry is None:
         table[full_name] = SlotSharding(storage_shape(shape, renames), [read])
@@ -141,7 +135,7 @@ def note_read(
 def slot_sharding(graph: Graph, full_name: str) -> SlotSharding | None:
     """How variable ``full_name`` of ``graph`` is updated under slot names, or
     None (updated as it is stored)."""
-    return _SHARDED_SLOTS.get(graph, {}).get(full_name)
+    return graph.slot_shardings.get(full_name)
 
 
 def storage_renames(graph: Graph, name: str, shape: Shape) -> dict[str, str]:

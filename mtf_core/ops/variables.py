@@ -8,7 +8,6 @@ with the full shape (the value is then sliced, so layouts never change it).
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -168,7 +167,7 @@ def get_variable(
     renames = storage_renames(mesh.graph, name, shape)
     stored = storage_shape(shape, renames)
     full_name = _scoped(name)
-    known = _VARIABLES_BY_NAME.setdefault(mesh.graph, {})
+    known = mesh.graph.variables_by_name
     existing = known.get(full_name)
     if existing is None:
         existing = known[full_name] = Variable(
@@ -190,11 +189,6 @@ def get_variable(
     return v
 
 
-#: The variables ``get_variable`` made, per graph, by full name: asking for a
-#: name again returns the same variable, as in Mesh TensorFlow.
-_VARIABLES_BY_NAME: weakref.WeakKeyDictionary[Any, dict[str, Variable]] = (
-    weakref.WeakKeyDictionary()
-)
 _SCOPE_PROVIDER: list[Callable[[], str]] = []
 
 
