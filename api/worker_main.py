@@ -19,6 +19,8 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
+from cost_models.gc_pause import gc_paused
+
 Report = Callable[[str, float], None]
 
 
@@ -67,6 +69,40 @@ def is_client_error(error: BaseException) -> bool:
     return isinstance(error, PlannerError | SerializationError | CostModelError)
 
 
+def answer(
+    conn: Connection,
+    task_id: str,
+    task: dict[str, Any],
+    solve: Callable[[dict[str, Any], Report], dict[str, Any]],
+) -> bool:
+    """Solves ``task`` with ``solve``, sending its progress and then its
+    result (or why it failed) on ``conn``; False if the parent is gone.
+
+    The collector stays paused until the reply is sent: a plan leaves its
+    graphs behind as cyclic garbage (hundreds of thousands of objects, a
+    tenth of a second or more to collect), which is collected while the
+    worker waits for its next task, not while the client waits for this
+    answer."""
+
+    def report(phase: str, fraction: float) -> None:
+        conn.send(("progress", task_id, (phase, fraction)))
+
+    with gc_paused():
+        reply: tuple[str, str, Any]
+        try:
+            reply = ("result", task_id, solve(task, report))
+        except Exception as e:
+            if is_client_error(e):  # the request asks for something impossible
+                reply = ("invalid", task_id, f"{type(e).__name__}: {e}")
+            else:  # solver crash or planner bug: the traceback helps (the log)
+                reply = ("failed", task_id, traceback.format_exc(limit=12))
+        try:
+            conn.send(reply)
+        except (BrokenPipeError, OSError):
+            return False
+    return True
+
+
 def worker_main(conn: Connection) -> None:
     """The worker process's loop."""
     _die_with_parent()
@@ -85,20 +121,7 @@ def worker_main(conn: Connection) -> None:
         except (EOFError, OSError):
             return
 
-        def report(phase: str, fraction: float, task_id: str = task_id) -> None:
-            conn.send(("progress", task_id, (phase, fraction)))
-
-        reply: tuple[str, str, Any]
-        try:
-            reply = ("result", task_id, solve_task(task, report))
-        except Exception as e:
-            if is_client_error(e):  # the request asks for something impossible
-                reply = ("invalid", task_id, f"{type(e).__name__}: {e}")
-            else:  # solver crash or planner bug: the traceback helps (the log)
-                reply = ("failed", task_id, traceback.format_exc(limit=12))
-        try:
-            conn.send(reply)
-        except (BrokenPipeError, OSError):
+        if not answer(conn, task_id, task, solve_task):
             return
 
 
