@@ -294,85 +294,26 @@ def search(
     the trials and the plan are the same for any number of workers.
     """
     start = time.perf_counter()
-    params = SolveParams(time_limit_s, 0, 0, 1, presolve=False)
-
-    def new_stages() -> Stages:
-        return Stages(cfg, builder, optimizer, direct=exhaustive)
-
-    def mesh_options(mesh: Mesh) -> list[ScaleChoice]:
-        pp, tp, dp, m = mesh.stages, mesh.tensor, mesh.data, mesh.micro_batches
-        sp = mesh.sequence
-        return [ScaleChoice(pp, dp, tp, m, schedule, a, f, sp) for a, f in recompute]
-
-    def lay_out(stages: Stages, mesh: Mesh) -> FreeResult:
-        try:
-            free, bound = _free_trial(stages, mesh_options(mesh), mesh.spec, hw, params)
-        except (PlannerError, SolverError) as e:
-            return FreeResult(None, 0.0, str(e))
-        return FreeResult(free, bound, None)
-
-    def joint(
-        stages: Stages, task: tuple[Mesh, float, float]
-    ) -> Outcome | Slower | str:
-        mesh, cutoff_s, bound_s = task
-        every = mesh_options(mesh)
-        # An option whose least step (the free bound and what its
-        # recomputation adds) exceeds the limit is not even built.
-        options = [c for c in every if not _beyond(bound_s + extra(mesh, c), cutoff_s)]
-        if not options:  # run ahead under a limit below the mesh's bound
-            return Slower(cutoff_s, f"no option's bound is {cutoff_s:.6g} s or less")
-        try:
-            # Where nothing fits, the trial says so; the smallest peak (a
-            # memory-objective program per option) is not worth its time.
-            return _trial(
-                stages,
-                options,
-                mesh.spec,
-                hw,
-                params,
-                smallest_peak=False,
-                max_step_s=cutoff_s,
-                jointly=len(every) > 1,
-            )
-        except NothingFitsError as e:
-            limit = math.inf if e.max_time_s is None else e.max_time_s
-            return Slower(limit, str(e))
-        except (PlannerError, SolverError) as e:
-            return str(e)
-
-    def extra(mesh: Mesh, c: ScaleChoice) -> float:
-        option = (c.recompute_attention, c.recompute_ffn)
-        return recompute_bound_s(
-            cfg,
-            option,
-            hw,
-            mesh.stages,
-            mesh.micro_batches,
-            devices // mesh.stages,
-            encoder_decoder,
-        )
-
-    def check(stages: Stages, task: tuple[ScaleChoice, str]) -> Checked | str:
-        choice, rules = task
-        try:
-            return _full_evaluation(stages, choice, convert_to_layout_rules(rules), hw)
-        except Exception as e:  # a guess's failure is the parent's to find again
-            return f"{type(e).__name__}: {e}"
-
-    def run(stages: Stages, task: tuple[str, Any]) -> Result:
-        kind, what = task
-        if kind == "check":
-            return check(stages, what)
-        return lay_out(stages, what) if kind == "free" else joint(stages, what)
-
-    def fewer(choice: ScaleChoice, step_s: float) -> list[Mesh]:
-        return _fewer_meshes(cfg, choice, hw, flops, schedule, step_s)
+    jobs = SearchJobs(
+        cfg,
+        hw,
+        builder,
+        optimizer,
+        schedule,
+        tuple((a, f) for a, f in recompute),
+        SolveParams(time_limit_s, 0, 0, 1, presolve=False),
+        flops,
+        devices,
+        exhaustive,
+        encoder_decoder,
+    )
+    new_stages, mesh_options, fewer = jobs.new_stages, jobs.mesh_options, jobs.fewer
 
     source: Source
     if workers > 1 and len(meshes) > 1 and fork_is_safe():
         source = Ahead(
             meshes,
-            run,
+            jobs.run,
             new_stages,
             workers,
             check_ahead=verify,
@@ -381,7 +322,7 @@ def search(
             fewer=fewer if fewer_micro_batches else None,
         )
     else:
-        source = InProcess(meshes, run, new_stages())
+        source = InProcess(meshes, jobs.run, new_stages())
     checked: Checked | None = None
     with source:
         refine = None
@@ -455,6 +396,111 @@ def search(
         optimizer=optimizer,
         encoder_decoder=encoder_decoder,
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchJobs:
+    """What the search's processes run: lay out a mesh free, run its joint
+    program, check a layout on its full stage graph.  Plain data and
+    module-level functions, so that a helper started as a fresh interpreter
+    can be sent it (:mod:`layout_planner.scale_workers`)."""
+
+    cfg: TransformerConfig
+    hw: HardwareProfile
+    builder: Callable[..., ModelGraph]
+    optimizer: str
+    schedule: str
+    recompute: tuple[tuple[str, str], ...]
+    params: SolveParams
+    flops: float
+    devices: int
+    exhaustive: bool = False
+    encoder_decoder: bool = False
+
+    def new_stages(self) -> Stages:
+        return Stages(self.cfg, self.builder, self.optimizer, direct=self.exhaustive)
+
+    def mesh_options(self, mesh: Mesh) -> list[ScaleChoice]:
+        pp, tp, dp, m = mesh.stages, mesh.tensor, mesh.data, mesh.micro_batches
+        sp = mesh.sequence
+        return [
+            ScaleChoice(pp, dp, tp, m, self.schedule, a, f, sp)
+            for a, f in self.recompute
+        ]
+
+    def run(self, stages: Stages, task: tuple[str, Any]) -> Result:
+        kind, what = task
+        if kind == "check":
+            return self._check(stages, what)
+        if kind == "free":
+            return self._lay_out(stages, what)
+        return self._joint(stages, what)
+
+    def fewer(self, choice: ScaleChoice, step_s: float) -> list[Mesh]:
+        return _fewer_meshes(
+            self.cfg, choice, self.hw, self.flops, self.schedule, step_s
+        )
+
+    def _lay_out(self, stages: Stages, mesh: Mesh) -> FreeResult:
+        try:
+            free, bound = _free_trial(
+                stages, self.mesh_options(mesh), mesh.spec, self.hw, self.params
+            )
+        except (PlannerError, SolverError) as e:
+            return FreeResult(None, 0.0, str(e))
+        return FreeResult(free, bound, None)
+
+    def _joint(
+        self, stages: Stages, task: tuple[Mesh, float, float]
+    ) -> Outcome | Slower | str:
+        mesh, cutoff_s, bound_s = task
+        every = self.mesh_options(mesh)
+        # An option whose least step (the free bound and what its
+        # recomputation adds) exceeds the limit is not even built.
+        options = [
+            c for c in every if not _beyond(bound_s + self._extra(mesh, c), cutoff_s)
+        ]
+        if not options:  # run ahead under a limit below the mesh's bound
+            return Slower(cutoff_s, f"no option's bound is {cutoff_s:.6g} s or less")
+        try:
+            # Where nothing fits, the trial says so; the smallest peak (a
+            # memory-objective program per option) is not worth its time.
+            return _trial(
+                stages,
+                options,
+                mesh.spec,
+                self.hw,
+                self.params,
+                smallest_peak=False,
+                max_step_s=cutoff_s,
+                jointly=len(every) > 1,
+            )
+        except NothingFitsError as e:
+            limit = math.inf if e.max_time_s is None else e.max_time_s
+            return Slower(limit, str(e))
+        except (PlannerError, SolverError) as e:
+            return str(e)
+
+    def _extra(self, mesh: Mesh, c: ScaleChoice) -> float:
+        option = (c.recompute_attention, c.recompute_ffn)
+        return recompute_bound_s(
+            self.cfg,
+            option,
+            self.hw,
+            mesh.stages,
+            mesh.micro_batches,
+            self.devices // mesh.stages,
+            self.encoder_decoder,
+        )
+
+    def _check(self, stages: Stages, task: tuple[ScaleChoice, str]) -> Checked | str:
+        choice, rules = task
+        try:
+            return _full_evaluation(
+                stages, choice, convert_to_layout_rules(rules), self.hw
+            )
+        except Exception as e:  # a guess's failure is the parent's to find again
+            return f"{type(e).__name__}: {e}"
 
 
 def _passes(
