@@ -81,7 +81,7 @@ from layout_planner.scale_stages import (
     price_step,
     solve_stage,
 )
-from layout_planner.scale_workers import fork_is_safe
+from layout_planner.scale_workers import fork_is_safe, fresh_helpers_possible
 from mtf_core.layout import LayoutRules, convert_to_layout_rules
 from mtf_core.models import TransformerConfig
 from mtf_core.models.base import ModelGraph
@@ -321,6 +321,20 @@ def search(
             joint_programs=joint_programs,
             fewer=fewer if fewer_micro_batches else None,
         )
+    elif workers > 1 and len(meshes) > 1 and fresh_helpers_possible():
+        # No fork beside TensorFlow's threads: helpers start as fresh
+        # interpreters, and this process lays meshes out meanwhile.
+        source = Ahead(
+            meshes,
+            jobs.run,
+            new_stages,
+            workers - 1,
+            check_ahead=verify,
+            incumbent_s=incumbent_s,
+            joint_programs=joint_programs,
+            fewer=fewer if fewer_micro_batches else None,
+            local=new_stages(),
+        )
     else:
         source = InProcess(meshes, jobs.run, new_stages())
     checked: Checked | None = None
@@ -374,7 +388,12 @@ def search(
     if verify:
         # Where the search ran in this process, its graphs (a stage of up to
         # 4 layers is one of them) are reused.
-        on = source.stages if isinstance(source, InProcess) else new_stages()
+        if isinstance(source, InProcess):
+            on = source.stages
+        elif isinstance(source, Ahead) and source.local is not None:
+            on = source.local
+        else:
+            on = new_stages()
         if checked is None:
             checked = _full_evaluation(on, choice, plan.layout_rules, hw)
         plan, priced = _verified(

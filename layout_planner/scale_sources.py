@@ -196,20 +196,28 @@ class Ahead(Source):
         incumbent_s: float = math.inf,
         joint_programs: bool = True,
         fewer: Callable[[ScaleChoice, float], list[Mesh]] | None = None,
+        local: Stages | None = None,
     ) -> None:
         super().__init__(meshes)
         self._first = len(meshes)  # the first pass's meshes
         self._fewer = fewer
         self._incumbent_s = incumbent_s
         self._joint_programs = joint_programs
-        self._pool = Workers(run, new_stages, min(workers, len(meshes)))
-        self.suffix = f" (on {self._pool.count} processes)"
+        self._run = run
+        #: This process's own stages where it lays meshes out too, beside
+        #: helpers started as fresh interpreters (``workers`` of them).
+        self.local = local
+        count = min(workers, len(meshes) - (local is not None))
+        self._pool = Workers(run, new_stages, count, fresh=local is not None)
+        self.suffix = f" (on {self._pool.count + (local is not None)} processes)"
+        #: This process's index among the workers, where it is one.
+        self._me = self._pool.count
         self._check_ahead = check_ahead
         self._done: dict[tuple[str, Any], Result] = {}
         self._sent: set[tuple[str, Any]] = set()
         #: The :attr:`Mesh.sizes` of the meshes each worker laid out.
         self._laid: dict[int, set[tuple[int, int, int, int, int]]] = {
-            w: set() for w in range(self._pool.count)
+            w: set() for w in range(self._pool.count + (local is not None))
         }
         #: Each fitting trial's (step, mesh, free layout?, trial).
         self._fits: list[_Fit] = []
@@ -227,6 +235,8 @@ class Ahead(Source):
     def _result(self, task: tuple[str, Any], limit_s: float, bound_s: float) -> Result:
         while True:
             while task not in self._done:
+                if self.local is not None and self._here(task, limit_s, bound_s):
+                    continue
                 self._feed(task, limit_s, bound_s)
                 for key, got in self._pool.finished():
                     self._record(key, got)
@@ -239,11 +249,56 @@ class Ahead(Source):
             del self._done[task]
             self._sent.discard(task)
 
+    def _here(self, needed: tuple[str, Any], limit_s: float, bound_s: float) -> bool:
+        """Where this process lays meshes out too: takes what the helpers
+        finished, gives the idle ones work ahead, then runs ``needed`` here
+        if no helper has it, else, while a helper runs it, what
+        :meth:`_next` picks for this process (not a check, and not a joint
+        program while fewer micro-batches are pending).  False if there is nothing to run here
+        (then the caller waits for the helpers); True when ``needed`` may
+        be done."""
+        assert self.local is not None
+        for key, got in self._pool.finished(timeout=0.0):
+            self._record(key, got)
+        if needed in self._done:  # a helper's, just taken
+            return True
+        task: tuple[str, Any] | None = needed
+        limit, bound = limit_s, bound_s
+        if needed in self._sent:
+            # Nothing stops a job once it runs here: no check ahead (the
+            # winner may change), and no joint program ahead while fewer
+            # micro-batches a helper lays out may still beat its bound.
+            task = self._next(self._me)
+            if task is None or task[0] == "check":
+                return False
+            if task[0] == "joint":
+                if self._fewer_pending():
+                    return False
+                limit, bound = self._joint_limit(task[1])
+        assert task is not None
+        self._sent.add(task)
+        if task[0] != "check":
+            self._laid[self._me].add(self.meshes[task[1]].sizes)
+        self._feed(needed, limit_s, bound_s)  # the helpers' work ahead
+        self._record(task, self._run(self.local, self._item(task, limit, bound)))
+        return True
+
+    def _fewer_pending(self) -> bool:
+        """Whether a free layout of fewer micro-batches runs on a helper."""
+        return any(
+            ("free", i) in self._sent and ("free", i) not in self._done
+            for i in range(self._first, len(self.meshes))
+        )
+
     def _drop_beaten(self, needed: tuple[str, Any]) -> None:
         """Replaces each worker whose job a result since beats (the passes
         will skip it: a free layout that :meth:`_beaten_before` says so of,
         a joint program whose bound a fitting trial reaches), unless the
-        passes wait for it: a fresh worker runs what they need sooner."""
+        passes wait for it: a fresh worker runs what they need sooner.  A
+        helper started as a fresh interpreter is left to finish (starting
+        another takes longer than most jobs)."""
+        if self.local is not None:
+            return
         best = self._best_step()
         bounds = dict((i, b) for b, i in self._joint_bounds())
         for w, task in self._pool.running().items():
@@ -301,7 +356,7 @@ class Ahead(Source):
             if task != needed and task[0] == "joint":
                 limit, bound = self._joint_limit(task[1])
             self._pool.submit(w, task, self._item(task, limit, bound))
-        if not self._pool.busy():  # pragma: no cover - needed is always sent
+        if not self._pool.busy() and needed not in self._sent:  # pragma: no cover
             raise WorkerError(f"nothing is running and {needed!r} is not done")
 
     def _next(self, w: int) -> tuple[str, Any] | None:

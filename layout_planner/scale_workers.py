@@ -10,16 +10,22 @@ Forking is safe only in a process that has not loaded TensorFlow (whose
 threads a fork would copy half-held, and beside which CP-SAT runs in a
 solver process whose pipe the children would share), solves in this process,
 runs no other thread and is not itself a daemonic worker
-(:func:`fork_is_safe`); elsewhere the search runs in this process, whatever
-was asked.
+(:func:`fork_is_safe`).  Elsewhere (a program that lowers its plan has
+TensorFlow loaded) ``Workers(..., fresh=True)`` starts each helper as a
+fresh interpreter (``python -c``, not ``multiprocessing``'s spawn, which
+would run the program's main module again): it imports the planner (about
+half a second), is sent the job and the state maker pickled, says it is
+ready, and serves as a forked worker does (:func:`fresh_helpers_possible`).
 """
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import os
 import pickle
 import signal
+import subprocess
 import sys
 import threading
 import traceback
@@ -29,7 +35,16 @@ from typing import Any
 
 from layout_planner import solver_process
 
-__all__ = ["WorkerError", "Workers", "default_workers", "fork_is_safe"]
+__all__ = [
+    "WorkerError",
+    "Workers",
+    "default_workers",
+    "fork_is_safe",
+    "fresh_helpers_possible",
+]
+
+#: What a fresh helper sends once it has imported the planner.
+_READY = "ready"
 
 
 class WorkerError(RuntimeError):
@@ -50,41 +65,82 @@ def fork_is_safe() -> bool:
     )
 
 
+def fresh_helpers_possible() -> bool:
+    """Whether this process can start helpers as fresh interpreters: on
+    POSIX, from a process that is not itself a daemonic worker."""
+    return (
+        os.name == "posix"
+        and bool(sys.executable)
+        and not multiprocessing.current_process().daemon
+    )
+
+
 def default_workers() -> int:
     """Processes for the search: the usable cores (at most 8) where a
-    fork is safe, else 1."""
-    if not fork_is_safe():
+    fork is safe or fresh helpers can be started, else 1."""
+    if not (fork_is_safe() or fresh_helpers_possible()):
         return 1
     return max(1, min(len(os.sched_getaffinity(0)), 8))
 
 
 class Workers:
-    """``count`` forked processes; each calls ``make_state()`` once, then
-    ``job(state, item)`` for every item sent to it.
+    """``count`` forked processes (fresh interpreters with ``fresh``); each
+    calls ``make_state()`` once, then ``job(state, item)`` for every item
+    sent to it.
 
     ``submit(w, key, item)`` sends an item to worker ``w`` (one at a time per
     worker); :meth:`finished` blocks until some worker is done and returns
     ``(key, result)`` for each; ``replace(w)`` abandons worker ``w``'s job
-    and forks a fresh worker in its place.  An exception raised by a job is
-    raised again here.  ``job`` and ``make_state`` may be closures: the children
-    inherit them at the fork, and only items and results are pickled."""
+    and starts a fresh worker in its place.  An exception raised by a job is
+    raised again here.  Forked, ``job`` and ``make_state`` may be closures:
+    the children inherit them at the fork, and only items and results are
+    pickled.  Fresh interpreters are sent them pickled, and are not idle
+    until they say they are ready (:meth:`finished` returns then too)."""
 
     def __init__(
         self,
         job: Callable[[Any, Any], Any],
         make_state: Callable[[], Any],
         count: int,
+        fresh: bool = False,
     ) -> None:
-        if not fork_is_safe():
+        if fresh and not fresh_helpers_possible():
+            raise WorkerError("this process cannot start helper interpreters")
+        if not fresh and not fork_is_safe():
             raise WorkerError("this process cannot fork workers safely")
         self._job, self._make_state = job, make_state
+        self._fresh = fresh
         self._conns: list[Connection] = []
         self._procs: list[Any] = []
         self._busy: dict[int, Hashable] = {}
-        for _ in range(count):
-            conn, proc = self._fork()
+        #: Fresh helpers not ready yet.
+        self._starting: set[int] = set()
+        for w in range(count):
+            conn, proc = self._start()
             self._conns.append(conn)
             self._procs.append(proc)
+            if fresh:
+                self._starting.add(w)
+
+    def _start(self) -> tuple[Connection, Any]:
+        return self._start_fresh() if self._fresh else self._fork()
+
+    def _start_fresh(self) -> tuple[Connection, Any]:
+        mine, theirs = multiprocessing.Pipe()  # a socket pair on POSIX
+        fd = theirs.fileno()
+        code = (
+            # Ctrl-C reaches the whole process group: the parent stops it.
+            "import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+            f"import sys; sys.path[:0] = {list(sys.path)!r}; "
+            "from layout_planner.scale_workers import serve_fresh; "
+            f"serve_fresh({fd})"
+        )
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code], pass_fds=(fd,), stdin=subprocess.DEVNULL
+        )
+        theirs.close()
+        mine.send((self._job, self._make_state))
+        return mine, proc
 
     def _fork(self) -> tuple[Connection, Any]:
         mine, theirs = multiprocessing.get_context("fork").Pipe()
@@ -105,10 +161,16 @@ class Workers:
         return len(self._conns)
 
     def idle(self) -> list[int]:
-        return [w for w in range(self.count) if w not in self._busy]
+        return [
+            w
+            for w in range(self.count)
+            if w not in self._busy and w not in self._starting
+        ]
 
     def busy(self) -> bool:
-        return bool(self._busy)
+        """Whether a job runs or a helper is starting (:meth:`finished` has
+        something to wait for)."""
+        return bool(self._busy or self._starting)
 
     def running(self) -> dict[int, Hashable]:
         """The key of each busy worker's job."""
@@ -117,25 +179,40 @@ class Workers:
     def replace(self, w: int) -> None:
         """Stops worker ``w`` (abandoning its job, and the state it built)
         and forks a fresh one in its place."""
-        proc = self._procs[w]
-        if proc.is_alive():
-            proc.terminate()
-        proc.join()
+        _stop(self._procs[w])
         self._conns[w].close()
         self._busy.pop(w, None)
-        self._conns[w], self._procs[w] = self._fork()
+        self._starting.discard(w)
+        self._conns[w], self._procs[w] = self._start()
+        if self._fresh:
+            self._starting.add(w)
 
     def submit(self, w: int, key: Hashable, item: Any) -> None:
         if w in self._busy:
             raise WorkerError(f"worker {w} is still running {self._busy[w]!r}")
+        if w in self._starting:
+            raise WorkerError(f"helper {w} is still starting")
         self._conns[w].send(item)
         self._busy[w] = key
 
-    def finished(self) -> list[tuple[Hashable, Any]]:
-        """The results of the jobs that end next (at least one): blocks."""
-        if not self._busy:
+    def finished(self, timeout: float | None = None) -> list[tuple[Hashable, Any]]:
+        """The results of the jobs that end next (at least one, unless a
+        fresh helper said it is ready first): blocks, or with ``timeout``
+        waits at most that long (0: takes what has ended, maybe nothing)."""
+        if not self.busy():
+            if timeout is not None:
+                return []
             raise WorkerError("no job is running")
-        ready = wait([self._conns[w] for w in self._busy])
+        ready = wait([self._conns[w] for w in (*self._busy, *self._starting)], timeout)
+        for w in list(self._starting):
+            if self._conns[w] in ready:
+                try:
+                    said = self._conns[w].recv()
+                except (EOFError, OSError) as e:
+                    raise WorkerError(f"search helper {w} died starting") from e
+                if said != _READY:
+                    raise WorkerError(f"search helper {w} said {said!r} starting")
+                self._starting.discard(w)
         out = []
         for w in list(self._busy):
             conn = self._conns[w]
@@ -156,13 +233,13 @@ class Workers:
     def close(self) -> None:
         """Stops every worker (a job still running is abandoned)."""
         for proc in self._procs:
-            if proc.is_alive():
-                proc.terminate()
+            _stop(proc, wait=False)
         for proc in self._procs:
-            proc.join()
+            _stop(proc)
         for conn in self._conns:
             conn.close()
         self._busy.clear()
+        self._starting.clear()
 
     def __enter__(self) -> Workers:
         return self
@@ -199,3 +276,37 @@ def _serve(
         except (pickle.PicklingError, TypeError, AttributeError) as e:
             what = "".join(traceback.format_exception_only(e)).strip()
             conn.send((False, WorkerError(f"a search job's result: {what}")))
+
+
+def _stop(proc: Any, wait: bool = True) -> None:
+    """Terminates a forked worker (a ``multiprocessing`` process) or a fresh
+    helper (a ``subprocess.Popen``) if it runs, and with ``wait`` reaps it."""
+    if isinstance(proc, subprocess.Popen):
+        if proc.poll() is None:
+            proc.terminate()
+        if wait:
+            proc.wait()
+        return
+    if proc.is_alive():
+        proc.terminate()
+    if wait:
+        proc.join()
+
+
+def serve_fresh(fd: int) -> None:
+    """A fresh helper's main (see the module docstring): ``fd`` is its end of
+    the pipe.  It dies with the parent (Linux), or when the pipe closes."""
+    try:  # PR_SET_PDEATHSIG: SIGTERM when the parent dies, even mid-job
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        pass
+    conn = Connection(fd)
+    try:
+        job, make_state = conn.recv()  # unpickling imports the planner
+    except EOFError:
+        return
+    from layout_planner.ortools_import import load_cp_sat
+
+    load_cp_sat()  # before the first job, as a forked worker inherits it
+    conn.send(_READY)
+    _serve(conn, job, make_state, [])

@@ -311,6 +311,42 @@ def test_two_processes_give_the_same_plan_and_trials():
     assert fractions == sorted(fractions)
 
 
+def test_after_tensorflow_a_fresh_helper_gives_the_same_plan_and_trials():
+    # A program that lowers its plan has TensorFlow loaded: no fork there.
+    # The search starts a helper as a fresh interpreter and lays meshes out
+    # itself meanwhile; every trial is the one process's, to the last bit.
+    import dataclasses
+    import json
+
+    code = (
+        "import os\n"
+        "os.environ['TF_CPP_MIN_LOG_LEVEL'] = '2'\n"
+        "import tensorflow\n"
+        "from layout_planner import scale_workers\n"
+        "assert not scale_workers.fork_is_safe()\n"
+        "helped = []  # the helper's results, as the search takes them\n"
+        "_taken = scale_workers.Workers.finished\n"
+        "def _count(self, timeout=None):\n"
+        "    got = _taken(self, timeout)\n"
+        "    helped.extend(got)\n"
+        "    return got\n"
+        "scale_workers.Workers.finished = _count\n"
+        "CFG = "
+        + repr(json.dumps(dataclasses.asdict(CFG)))
+        + _TWO_PROCESSES
+        + "print(json.dumps({'helped': len(helped), 'one': out(one), "
+        "'two': out(two), 'seen': seen, 'wide_one': out(wide_one), "
+        "'wide_two': out(wide_two)}))\n"
+    )
+    got = _in_fresh_interpreter(code, timeout=600)
+    assert got["helped"] > 0
+    assert got["one"] == got["two"]
+    assert got["wide_one"] == got["wide_two"]
+    assert any("or less" in t[-1] for t in got["wide_one"][-1])
+    meshes = [p for p, _ in got["seen"] if p.startswith("mesh ")]
+    assert meshes and all(p.endswith("(on 2 processes)") for p in meshes)
+
+
 _CHECK_AHEAD = """
 import json, time
 from cost_models.pipeline import PipelineSpec
@@ -723,19 +759,27 @@ def test_an_idle_worker_checks_a_winner_whose_round_ends_there():
     ]
 
 
-def test_first_pass_stays_in_this_process_where_a_fork_is_unsafe(monkeypatch):
+def test_where_a_fork_is_unsafe_the_search_takes_fresh_helpers(monkeypatch):
+    import os
     import threading
 
-    from layout_planner.scale_workers import default_workers
+    from layout_planner.scale_workers import (
+        default_workers,
+        fork_is_safe,
+        fresh_helpers_possible,
+    )
 
+    cores = max(1, min(len(os.sched_getaffinity(0)), 8))
     monkeypatch.setitem(sys.modules, "tensorflow", object())
-    assert default_workers() == 1
+    assert not fork_is_safe() and fresh_helpers_possible()
+    assert default_workers() == cores
     monkeypatch.delitem(sys.modules, "tensorflow")
     stop = threading.Event()
     other = threading.Thread(target=stop.wait)
     other.start()
-    try:
-        assert default_workers() == 1  # another thread could hold a lock
+    try:  # another thread could hold a lock a fork would copy
+        assert not fork_is_safe() and fresh_helpers_possible()
+        assert default_workers() == cores
     finally:
         stop.set()
         other.join()

@@ -152,9 +152,11 @@ def test_no_workers_in_a_daemonic_process():
     got = _run(
         """
 import multiprocessing
-from layout_planner.scale_workers import fork_is_safe
+from layout_planner.scale_workers import (
+    default_workers, fork_is_safe, fresh_helpers_possible,
+)
 def child(q):
-    q.put(fork_is_safe())
+    q.put([fork_is_safe(), fresh_helpers_possible(), default_workers()])
 ctx = multiprocessing.get_context("fork")
 q = ctx.Queue()
 p = ctx.Process(target=child, args=(q,), daemon=True)
@@ -164,7 +166,7 @@ p.join()
 print(json.dumps([fork_is_safe(), inside]))
 """
     )
-    assert got == [True, False]
+    assert got == [True, [False, False, 1]]
 
 
 def test_a_worker_whose_parent_died_ends_quietly():
@@ -247,3 +249,65 @@ print(json.dumps({"first": first, "other": other, "before": before,
     ((key, (new, fresh_jobs, value)),) = got["fresh"]
     assert new != old and (key, fresh_jobs, value) == (0, 1, 6)  # a new state
     assert jobs == 1 and got["waited"] < 0.9  # not after the stuck job's second
+
+
+_FRESH = """
+import os, sys
+sys.path.insert(0, {tests!r})
+sys.modules["tensorflow"] = object()  # as if loaded: no fork
+from scale_worker_jobs import job, make_state
+"""
+
+
+def test_fresh_helpers_serve_where_a_fork_is_unsafe():
+    import os
+
+    tests = os.path.dirname(os.path.abspath(__file__))
+    got = _run(
+        _FRESH.format(tests=tests)
+        + """
+from layout_planner.scale_workers import default_workers, fork_is_safe
+with Workers(job, make_state, 2, fresh=True) as pool:
+    # Not idle until each has imported the planner and said so.
+    starting = [pool.idle(), pool.busy(), pool.finished(timeout=0.0)]
+    while pool.idle() != [0, 1]:
+        assert pool.finished() == []
+    pool.submit(0, "a", 1)
+    pool.submit(1, "b", 2)
+    firsts = []
+    while len(firsts) < 2:
+        firsts += pool.finished()
+    pool.submit(0, "m", "modules")
+    (modules,) = pool.finished()
+    pool.submit(0, "c", 3)
+    (again,) = pool.finished()
+    pool.submit(1, "x", "boom")
+    try:
+        pool.finished()
+        raised = None
+    except ValueError as e:
+        raised = str(e)
+    pool.replace(1)
+    after = pool.idle()
+    while 1 not in pool.idle():
+        pool.finished()
+    pool.submit(1, "d", 4)
+    (fresh,) = pool.finished()
+print(json.dumps({"starting": starting, "firsts": sorted(firsts),
+                  "modules": modules, "again": again, "raised": raised,
+                  "after": after, "fresh": fresh, "me": os.getpid(),
+                  "fork": fork_is_safe(), "default": default_workers()}))
+"""
+    )
+    assert got["starting"] == [[], True, []]
+    (ka, (pid_a, n_a, v_a)), (kb, (pid_b, n_b, v_b)) = got["firsts"]
+    assert (ka, n_a, v_a, kb, n_b, v_b) == ("a", 1, 2, "b", 1, 4)
+    assert len({pid_a, pid_b, got["me"]}) == 3
+    # Its own interpreter: no TensorFlow, OR-tools loaded before a job.
+    assert got["modules"] == ["m", [False, True]]
+    assert got["again"] == ["c", [pid_a, 3, 6]]  # state kept between jobs
+    assert "is not a number" in got["raised"]
+    assert got["after"] == [0]  # the replacement starts afresh
+    fresh_pid, jobs, value = got["fresh"][1]
+    assert fresh_pid not in (pid_a, pid_b) and (jobs, value) == (1, 8)
+    assert not got["fork"] and got["default"] > 1
