@@ -1,15 +1,17 @@
 """The scale search's planning time in a program that imported TensorFlow.
 
-A program that lowers its plan has TensorFlow loaded when it plans.  The
-search then runs in one process: forking workers beside TensorFlow's threads
-is not safe (``layout_planner.scale_workers.fork_is_safe``), so
-``plan_transformer`` lays every mesh out itself, and OR-tools is imported
-after TensorFlow (``RTLD_DEEPBIND``, docs/planner.md).  This plans each
-reference model of ``bench/scale.py`` in a fresh interpreter that imported
-TensorFlow first (its import not timed), and, in turn, in one that did not
-(the setting of ``bench/scale.py``, workers forked), and prints both: the
-first is what such a program lives through.  ``--write`` puts the table in
-docs/benchmarks.md, section ``scale-after-tf``.
+A program that lowers its plan has TensorFlow loaded when it plans.  Forking
+workers beside TensorFlow's threads is not safe
+(``layout_planner.scale_workers.fork_is_safe``), so there the search starts
+a helper as a fresh interpreter and lays meshes out itself meanwhile; and
+OR-tools is imported after TensorFlow (``RTLD_DEEPBIND``, docs/planner.md).
+This plans each reference model of ``bench/scale.py`` in a fresh
+interpreter that imported TensorFlow first (its import not timed): with
+``plan_transformer``'s defaults (what such a program lives through), and
+with ``workers=1`` (all in this process, as before the helper); and, in
+turn, in one that did not import it (the setting of ``bench/scale.py``,
+workers forked).  ``--write`` puts the table in docs/benchmarks.md, section
+``scale-after-tf``.
 
     .venv/bin/python bench/scale_after_tf.py [--runs 3] [--only gpt3,...] [--write]
 """
@@ -17,6 +19,7 @@ docs/benchmarks.md, section ``scale-after-tf``.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -33,22 +36,33 @@ from bench.common import (  # noqa: E402
 )
 from bench.scale import selected  # noqa: E402
 
-# Run in a fresh interpreter; argv: root, case key, "tf" or "".
+_SETTINGS = {
+    "tf": "after TensorFlow",
+    "tf1": "after TensorFlow, one process",
+    "": "without TensorFlow",
+}
+
+# Run in a fresh interpreter; argv: root, case key, "tf", "tf1" (one
+# process) or "" (no TensorFlow).
 _CHILD = """
 import json, os, sys, time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, sys.argv[1])
-if sys.argv[3] == "tf":
+if sys.argv[3] in ("tf", "tf1"):
     import tensorflow  # what the program did before it planned
 from bench.scale import CASES
 from layout_planner.choices import plan_transformer
 from layout_planner.scale_workers import default_workers
 case = next(c for c in CASES if c.key == sys.argv[2])
 start = time.perf_counter()
+workers = 1 if sys.argv[3] == "tf1" else None
 plan = plan_transformer(case.config, case.devices, case.hardware,
-                        encoder_decoder=case.encoder_decoder)
+                        encoder_decoder=case.encoder_decoder, workers=workers)
+trials = [[str(t.choice), t.step_time_s, t.fits, t.note] for t in plan.trials]
 print(json.dumps({"seconds": time.perf_counter() - start,
-                  "workers": default_workers(), "step": plan.step_time_s}))
+                  "workers": workers or default_workers(),
+                  "plan": [str(plan.choice), plan.layout_rules, plan.step_time_s],
+                  "trials": trials}))
 """
 
 
@@ -67,46 +81,53 @@ def main() -> None:
     got: dict[tuple[str, str], list[dict[str, float]]] = {}
     for run in range(args.runs):
         for case in cases:
-            for setting in ("tf", ""):
+            for setting in _SETTINGS:
                 r = child_json(
                     _CHILD, [str(ROOT), case.key, setting], f"{case.key} {setting}"
                 )
                 got.setdefault((case.key, setting), []).append(r)
                 print(
-                    f"run {run + 1}/{args.runs} {case.key} "
-                    f"{'after TensorFlow' if setting else 'without'}: "
+                    f"run {run + 1}/{args.runs} {case.key} {_SETTINGS[setting]}: "
                     f"{r['seconds']:.2f} s on {r['workers']} process(es)",
                     flush=True,
                 )
-    headers = [
-        "model", "after TensorFlow: median s", "processes", "all runs",
-        "without TensorFlow: median s", "processes", "all runs", "ratio",
-        "same plan",
-    ]  # fmt: skip
+    headers = ["model"]
+    for name in _SETTINGS.values():
+        headers += [f"{name}: median s", "processes", "all runs"]
+    headers += ["helper / one process", "same plan and trials"]
     rows = []
     for case in cases:
-        tf_runs, plain = got[(case.key, "tf")], got[(case.key, "")]
-        a, b = (statistics.median(r["seconds"] for r in rs) for rs in (tf_runs, plain))
-        steps = {r["step"] for r in tf_runs + plain}
-        rows.append(
-            [
-                case.title, f"{a:.2f}", str(tf_runs[0]["workers"]),
-                ", ".join(f"{r['seconds']:.2f}" for r in tf_runs), f"{b:.2f}",
-                str(plain[0]["workers"]),
-                ", ".join(f"{r['seconds']:.2f}" for r in plain), f"{a / b:.2f}",
-                "yes" if len(steps) == 1 else "NO",
-            ]
-        )  # fmt: skip
+        row = [case.title]
+        medians = {}
+        for setting in _SETTINGS:
+            rs = got[(case.key, setting)]
+            medians[setting] = statistics.median(r["seconds"] for r in rs)
+            row += [
+                f"{medians[setting]:.2f}", str(rs[0]["workers"]),
+                ", ".join(f"{r['seconds']:.2f}" for r in rs),
+            ]  # fmt: skip
+        answers = {
+            json.dumps([r["plan"], r["trials"]])
+            for setting in _SETTINGS
+            for r in got[(case.key, setting)]
+        }
+        row += [
+            f"{medians['tf'] / medians['tf1']:.2f}",
+            "yes" if len(answers) == 1 else "NO",
+        ]
+        rows.append(row)
     body = (
         "## Scale search: planning time after TensorFlow\n\n"
         f"Command: `{command_line()}` ({machine}).  Each plan in a fresh "
-        "interpreter, `plan_transformer` with its defaults; *after "
-        "TensorFlow*: the interpreter imported TensorFlow first (not timed), "
-        "as a program that lowers its plan has, so the search runs in one "
-        "process and OR-tools' import (after TensorFlow) is in the time; "
-        "*without*: the setting of `bench/scale.py` (workers forked; OR-tools "
-        "imported by the planner, in the time too).  The two settings in "
-        "turn.\n\n" + markdown_table(headers, rows) + "\n"
+        "interpreter.  *After TensorFlow*: the interpreter imported "
+        "TensorFlow first (not timed), as a program that lowers its plan has; "
+        "`plan_transformer`'s defaults, so a helper started as a fresh "
+        "interpreter beside this process; *after TensorFlow, one process*: "
+        "`workers=1`, as the search ran there before the helper; *without*: "
+        "the setting of `bench/scale.py` (workers forked).  OR-tools' import "
+        "is in every time.  The settings in turn.\n\n"
+        + markdown_table(headers, rows)
+        + "\n"
     )
     print(body)
     if args.write:
