@@ -254,9 +254,9 @@ class Ahead(Source):
         finished, gives the idle ones work ahead, then runs ``needed`` here
         if no helper has it, else, while a helper runs it, what
         :meth:`_next` picks for this process (not a check, and not a joint
-        program while fewer micro-batches are pending).  False if there is nothing to run here
-        (then the caller waits for the helpers); True when ``needed`` may
-        be done."""
+        program while fewer micro-batches are pending).  False if there is
+        nothing to run here (then the caller waits for the helpers); True
+        when ``needed`` may be done."""
         assert self.local is not None
         for key, got in self._pool.finished(timeout=0.0):
             self._record(key, got)

@@ -178,7 +178,8 @@ class Workers:
 
     def replace(self, w: int) -> None:
         """Stops worker ``w`` (abandoning its job, and the state it built)
-        and forks a fresh one in its place."""
+        and starts a new one in its place (forked, or a fresh interpreter
+        that is not idle until it is ready)."""
         _stop(self._procs[w])
         self._conns[w].close()
         self._busy.pop(w, None)
