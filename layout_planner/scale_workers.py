@@ -95,7 +95,8 @@ class Workers:
     raised again here.  Forked, ``job`` and ``make_state`` may be closures:
     the children inherit them at the fork, and only items and results are
     pickled.  Fresh interpreters are sent them pickled, and are not idle
-    until they say they are ready (:meth:`finished` returns then too)."""
+    until they say they are ready (:meth:`finished` returns then too); one
+    that dies before is :attr:`lost`, never idle (its work is the caller's)."""
 
     def __init__(
         self,
@@ -113,8 +114,11 @@ class Workers:
         self._conns: list[Connection] = []
         self._procs: list[Any] = []
         self._busy: dict[int, Hashable] = {}
-        #: Fresh helpers not ready yet.
+        #: Fresh helpers not ready yet, and those that died starting (an
+        #: interpreter that cannot import the planner: the search goes on
+        #: without them).
         self._starting: set[int] = set()
+        self.lost: set[int] = set()
         for w in range(count):
             conn, proc = self._start()
             self._conns.append(conn)
@@ -139,7 +143,10 @@ class Workers:
             [sys.executable, "-c", code], pass_fds=(fd,), stdin=subprocess.DEVNULL
         )
         theirs.close()
-        mine.send((self._job, self._make_state))
+        try:
+            mine.send((self._job, self._make_state))
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # it died at once: lost when it does not say it is ready
         return mine, proc
 
     def _fork(self) -> tuple[Connection, Any]:
@@ -164,7 +171,7 @@ class Workers:
         return [
             w
             for w in range(self.count)
-            if w not in self._busy and w not in self._starting
+            if w not in self._busy and w not in self._starting and w not in self.lost
         ]
 
     def busy(self) -> bool:
@@ -184,6 +191,7 @@ class Workers:
         self._conns[w].close()
         self._busy.pop(w, None)
         self._starting.discard(w)
+        self.lost.discard(w)
         self._conns[w], self._procs[w] = self._start()
         if self._fresh:
             self._starting.add(w)
@@ -207,13 +215,13 @@ class Workers:
         ready = wait([self._conns[w] for w in (*self._busy, *self._starting)], timeout)
         for w in list(self._starting):
             if self._conns[w] in ready:
+                self._starting.discard(w)
                 try:
                     said = self._conns[w].recv()
-                except (EOFError, OSError) as e:
-                    raise WorkerError(f"search helper {w} died starting") from e
+                except (EOFError, OSError):
+                    said = None  # it died: its traceback is on stderr
                 if said != _READY:
-                    raise WorkerError(f"search helper {w} said {said!r} starting")
-                self._starting.discard(w)
+                    self.lost.add(w)
         out = []
         for w in list(self._busy):
             conn = self._conns[w]

@@ -311,3 +311,38 @@ print(json.dumps({"starting": starting, "firsts": sorted(firsts),
     fresh_pid, jobs, value = got["fresh"][1]
     assert fresh_pid not in (pid_a, pid_b) and (jobs, value) == (1, 8)
     assert not got["fork"] and got["default"] > 1
+
+
+def test_a_helper_that_cannot_start_is_lost_and_the_search_goes_on_without_it():
+    import os
+
+    tests = os.path.dirname(os.path.abspath(__file__))
+    got = _run(
+        _FRESH.format(tests=tests)
+        + """
+def unknown(state, item):  # __main__'s: a helper cannot unpickle it
+    return item
+with Workers(unknown, make_state, 1, fresh=True) as pool:
+    while pool.busy():
+        assert pool.finished() == []
+    lost = [sorted(pool.lost), pool.idle(), pool.finished(timeout=0.0)]
+# A search whose helper cannot even start plans in this process alone.
+from layout_planner.choices import plan_transformer
+from mtf_core.models import TransformerConfig
+cfg = TransformerConfig(num_layers=4, d_model=64, heads=4, d_kv=16, d_ff=256,
+                        vocab=128, length=32, batch=16)
+alone = plan_transformer(cfg, 8, "h100-nvlink-ib", workers=1)
+sys.executable = "/bin/false"
+seen = []
+helped = plan_transformer(cfg, 8, "h100-nvlink-ib", workers=2,
+                          progress=lambda p, f: seen.append(p))
+def out(plan):
+    return [str(plan.choice), plan.layout_rules, plan.step_time_s,
+            [(str(t.choice), t.step_time_s, t.fits, t.note) for t in plan.trials]]
+print(json.dumps({"lost": lost, "alone": out(alone), "helped": out(helped),
+                  "seen": [p for p in seen if p.startswith("mesh ")][:1]}))
+"""
+    )
+    assert got["lost"] == [[0], [], []]
+    assert got["helped"] == got["alone"]
+    assert got["seen"][0].endswith("(on 2 processes)")  # the helper was asked
