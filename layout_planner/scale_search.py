@@ -310,30 +310,21 @@ def search(
     new_stages, mesh_options, fewer = jobs.new_stages, jobs.mesh_options, jobs.fewer
 
     source: Source
-    if workers > 1 and len(meshes) > 1 and fork_is_safe():
+    many = workers > 1 and len(meshes) > 1
+    forked = many and fork_is_safe()
+    if forked or (many and fresh_helpers_possible()):
+        # Where no fork is safe (TensorFlow's threads), helpers start as
+        # fresh interpreters and this process lays meshes out meanwhile.
         source = Ahead(
             meshes,
             jobs.run,
             new_stages,
-            workers,
+            workers if forked else workers - 1,
             check_ahead=verify,
             incumbent_s=incumbent_s,
             joint_programs=joint_programs,
             fewer=fewer if fewer_micro_batches else None,
-        )
-    elif workers > 1 and len(meshes) > 1 and fresh_helpers_possible():
-        # No fork beside TensorFlow's threads: helpers start as fresh
-        # interpreters, and this process lays meshes out meanwhile.
-        source = Ahead(
-            meshes,
-            jobs.run,
-            new_stages,
-            workers - 1,
-            check_ahead=verify,
-            incumbent_s=incumbent_s,
-            joint_programs=joint_programs,
-            fewer=fewer if fewer_micro_batches else None,
-            local=new_stages(),
+            local=None if forked else new_stages(),
         )
     else:
         source = InProcess(meshes, jobs.run, new_stages())
@@ -388,12 +379,7 @@ def search(
     if verify:
         # Where the search ran in this process, its graphs (a stage of up to
         # 4 layers is one of them) are reused.
-        if isinstance(source, InProcess):
-            on = source.stages
-        elif isinstance(source, Ahead) and source.local is not None:
-            on = source.local
-        else:
-            on = new_stages()
+        on = source.stages if source.stages is not None else new_stages()
         if checked is None:
             checked = _full_evaluation(on, choice, plan.layout_rules, hw)
         plan, priced = _verified(

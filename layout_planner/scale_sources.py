@@ -96,6 +96,9 @@ class Source:
     (the search's, then each one :meth:`add` brings)."""
 
     suffix = ""
+    #: This process's own stages, where it lays meshes out itself (the
+    #: winner's check reuses their graphs); None where only workers do.
+    stages: Stages | None = None
 
     def __init__(self, meshes: Sequence[Mesh]) -> None:
         self.meshes = list(meshes)
@@ -152,6 +155,8 @@ class Source:
 class InProcess(Source):
     """Each result computed when asked, in this process."""
 
+    stages: Stages
+
     def __init__(self, meshes: Sequence[Mesh], run: Run, stages: Stages) -> None:
         super().__init__(meshes)
         self._run = run
@@ -204,9 +209,9 @@ class Ahead(Source):
         self._incumbent_s = incumbent_s
         self._joint_programs = joint_programs
         self._run = run
-        #: This process's own stages where it lays meshes out too, beside
-        #: helpers started as fresh interpreters (``workers`` of them).
-        self.local = local
+        # ``local``: where this process lays meshes out too, beside
+        # helpers started as fresh interpreters (``workers`` of them).
+        self.stages = local
         count = min(workers, len(meshes) - (local is not None))
         self._pool = Workers(run, new_stages, count, fresh=local is not None)
         self.suffix = f" (on {self._pool.count + (local is not None)} processes)"
@@ -235,7 +240,7 @@ class Ahead(Source):
     def _result(self, task: tuple[str, Any], limit_s: float, bound_s: float) -> Result:
         while True:
             while task not in self._done:
-                if self.local is not None and self._here(task, limit_s, bound_s):
+                if self.stages is not None and self._here(task, limit_s, bound_s):
                     continue
                 self._feed(task, limit_s, bound_s)
                 for key, got in self._pool.finished():
@@ -257,7 +262,7 @@ class Ahead(Source):
         program while fewer micro-batches are pending).  False if there is
         nothing to run here (then the caller waits for the helpers); True
         when ``needed`` may be done."""
-        assert self.local is not None
+        assert self.stages is not None
         for key, got in self._pool.finished(timeout=0.0):
             self._record(key, got)
         if needed in self._done:  # a helper's, just taken
@@ -280,7 +285,7 @@ class Ahead(Source):
         if task[0] != "check":
             self._laid[self._me].add(self.meshes[task[1]].sizes)
         self._feed(needed, limit_s, bound_s)  # the helpers' work ahead
-        self._record(task, self._run(self.local, self._item(task, limit, bound)))
+        self._record(task, self._run(self.stages, self._item(task, limit, bound)))
         return True
 
     def _fewer_pending(self) -> bool:
@@ -297,7 +302,7 @@ class Ahead(Source):
         passes wait for it: a fresh worker runs what they need sooner.  A
         helper started as a fresh interpreter is left to finish (starting
         another takes longer than most jobs)."""
-        if self.local is not None:
+        if self.stages is not None:
             return
         best = self._best_step()
         bounds = dict((i, b) for b, i in self._joint_bounds())
