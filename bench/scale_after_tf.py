@@ -1,17 +1,17 @@
 """The scale search's planning time in a program that imported TensorFlow.
 
-A program that lowers its plan has TensorFlow loaded when it plans.  Forking
-workers beside TensorFlow's threads is not safe
-(``layout_planner.scale_workers.fork_is_safe``), so there the search starts
-a helper as a fresh interpreter and lays meshes out itself meanwhile; and
-OR-tools is imported after TensorFlow (``RTLD_DEEPBIND``, docs/planner.md).
-This plans each reference model of ``bench/scale.py`` in a fresh
-interpreter that imported TensorFlow first (its import not timed): with
-``plan_transformer``'s defaults (what such a program lives through), and
-with ``workers=1`` (all in this process, as before the helper); and, in
-turn, in one that did not import it (the setting of ``bench/scale.py``,
-workers forked).  ``--write`` puts the table in docs/benchmarks.md, section
-``scale-after-tf``.
+A program that lowers its plan has TensorFlow loaded when it plans.  Imported
+only, TensorFlow runs no thread of its own, and the search forks its workers
+as without it; once TensorFlow has run an op its thread pools exist, forking
+beside them is not safe (``layout_planner.scale_workers.fork_is_safe``), and
+the search starts a helper as a fresh interpreter and lays meshes out itself
+meanwhile.  OR-tools is imported after TensorFlow (``RTLD_DEEPBIND``,
+docs/planner.md).  This plans each reference model of ``bench/scale.py`` in
+a fresh interpreter that imported TensorFlow first (not timed): with
+``plan_transformer``'s defaults; after one TensorFlow op, with the defaults
+(the helper) and with ``workers=1`` (all in this process, the helper's
+peer); and in one that did not import it (the setting of ``bench/scale.py``).
+``--write`` puts the table in docs/benchmarks.md, section ``scale-after-tf``.
 
     .venv/bin/python bench/scale_after_tf.py [--runs 3] [--only gpt3,...] [--write]
 """
@@ -37,30 +37,37 @@ from bench.common import (  # noqa: E402
 from bench.scale import selected  # noqa: E402
 
 _SETTINGS = {
-    "tf": "after TensorFlow",
-    "tf1": "after TensorFlow, one process",
+    "tf": "TensorFlow imported",
+    "ran": "TensorFlow ran an op",
+    "ran1": "ran an op, one process",
     "": "without TensorFlow",
 }
 
-# Run in a fresh interpreter; argv: root, case key, "tf", "tf1" (one
-# process) or "" (no TensorFlow).
+# Run in a fresh interpreter; argv: root, case key, setting (a key of
+# _SETTINGS).
 _CHILD = """
 import json, os, sys, time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, sys.argv[1])
-if sys.argv[3] in ("tf", "tf1"):
+setting = sys.argv[3]
+if setting:
     import tensorflow  # what the program did before it planned
+    if setting.startswith("ran"):
+        tensorflow.constant(1.0) + 1  # its runtime starts
 from bench.scale import CASES
 from layout_planner.choices import plan_transformer
-from layout_planner.scale_workers import default_workers
+from layout_planner.scale_workers import default_workers, fork_is_safe
 case = next(c for c in CASES if c.key == sys.argv[2])
 start = time.perf_counter()
-workers = 1 if sys.argv[3] == "tf1" else None
+workers = 1 if setting == "ran1" else None
 plan = plan_transformer(case.config, case.devices, case.hardware,
                         encoder_decoder=case.encoder_decoder, workers=workers)
+seconds = time.perf_counter() - start
+workers = workers or default_workers()
+how = ("one process" if workers == 1
+       else f"{workers}, forked" if fork_is_safe() else f"{workers}, helper")
 trials = [[str(t.choice), t.step_time_s, t.fits, t.note] for t in plan.trials]
-print(json.dumps({"seconds": time.perf_counter() - start,
-                  "workers": workers or default_workers(),
+print(json.dumps({"seconds": seconds, "how": how,
                   "plan": [str(plan.choice), plan.layout_rules, plan.step_time_s],
                   "trials": trials}))
 """
@@ -88,7 +95,7 @@ def main() -> None:
                 got.setdefault((case.key, setting), []).append(r)
                 print(
                     f"run {run + 1}/{args.runs} {case.key} {_SETTINGS[setting]}: "
-                    f"{r['seconds']:.2f} s on {r['workers']} process(es)",
+                    f"{r['seconds']:.2f} s ({r['how']})",
                     flush=True,
                 )
     headers = ["model"]
@@ -103,7 +110,7 @@ def main() -> None:
             rs = got[(case.key, setting)]
             medians[setting] = statistics.median(r["seconds"] for r in rs)
             row += [
-                f"{medians[setting]:.2f}", str(rs[0]["workers"]),
+                f"{medians[setting]:.2f}", rs[0]["how"],
                 ", ".join(f"{r['seconds']:.2f}" for r in rs),
             ]  # fmt: skip
         answers = {
@@ -112,20 +119,23 @@ def main() -> None:
             for r in got[(case.key, setting)]
         }
         row += [
-            f"{medians['tf'] / medians['tf1']:.2f}",
+            f"{medians['ran'] / medians['ran1']:.2f}",
             "yes" if len(answers) == 1 else "NO",
         ]
         rows.append(row)
     body = (
         "## Scale search: planning time after TensorFlow\n\n"
         f"Command: `{command_line()}` ({machine}).  Each plan in a fresh "
-        "interpreter.  *After TensorFlow*: the interpreter imported "
-        "TensorFlow first (not timed), as a program that lowers its plan has; "
-        "`plan_transformer`'s defaults, so a helper started as a fresh "
-        "interpreter beside this process; *after TensorFlow, one process*: "
-        "`workers=1`, as the search ran there before the helper; *without*: "
-        "the setting of `bench/scale.py` (workers forked).  OR-tools' import "
-        "is in every time.  The settings in turn.\n\n"
+        "interpreter; in the first three settings it imported TensorFlow "
+        "first (not timed), as a program that lowers its plan has.  "
+        "*TensorFlow imported*: `plan_transformer`'s "
+        "defaults (TensorFlow runs no thread of its own yet: the workers are "
+        "forked); *TensorFlow ran an op* (`tf.constant(1.0) + 1`, its thread "
+        "pools started): the defaults, so a helper started as a fresh "
+        "interpreter beside this process, and `workers=1` (*one process*); "
+        "*without*: an interpreter that did not import TensorFlow, the setting "
+        "of `bench/scale.py`.  OR-tools' import is in every time.  The settings "
+        "in turn.\n\n"
         + markdown_table(headers, rows)
         + "\n"
     )

@@ -6,16 +6,17 @@ size.  :class:`Workers` forks processes that each build their own such state
 once and run job after job on it, so the parent can send the meshes of one
 micro-batch size to the process that already holds its graphs.
 
-Forking is safe only in a process that has not loaded TensorFlow (whose
-threads a fork would copy half-held, and beside which CP-SAT runs in a
-solver process whose pipe the children would share), solves in this process,
-runs no other thread and is not itself a daemonic worker
-(:func:`fork_is_safe`).  Elsewhere (a program that lowers its plan has
-TensorFlow loaded) ``Workers(..., fresh=True)`` starts each helper as a
-fresh interpreter (``python -c``, not ``multiprocessing``'s spawn, which
-would run the program's main module again): it imports the planner (about
-half a second), is sent the job and the state maker pickled, says it is
-ready, and serves as a forked worker does (:func:`fresh_helpers_possible`).
+Forking is safe only in a process whose TensorFlow, if loaded, has not
+started its runtime (:func:`tensorflow_running`: its thread pools, which a
+fork would copy half-held; importing TensorFlow starts none), that solves in
+this process (beside a solver process the children would share its pipe),
+runs no other Python thread and is not itself a daemonic worker
+(:func:`fork_is_safe`).  Elsewhere (a program that ran TensorFlow before it
+planned) ``Workers(..., fresh=True)`` starts each helper as a fresh
+interpreter (``python -c``, not ``multiprocessing``'s spawn, which would run
+the program's main module again): it imports the planner (about half a
+second), is sent the job and the state maker pickled, says it is ready, and
+serves as a forked worker does (:func:`fresh_helpers_possible`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ __all__ = [
     "default_workers",
     "fork_is_safe",
     "fresh_helpers_possible",
+    "tensorflow_running",
 ]
 
 #: What a fresh helper sends once it has imported the planner.
@@ -59,10 +61,41 @@ def fork_is_safe() -> bool:
         "fork" in multiprocessing.get_all_start_methods()
         # A daemonic process (a pool's worker) may not have children.
         and not multiprocessing.current_process().daemon
-        and "tensorflow" not in sys.modules
+        and not tensorflow_running()
         and threading.active_count() == 1
         and solver_process.solver_location() == "inprocess"
     )
+
+
+def tensorflow_running() -> bool:
+    """Whether TensorFlow's runtime has started in this process.
+
+    ``import tensorflow`` starts no thread of TensorFlow's own (2.21: the
+    only other threads are OpenBLAS's idle servers, numpy's and scipy's, as
+    numpy alone leaves, and whose fork handlers park them).  The first op,
+    ``tf.function`` call, session or logical-device listing initializes its
+    eager context or starts its thread pools (``tf_Compute``,
+    ``tf_graph_runner``, ...).  Where this process's threads cannot be
+    listed (no ``/proc``), a loaded TensorFlow counts as running."""
+    if "tensorflow" not in sys.modules:
+        return False
+    eager = sys.modules.get("tensorflow.python.eager.context")
+    context = getattr(eager, "context_safe", lambda: None)()
+    if context is not None and getattr(context, "_initialized", True):
+        return True
+    try:
+        threads = os.listdir("/proc/self/task")
+    except OSError:
+        return True
+    for thread in threads:
+        try:
+            with open(f"/proc/self/task/{thread}/comm") as f:
+                name = f.read()
+        except OSError:  # it ended meanwhile
+            continue
+        if name.startswith("tf_"):
+            return True
+    return False
 
 
 def fresh_helpers_possible() -> bool:

@@ -311,19 +311,29 @@ def test_two_processes_give_the_same_plan_and_trials():
     assert fractions == sorted(fractions)
 
 
-def test_after_tensorflow_a_fresh_helper_gives_the_same_plan_and_trials():
-    # A program that lowers its plan has TensorFlow loaded: no fork there.
-    # The search starts a helper as a fresh interpreter and lays meshes out
-    # itself meanwhile; every trial is the one process's, to the last bit.
+def test_after_tensorflow_the_search_forks_until_its_runtime_starts_then_takes_a_fresh_helper():
+    # A program that lowers its plan has TensorFlow loaded.  Imported only,
+    # TensorFlow runs no thread of its own: the search forks its workers.
+    # Once it has run an op its thread pools exist: no fork; the search
+    # starts a helper as a fresh interpreter and lays meshes out itself
+    # meanwhile.  Every trial is the one process's, to the last bit.
     import dataclasses
     import json
 
     code = (
         "import os\n"
         "os.environ['TF_CPP_MIN_LOG_LEVEL'] = '2'\n"
+        "import json\n"
         "import tensorflow\n"
         "from layout_planner import scale_workers\n"
-        "assert not scale_workers.fork_is_safe()\n"
+        "from layout_planner.choices import plan_transformer\n"
+        "from mtf_core.models import TransformerConfig\n"
+        "made = []  # fresh (True) or forked (False), per Workers\n"
+        "_make = scale_workers.Workers.__init__\n"
+        "def _record(self, job, make_state, count, fresh=False):\n"
+        "    made.append(fresh)\n"
+        "    _make(self, job, make_state, count, fresh)\n"
+        "scale_workers.Workers.__init__ = _record\n"
         "helped = []  # the helper's results, as the search takes them\n"
         "_taken = scale_workers.Workers.finished\n"
         "def _count(self, timeout=None):\n"
@@ -333,12 +343,26 @@ def test_after_tensorflow_a_fresh_helper_gives_the_same_plan_and_trials():
         "scale_workers.Workers.finished = _count\n"
         "CFG = "
         + repr(json.dumps(dataclasses.asdict(CFG)))
+        + "\n"
+        "imported = [scale_workers.tensorflow_running(), scale_workers.fork_is_safe()]\n"
+        "forked = plan_transformer(TransformerConfig(**json.loads(CFG)), 8, workers=2,\n"
+        "    hardware='h100-nvlink-ib', memory_limit=30 * 2**20, time_limit_s=30.0)\n"
+        "forked_made, made[:], helped[:] = list(made), [], []\n"
+        "tensorflow.constant(1.0) + 1  # its runtime starts\n"
+        "ran = [scale_workers.tensorflow_running(), scale_workers.fork_is_safe()]\n"
         + _TWO_PROCESSES
-        + "print(json.dumps({'helped': len(helped), 'one': out(one), "
+        + "print(json.dumps({'imported': imported, 'ran': ran, "
+        "'forked_made': forked_made, 'made': made, 'forked': out(forked), "
+        "'helped': len(helped), 'one': out(one), "
         "'two': out(two), 'seen': seen, 'wide_one': out(wide_one), "
         "'wide_two': out(wide_two)}))\n"
     )
     got = _in_fresh_interpreter(code, timeout=600)
+    assert got["imported"] == [False, True]  # not running: a fork is safe
+    assert got["forked_made"] == [False]
+    assert got["forked"] == got["one"]
+    assert got["ran"] == [True, False]
+    assert got["made"] and all(got["made"])  # fresh helpers only
     assert got["helped"] > 0
     assert got["one"] == got["two"]
     assert got["wide_one"] == got["wide_two"]
@@ -771,11 +795,13 @@ def test_where_a_fork_is_unsafe_the_search_takes_fresh_helpers(monkeypatch):
         fresh_helpers_possible,
     )
 
+    from layout_planner import scale_workers
+
     cores = max(1, min(len(os.sched_getaffinity(0)), 8))
-    monkeypatch.setitem(sys.modules, "tensorflow", object())
-    assert not fork_is_safe() and fresh_helpers_possible()
-    assert default_workers() == cores
-    monkeypatch.delitem(sys.modules, "tensorflow")
+    with monkeypatch.context() as patched:  # TensorFlow's thread pools run
+        patched.setattr(scale_workers, "tensorflow_running", lambda: True)
+        assert not fork_is_safe() and fresh_helpers_possible()
+        assert default_workers() == cores
     stop = threading.Event()
     other = threading.Thread(target=stop.wait)
     other.start()

@@ -136,8 +136,8 @@ print(json.dumps(errors))
 def test_no_workers_where_a_fork_is_unsafe():
     got = _run(
         """
-import sys
-sys.modules["tensorflow"] = object()
+from layout_planner import scale_workers
+scale_workers.tensorflow_running = lambda: True  # its thread pools run
 try:
     Workers(job, make_state, 2)
     print(json.dumps("forked"))
@@ -146,6 +146,29 @@ except WorkerError as e:
 """
     )
     assert got == "this process cannot fork workers safely"
+
+
+def test_tensorflow_runs_once_its_thread_pools_start_not_when_imported():
+    # The setup of a program that lowers on logical CPUs (list the CPU, split
+    # it) starts nothing; a graph's first op starts its thread pools.
+    got = _run(
+        """
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+from layout_planner.scale_workers import tensorflow_running
+seen = [tensorflow_running()]
+import tensorflow as tf
+seen.append(tensorflow_running())
+cpu = tf.config.list_physical_devices("CPU")
+tf.config.set_logical_device_configuration(
+    cpu[0], [tf.config.LogicalDeviceConfiguration()] * 8)
+seen.append(tensorflow_running())
+with tf.Graph().as_default():
+    tf.constant(1.0)
+seen.append(tensorflow_running())
+print(json.dumps(seen))
+"""
+    )
+    assert got == [False, False, False, True]
 
 
 def test_no_workers_in_a_daemonic_process():
@@ -254,7 +277,8 @@ print(json.dumps({"first": first, "other": other, "before": before,
 _FRESH = """
 import os, sys
 sys.path.insert(0, {tests!r})
-sys.modules["tensorflow"] = object()  # as if loaded: no fork
+from layout_planner import scale_workers
+scale_workers.tensorflow_running = lambda: True  # its thread pools run: no fork
 from scale_worker_jobs import job, make_state
 """
 
