@@ -135,9 +135,7 @@ def main() -> None:
         "interpreter beside this process, and `workers=1` (*one process*); "
         "*without*: an interpreter that did not import TensorFlow, the setting "
         "of `bench/scale.py`.  OR-tools' import is in every time.  The settings "
-        "in turn.\n\n"
-        + markdown_table(headers, rows)
-        + "\n"
+        "in turn.\n\n" + markdown_table(headers, rows) + "\n"
     )
     print(body)
     if args.write:

@@ -341,9 +341,7 @@ def test_after_tensorflow_the_search_forks_until_its_runtime_starts_then_takes_a
         "    helped.extend(got)\n"
         "    return got\n"
         "scale_workers.Workers.finished = _count\n"
-        "CFG = "
-        + repr(json.dumps(dataclasses.asdict(CFG)))
-        + "\n"
+        "CFG = " + repr(json.dumps(dataclasses.asdict(CFG))) + "\n"
         "imported = [scale_workers.tensorflow_running(), scale_workers.fork_is_safe()]\n"
         "forked = plan_transformer(TransformerConfig(**json.loads(CFG)), 8, workers=2,\n"
         "    hardware='h100-nvlink-ib', memory_limit=30 * 2**20, time_limit_s=30.0)\n"
@@ -789,13 +787,12 @@ def test_where_a_fork_is_unsafe_the_search_takes_fresh_helpers(monkeypatch):
     import os
     import threading
 
+    from layout_planner import scale_workers
     from layout_planner.scale_workers import (
         default_workers,
         fork_is_safe,
         fresh_helpers_possible,
     )
-
-    from layout_planner import scale_workers
 
     cores = max(1, min(len(os.sched_getaffinity(0)), 8))
     with monkeypatch.context() as patched:  # TensorFlow's thread pools run
