@@ -58,8 +58,8 @@ def _same_plan(fast, slow):
 
 def _in_fresh_interpreter(code: str, timeout: float = 300) -> dict:
     """The JSON that ``code`` prints last, run in a fresh interpreter:
-    forking workers needs a process without TensorFlow, which a test worker
-    may have loaded."""
+    forking workers needs a process whose TensorFlow has not run, and a
+    test worker may have run it."""
     import json
     import subprocess
 

@@ -71,8 +71,8 @@ def test_one_process_two_processes_and_exhaustive_give_one_plan(kind):
     cfg, ed, devices, hw, limit = CASES[kind]
     kw = dict(encoder_decoder=ed, memory_limit=limit, time_limit_s=30.0)
     one = plan_transformer(cfg, devices, hw, workers=1, **kw)
-    # Forking needs a process without TensorFlow, which a test worker may
-    # have loaded: the two processes plan in a fresh interpreter.
+    # Forking needs a process whose TensorFlow has not run, and a test
+    # worker may have run it: the two processes plan in a fresh interpreter.
     code = (
         f"CFG = {json.dumps(json.dumps(dataclasses.asdict(cfg)))}\n"
         f"DEVICES, HW, ED, LIMIT, WORKERS = {devices}, {hw!r}, {ed}, {limit}, 2\n"
