@@ -22,6 +22,7 @@ serves as a forked worker does (:func:`fresh_helpers_possible`).
 from __future__ import annotations
 
 import ctypes
+import gc
 import multiprocessing
 import os
 import pickle
@@ -72,17 +73,13 @@ def tensorflow_running() -> bool:
 
     ``import tensorflow`` starts no thread of TensorFlow's own (2.21: the
     only other threads are OpenBLAS's idle servers, numpy's and scipy's, as
-    numpy alone leaves, and whose fork handlers park them).  The first op,
-    ``tf.function`` call, session or logical-device listing initializes its
-    eager context or starts its thread pools (``tf_Compute``,
-    ``tf_graph_runner``, ...).  Where this process's threads cannot be
-    listed (no ``/proc``), a loaded TensorFlow counts as running."""
+    numpy alone leaves, and whose fork handlers park them).  The first
+    tensor, variable, ``tf.function`` call, graph op, session or
+    logical-device listing starts its thread pools, named ``tf_Compute``,
+    ``tf_graph_runner``, ...  Where this process's threads cannot be listed
+    (no ``/proc``), a loaded TensorFlow counts as running."""
     if "tensorflow" not in sys.modules:
         return False
-    eager = sys.modules.get("tensorflow.python.eager.context")
-    context = getattr(eager, "context_safe", lambda: None)()
-    if context is not None and getattr(context, "_initialized", True):
-        return True
     try:
         threads = os.listdir("/proc/self/task")
     except OSError:
@@ -127,7 +124,8 @@ class Workers:
     and starts a fresh worker in its place.  An exception raised by a job is
     raised again here.  Forked, ``job`` and ``make_state`` may be closures:
     the children inherit them at the fork, and only items and results are
-    pickled.  Fresh interpreters are sent them pickled, and are not idle
+    pickled.  Fresh interpreters are sent them pickled, pause their
+    collector if this process has (as a fork inherits it), and are not idle
     until they say they are ready (:meth:`finished` returns then too); one
     that dies before is :attr:`lost`, never idle (its work is the caller's)."""
 
@@ -166,8 +164,11 @@ class Workers:
         mine, theirs = multiprocessing.Pipe()  # a socket pair on POSIX
         fd = theirs.fileno()
         code = (
+            # The collector paused if it is here (as a fork inherits it: the
+            # search pauses it), from the first import on.
+            ("" if gc.isenabled() else "import gc; gc.disable(); ")
             # Ctrl-C reaches the whole process group: the parent stops it.
-            "import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+            + "import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); "
             f"import sys; sys.path[:0] = {list(sys.path)!r}; "
             "from layout_planner.scale_workers import serve_fresh; "
             f"serve_fresh({fd})"

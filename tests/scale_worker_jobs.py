@@ -4,6 +4,7 @@ receives its job and state maker pickled."""
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from typing import Any
@@ -21,5 +22,6 @@ def job(state: dict[str, Any], item: Any) -> Any:
         return [
             "tensorflow" in sys.modules,
             "ortools.sat.python.cp_model" in sys.modules,
+            gc.isenabled(),
         ]
     return (state["pid"], state["jobs"], item * 2)

@@ -290,7 +290,9 @@ def test_fresh_helpers_serve_where_a_fork_is_unsafe():
     got = _run(
         _FRESH.format(tests=tests)
         + """
+import gc
 from layout_planner.scale_workers import default_workers, fork_is_safe
+gc.disable()  # as the search does: its helpers collect no more than forks
 with Workers(job, make_state, 2, fresh=True) as pool:
     # Not idle until each has imported the planner and said so.
     starting = [pool.idle(), pool.busy(), pool.finished(timeout=0.0)]
@@ -311,15 +313,19 @@ with Workers(job, make_state, 2, fresh=True) as pool:
         raised = None
     except ValueError as e:
         raised = str(e)
+    gc.enable()  # a helper started now collects
     pool.replace(1)
     after = pool.idle()
     while 1 not in pool.idle():
         pool.finished()
     pool.submit(1, "d", 4)
     (fresh,) = pool.finished()
+    pool.submit(1, "m", "modules")
+    (collects,) = pool.finished()
 print(json.dumps({"starting": starting, "firsts": sorted(firsts),
                   "modules": modules, "again": again, "raised": raised,
                   "after": after, "fresh": fresh, "me": os.getpid(),
+                  "collects": collects,
                   "fork": fork_is_safe(), "default": default_workers()}))
 """
     )
@@ -327,8 +333,10 @@ print(json.dumps({"starting": starting, "firsts": sorted(firsts),
     (ka, (pid_a, n_a, v_a)), (kb, (pid_b, n_b, v_b)) = got["firsts"]
     assert (ka, n_a, v_a, kb, n_b, v_b) == ("a", 1, 2, "b", 1, 4)
     assert len({pid_a, pid_b, got["me"]}) == 3
-    # Its own interpreter: no TensorFlow, OR-tools loaded before a job.
-    assert got["modules"] == ["m", [False, True]]
+    # Its own interpreter: no TensorFlow, OR-tools loaded before a job; the
+    # collector paused or not as this process's was when it started.
+    assert got["modules"] == ["m", [False, True, False]]
+    assert got["collects"] == ["m", [False, True, True]]
     assert got["again"] == ["c", [pid_a, 3, 6]]  # state kept between jobs
     assert "is not a number" in got["raised"]
     assert got["after"] == [0]  # the replacement starts afresh
