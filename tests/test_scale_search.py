@@ -312,8 +312,9 @@ def test_two_processes_give_the_same_plan_and_trials():
 
 
 def test_after_tensorflow_the_search_forks_until_its_runtime_starts_then_takes_a_fresh_helper():
-    # A program that lowers its plan has TensorFlow loaded.  Imported only,
-    # TensorFlow runs no thread of its own: the search forks its workers.
+    # A program that lowers its plan has TensorFlow loaded and its logical
+    # devices configured.  Until its first op TensorFlow runs no thread of
+    # its own: the search forks its workers.
     # Once it has run an op its thread pools exist: no fork; the search
     # starts a helper as a fresh interpreter and lays meshes out itself
     # meanwhile.  Every trial is the one process's, to the last bit.
@@ -342,6 +343,8 @@ def test_after_tensorflow_the_search_forks_until_its_runtime_starts_then_takes_a
         "    return got\n"
         "scale_workers.Workers.finished = _count\n"
         "CFG = " + repr(json.dumps(dataclasses.asdict(CFG))) + "\n"
+        "import mtf_core\n"
+        "mtf_core.logical_devices(8)  # taken first, as a program that lowers does\n"
         "imported = [scale_workers.tensorflow_running(), scale_workers.fork_is_safe()]\n"
         "forked = plan_transformer(TransformerConfig(**json.loads(CFG)), 8, workers=2,\n"
         "    hardware='h100-nvlink-ib', memory_limit=30 * 2**20, time_limit_s=30.0)\n"

@@ -10,14 +10,25 @@ from mtf_core.errors import LoweringError
 def logical_cpu_devices(n: int = 8) -> list[str]:
     """Splits the CPU into ``n`` logical devices (once per process) and returns
     their names.  Must run before TensorFlow initializes its devices; calling it
-    again with a smaller or equal ``n`` returns the first ``n``."""
-    cpus = tf.config.list_physical_devices("CPU")
-    try:
-        tf.config.set_logical_device_configuration(
-            cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(n)]
-        )
-    except RuntimeError:
-        pass  # already initialized
+    again with a smaller or equal ``n`` returns the first ``n`` (a larger one
+    before TensorFlow has run adds devices).
+
+    The split is configured, not started: TensorFlow starts its runtime, and
+    its thread pools, at its first op.  So a program that takes its devices
+    first can still plan on forked workers before it lowers
+    (``layout_planner.scale_workers.fork_is_safe``)."""
+    (cpu, *_) = tf.config.list_physical_devices("CPU")
+    configured = len(tf.config.get_logical_device_configuration(cpu) or ())
+    if configured < n:
+        try:
+            tf.config.set_logical_device_configuration(
+                cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(n)]
+            )
+            configured = n
+        except RuntimeError:
+            pass  # already initialized
+    if configured >= n:  # TensorFlow names them so, started or not
+        return [f"/device:CPU:{i}" for i in range(n)]
     logical = tf.config.list_logical_devices("CPU")
     if len(logical) < n:
         raise LoweringError(
