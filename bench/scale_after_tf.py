@@ -7,7 +7,8 @@ beside them is not safe (``layout_planner.scale_workers.fork_is_safe``), and
 the search starts a helper as a fresh interpreter and lays meshes out itself
 meanwhile.  OR-tools is imported after TensorFlow (``RTLD_DEEPBIND``,
 docs/planner.md).  This plans each reference model of ``bench/scale.py`` in
-a fresh interpreter that imported TensorFlow first (not timed): with
+a fresh interpreter that imported TensorFlow and took 8 logical CPUs
+first (not timed): with
 ``plan_transformer``'s defaults; after one TensorFlow op, with the defaults
 (the helper) and with ``workers=1`` (all in this process, the helper's
 peer); and in one that did not import it (the setting of ``bench/scale.py``).
@@ -52,6 +53,8 @@ sys.path.insert(0, sys.argv[1])
 setting = sys.argv[3]
 if setting:
     import tensorflow  # what the program did before it planned
+    import mtf_core
+    mtf_core.logical_devices(8)  # its devices, taken first
     if setting.startswith("ran"):
         tensorflow.constant(1.0) + 1  # its runtime starts
 from bench.scale import CASES
@@ -127,8 +130,9 @@ def main() -> None:
         "## Scale search: planning time after TensorFlow\n\n"
         f"Command: `{command_line()}` ({machine}).  Each plan in a fresh "
         "interpreter; in the first three settings it imported TensorFlow "
-        "first (not timed), as a program that lowers its plan has.  "
-        "*TensorFlow imported*: `plan_transformer`'s "
+        "first and took 8 logical CPUs (`mtf.logical_devices(8)`; not timed), "
+        "as a program that lowers its plan has.  *TensorFlow imported*: "
+        "`plan_transformer`'s "
         "defaults (TensorFlow runs no thread of its own yet: the workers are "
         "forked); *TensorFlow ran an op* (`tf.constant(1.0) + 1`, its thread "
         "pools started): the defaults, so a helper started as a fresh "
