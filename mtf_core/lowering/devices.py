@@ -15,8 +15,8 @@ def logical_cpu_devices(n: int = 8) -> list[str]:
 
     The split is configured, not started: TensorFlow starts its runtime, and
     its thread pools, at its first op.  So a program that takes its devices
-    first can still plan on forked workers before it lowers
-    (``layout_planner.scale_workers.fork_is_safe``)."""
+    first runs no thread of TensorFlow's until it lowers, and may fork before
+    that (a planner's search workers do)."""
     (cpu, *_) = tf.config.list_physical_devices("CPU")
     configured = len(tf.config.get_logical_device_configuration(cpu) or ())
     if configured < n:
