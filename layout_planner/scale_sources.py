@@ -212,9 +212,11 @@ class Ahead(Source):
         # ``local``: where this process lays meshes out too, beside
         # helpers started as fresh interpreters (``workers`` of them).
         self.stages = local
-        count = min(workers, len(meshes) - (local is not None))
-        self._pool = Workers(run, new_stages, count, fresh=local is not None)
-        self.suffix = f" (on {self._pool.count + (local is not None)} processes)"
+        here = local is not None
+        count = min(workers, len(meshes) - here)
+        self._pool = Workers(run, new_stages, count, fresh=here)
+        processes = self._pool.count + here
+        self.suffix = f" (on {processes} processes)"
         #: This process's index among the workers, where it is one.
         self._me = self._pool.count
         self._check_ahead = check_ahead
@@ -222,7 +224,7 @@ class Ahead(Source):
         self._sent: set[tuple[str, Any]] = set()
         #: The :attr:`Mesh.sizes` of the meshes each worker laid out.
         self._laid: dict[int, set[tuple[int, int, int, int, int]]] = {
-            w: set() for w in range(self._pool.count + (local is not None))
+            w: set() for w in range(processes)
         }
         #: Each fitting trial's (step, mesh, free layout?, trial).
         self._fits: list[_Fit] = []
