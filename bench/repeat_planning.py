@@ -35,7 +35,7 @@ from bench.common import (  # noqa: E402
     replace_section,
     short_commit,
 )
-from bench.scale import selected  # noqa: E402
+from bench.scale import selected_or_error  # noqa: E402
 
 # Run in a fresh interpreter with the tree's root first on sys.path.
 _CHILD = """
@@ -93,9 +93,7 @@ def main() -> None:
     args = ap.parse_args()
     if not 1 <= args.rounds <= 20:
         ap.error(f"--rounds {args.rounds}: expected 1 to 20")
-    cases = selected(args.only)
-    if not cases:
-        ap.error(f"--only {args.only!r} names no case")
+    cases = selected_or_error(ap, args.only)
     keys = [c.key for c in cases]
     machine = machine_summary()
     trees: list[tuple[str, list[dict[str, float]]]] = []

@@ -88,6 +88,15 @@ def selected(only: str) -> list[Case]:
     return [c for c in CASES if not keys or c.key in keys]
 
 
+def selected_or_error(ap: argparse.ArgumentParser, only: str) -> list[Case]:
+    """:func:`selected`, or ``ap``'s usage error where ``--only`` names no
+    case."""
+    cases = selected(only)
+    if not cases:
+        ap.error(f"--only {only!r} names no case")
+    return cases
+
+
 GPT3 = TransformerConfig(
     num_layers=96, d_model=12288, heads=96, d_kv=128, d_ff=49152, vocab=51200,
     length=2048, batch=1536, activation="gelu", activation_dtype="bfloat16",

@@ -43,7 +43,7 @@ from bench.common import (  # noqa: E402
     replace_section,
     short_commit,
 )
-from bench.scale import selected  # noqa: E402
+from bench.scale import selected_or_error  # noqa: E402
 
 # Run in a fresh interpreter with the tree's root first on sys.path.
 _CHILD = """
@@ -103,9 +103,7 @@ def main() -> None:
         ap.error(f"--runs {args.runs}: expected at least 1")
     if args.workers is not None and args.workers < 1:
         ap.error(f"--workers {args.workers}: expected at least 1")
-    cases = selected(args.only)
-    if not cases:
-        ap.error(f"--only {args.only!r} names no case")
+    cases = selected_or_error(ap, args.only)
     base = args.base
     head = short_commit("HEAD")
     machine = machine_summary()  # the load as the runs start

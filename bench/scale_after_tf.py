@@ -35,7 +35,7 @@ from bench.common import (  # noqa: E402
     markdown_table,
     replace_section,
 )
-from bench.scale import selected  # noqa: E402
+from bench.scale import selected_or_error  # noqa: E402
 
 _SETTINGS = {
     "tf": "TensorFlow imported",
@@ -84,9 +84,7 @@ def main() -> None:
     args = ap.parse_args()
     if not 1 <= args.runs <= 20:
         ap.error(f"--runs {args.runs}: expected 1 to 20")
-    cases = selected(args.only)
-    if not cases:
-        ap.error(f"--only {args.only!r} names no case")
+    cases = selected_or_error(ap, args.only)
     machine = machine_summary()
     got: dict[tuple[str, str], list[dict[str, float]]] = {}
     for run in range(args.runs):

@@ -30,7 +30,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import Patching, replace_section  # noqa: E402
-from bench.scale import selected  # noqa: E402
+from bench.scale import selected_or_error  # noqa: E402
 from layout_planner import (  # noqa: E402
     analysis,
     cpsat,
@@ -141,9 +141,7 @@ def bench_main(
     ap.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
     ap.add_argument("--only", default="", help="comma-separated case keys")
     args = ap.parse_args()
-    cases = selected(args.only)
-    if not cases:
-        ap.error(f"--only {args.only!r} names no case")
+    cases = selected_or_error(ap, args.only)
     load_cp_sat()
     load_start = os.getloadavg()[0]
     table = run(cases)
