@@ -2,17 +2,19 @@
 
 A program that lowers its plan has TensorFlow loaded when it plans.  Imported
 only, TensorFlow runs no thread of its own, and the search forks its workers
-as without it; once TensorFlow has run an op its thread pools exist, forking
-beside them is not safe (``layout_planner.scale_workers.fork_is_safe``), and
-the search starts a helper as a fresh interpreter and lays meshes out itself
-meanwhile.  OR-tools is imported after TensorFlow (``RTLD_DEEPBIND``,
-docs/planner.md).  This plans each reference model of ``bench/scale.py`` in
-a fresh interpreter that imported TensorFlow and took 8 logical CPUs
-first (not timed): with
-``plan_transformer``'s defaults; after one TensorFlow op, with the defaults
-(the helper) and with ``workers=1`` (all in this process, the helper's
-peer); and in one that did not import it (the setting of ``bench/scale.py``).
-``--write`` puts the table in docs/benchmarks.md, section ``scale-after-tf``.
+as without it (``layout_planner.scale_workers.fork_is_safe``); once
+TensorFlow has run an op its thread pools exist, and the search forks its
+workers watched for a stall (``watched_fork_possible``), or, with
+``scale_workers.FORK_BESIDE_TENSORFLOW = False`` (or after a stall), starts
+a helper as a fresh interpreter and lays meshes out itself meanwhile.
+OR-tools is imported after TensorFlow (``RTLD_DEEPBIND``, docs/planner.md).
+This plans each reference model of ``bench/scale.py`` in a fresh
+interpreter that imported TensorFlow and took 8 logical CPUs first (not
+timed): with ``plan_transformer``'s defaults; after one TensorFlow op, with
+the defaults (watched forks), with the helper, and with ``workers=1`` (all
+in this process); and in one that did not import it (the setting of
+``bench/scale.py``).  ``--write`` puts the table in docs/benchmarks.md,
+section ``scale-after-tf``.
 
     .venv/bin/python bench/scale_after_tf.py [--runs 3] [--only gpt3,...] [--write]
 """
@@ -40,7 +42,8 @@ from bench.scale import selected_or_error  # noqa: E402
 _SETTINGS = {
     "tf": "TensorFlow imported",
     "ran": "TensorFlow ran an op",
-    "ran1": "ran an op, one process",
+    "ranhelper": "ran an op, no fork beside it",
+    "ran1": "ran an op, workers=1",
     "": "without TensorFlow",
 }
 
@@ -58,8 +61,12 @@ if setting:
     if setting.startswith("ran"):
         tensorflow.constant(1.0) + 1  # its runtime starts
 from bench.scale import CASES
+from layout_planner import scale_workers
 from layout_planner.choices import plan_transformer
-from layout_planner.scale_workers import default_workers, fork_is_safe
+from layout_planner.scale_workers import (
+    default_workers, fork_is_safe, watched_fork_possible)
+if setting == "ranhelper":
+    scale_workers.FORK_BESIDE_TENSORFLOW = False
 case = next(c for c in CASES if c.key == sys.argv[2])
 start = time.perf_counter()
 workers = 1 if setting == "ran1" else None
@@ -68,7 +75,9 @@ plan = plan_transformer(case.config, case.devices, case.hardware,
 seconds = time.perf_counter() - start
 workers = workers or default_workers()
 how = ("one process" if workers == 1
-       else f"{workers}, forked" if fork_is_safe() else f"{workers}, helper")
+       else f"{workers}, forked" if fork_is_safe()
+       else f"{workers}, forked, watched" if watched_fork_possible()
+       else f"{workers}, helper")
 trials = [[str(t.choice), t.step_time_s, t.fits, t.note] for t in plan.trials]
 print(json.dumps({"seconds": seconds, "how": how,
                   "plan": [str(plan.choice), plan.layout_rules, plan.step_time_s],
@@ -99,10 +108,16 @@ def main() -> None:
                     f"{r['seconds']:.2f} s ({r['how']})",
                     flush=True,
                 )
+    # Each setting's processes, in its header where every run agrees.
+    hows = {
+        setting: {r["how"] for case in cases for r in got[(case.key, setting)]}
+        for setting in _SETTINGS
+    }
     headers = ["model"]
-    for name in _SETTINGS.values():
-        headers += [f"{name}: median s", "processes", "all runs"]
-    headers += ["helper / one process", "same plan and trials"]
+    for setting, name in _SETTINGS.items():
+        (how,) = hows[setting] if len(hows[setting]) == 1 else ("",)
+        headers.append(f"{name}{f' ({how})' if how else ''}: median s (all runs)")
+    headers += ["watched / helper", "watched / one process", "same plan and trials"]
     rows = []
     for case in cases:
         row = [case.title]
@@ -110,16 +125,19 @@ def main() -> None:
         for setting in _SETTINGS:
             rs = got[(case.key, setting)]
             medians[setting] = statistics.median(r["seconds"] for r in rs)
-            row += [
-                f"{medians[setting]:.2f}", rs[0]["how"],
-                ", ".join(f"{r['seconds']:.2f}" for r in rs),
-            ]  # fmt: skip
+            runs = ", ".join(
+                f"{r['seconds']:.2f}"
+                + ("" if len(hows[setting]) == 1 else f" [{r['how']}]")
+                for r in rs
+            )
+            row.append(f"{medians[setting]:.2f} ({runs})")
         answers = {
             json.dumps([r["plan"], r["trials"]])
             for setting in _SETTINGS
             for r in got[(case.key, setting)]
         }
         row += [
+            f"{medians['ran'] / medians['ranhelper']:.2f}",
             f"{medians['ran'] / medians['ran1']:.2f}",
             "yes" if len(answers) == 1 else "NO",
         ]
@@ -127,17 +145,18 @@ def main() -> None:
     body = (
         "## Scale search: planning time after TensorFlow\n\n"
         f"Command: `{command_line()}` ({machine}).  Each plan in a fresh "
-        "interpreter; in the first three settings it imported TensorFlow "
+        "interpreter; in the first four settings it imported TensorFlow "
         "first and took 8 logical CPUs (`mtf.logical_devices(8)`; not timed), "
         "as a program that lowers its plan has.  *TensorFlow imported*: "
-        "`plan_transformer`'s "
-        "defaults (TensorFlow runs no thread of its own yet: the workers are "
-        "forked); *TensorFlow ran an op* (`tf.constant(1.0) + 1`, its thread "
-        "pools started): the defaults, so a helper started as a fresh "
-        "interpreter beside this process, and `workers=1` (*one process*); "
-        "*without*: an interpreter that did not import TensorFlow, the setting "
-        "of `bench/scale.py`.  OR-tools' import is in every time.  The settings "
-        "in turn.\n\n" + markdown_table(headers, rows) + "\n"
+        "`plan_transformer`'s defaults (TensorFlow runs no thread of its own "
+        "yet: the workers are forked); *TensorFlow ran an op* "
+        "(`tf.constant(1.0) + 1`, its thread pools started): the defaults, so "
+        "workers forked and watched for a stall; *no fork beside it*: the "
+        "same with `scale_workers.FORK_BESIDE_TENSORFLOW = False`, so a helper "
+        "started as a fresh interpreter beside this process; *one process*: "
+        "`workers=1`; *without*: an interpreter that did not import "
+        "TensorFlow, the setting of `bench/scale.py`.  OR-tools' import is in "
+        "every time.  The settings in turn.\n\n" + markdown_table(headers, rows) + "\n"
     )
     print(body)
     if args.write:

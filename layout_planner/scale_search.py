@@ -40,6 +40,7 @@ compute them ahead.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -81,7 +82,12 @@ from layout_planner.scale_stages import (
     price_step,
     solve_stage,
 )
-from layout_planner.scale_workers import fork_is_safe, fresh_helpers_possible
+from layout_planner.scale_workers import (
+    UnsafeFork,
+    fork_is_safe,
+    fresh_helpers_possible,
+    watched_fork_possible,
+)
 from mtf_core.layout import LayoutRules, convert_to_layout_rules
 from mtf_core.models import TransformerConfig
 from mtf_core.models.base import ModelGraph
@@ -90,6 +96,23 @@ from mtf_core.shapes import convert_to_shape
 #: Relative tolerance between the representative's step time and the full
 #: stage graph's (the same float terms, summed in another order).
 REL_TOL = 1e-9
+
+
+_log = logging.getLogger(__name__)
+
+
+def _processes(many: bool) -> str:
+    """How the search runs (:func:`search`'s ``attempt``): on forked workers
+    where a fork is safe, else on forked workers watched for a stall beside
+    TensorFlow's running threads, else on fresh helpers, else in one
+    process (and with one worker)."""
+    if not many:
+        return "one"
+    if fork_is_safe():
+        return "forked"
+    if watched_fork_possible():
+        return "watched"
+    return "fresh" if fresh_helpers_possible() else "one"
 
 
 class NothingFaster(ScaleError):
@@ -309,51 +332,79 @@ def search(
     )
     new_stages, mesh_options, fewer = jobs.new_stages, jobs.mesh_options, jobs.fewer
 
-    source: Source
-    many = workers > 1 and len(meshes) > 1
-    forked = many and fork_is_safe()
-    if forked or (many and fresh_helpers_possible()):
-        # Where no fork is safe (TensorFlow's threads), helpers start as
-        # fresh interpreters and this process lays meshes out meanwhile.
-        source = Ahead(
-            meshes,
-            jobs.run,
-            new_stages,
-            workers if forked else workers - 1,
-            check_ahead=verify,
-            incumbent_s=incumbent_s,
-            joint_programs=joint_programs,
-            fewer=fewer if fewer_micro_batches else None,
-            local=None if forked else new_stages(),
-        )
-    else:
-        source = InProcess(meshes, jobs.run, new_stages())
-    checked: Checked | None = None
-    with source:
-        refine = None
-        if fewer_micro_batches:
-
-            def refine(best: Outcome, trials: list[ScaleTrial], done: float) -> Outcome:
-                return _fewer_rounds(
-                    best, fewer, mesh_options, source, trials, progress, done
-                )
-
-        trials, best = _passes(
-            meshes, mesh_options, source, progress, incumbent_s, joint_programs, refine
-        )
-        if best is None and incumbent_s < math.inf:
-            raise NothingFaster(
-                f"no trial beats the step of {incumbent_s:.6g} s "
-                f"({len(trials)} trials)",
-                tuple(trials),
+    def attempt(
+        how: str,
+    ) -> tuple[list[ScaleTrial], Outcome | None, Checked | None, Stages | None]:
+        """The passes (and the winner's check, where a worker ran it ahead)
+        with results from processes of kind ``how``: "forked", "watched"
+        (forked beside TensorFlow's running threads), "fresh" (helpers
+        started as fresh interpreters, this process working too) or "one"."""
+        source: Source
+        if how == "one":
+            source = InProcess(meshes, jobs.run, new_stages())
+        else:
+            source = Ahead(
+                meshes,
+                jobs.run,
+                new_stages,
+                workers - 1 if how == "fresh" else workers,
+                check_ahead=verify,
+                incumbent_s=incumbent_s,
+                joint_programs=joint_programs,
+                fewer=fewer if fewer_micro_batches else None,
+                local=new_stages() if how == "fresh" else None,
+                watch=how == "watched",
             )
-        if verify and best is not None:
-            if progress is not None:
-                progress(f"checking {best.trial.choice} on its full stage graph", 1.0)
-            if isinstance(source, Ahead):
-                # A worker left idle near the end priced the fastest fitting
-                # trial on its full stage graph, if it is the winner.
-                checked = source.checked(best.trial.choice, best.trial.layout_rules)
+        checked: Checked | None = None
+        with source:
+            refine = None
+            if fewer_micro_batches:
+
+                def refine(
+                    best: Outcome, trials: list[ScaleTrial], done: float
+                ) -> Outcome:
+                    return _fewer_rounds(
+                        best, fewer, mesh_options, source, trials, progress, done
+                    )
+
+            trials, best = _passes(
+                meshes,
+                mesh_options,
+                source,
+                progress,
+                incumbent_s,
+                joint_programs,
+                refine,
+            )
+            if verify and best is not None:
+                if progress is not None:
+                    progress(
+                        f"checking {best.trial.choice} on its full stage graph", 1.0
+                    )
+                if isinstance(source, Ahead):
+                    # A worker left idle near the end priced the fastest
+                    # fitting trial on its full stage graph, if it is the
+                    # winner.
+                    checked = source.checked(best.trial.choice, best.trial.layout_rules)
+        return trials, best, checked, source.stages
+
+    how = _processes(workers > 1 and len(meshes) > 1)
+    try:
+        trials, best, checked, stages = attempt(how)
+    except UnsafeFork as e:
+        # Nothing of the stalled attempt is kept: the same passes again,
+        # on helpers that share no state with TensorFlow's threads.
+        _log.warning("%s; searching again with helpers started afresh", e)
+        if progress is not None:
+            progress("a forked worker stalled: searching again with fresh helpers", 0.0)
+        trials, best, checked, stages = attempt(
+            "fresh" if fresh_helpers_possible() else "one"
+        )
+    if best is None and incumbent_s < math.inf:
+        raise NothingFaster(
+            f"no trial beats the step of {incumbent_s:.6g} s ({len(trials)} trials)",
+            tuple(trials),
+        )
     if best is None:
         smallest = min(
             (t for t in trials if t.peak_memory_bytes is not None),
@@ -379,7 +430,7 @@ def search(
     if verify:
         # Where the search ran in this process, its graphs (a stage of up to
         # 4 layers is one of them) are reused.
-        on = source.stages if source.stages is not None else new_stages()
+        on = stages if stages is not None else new_stages()
         if checked is None:
             checked = _full_evaluation(on, choice, plan.layout_rules, hw)
         plan, priced = _verified(

@@ -202,6 +202,7 @@ class Ahead(Source):
         joint_programs: bool = True,
         fewer: Callable[[ScaleChoice, float], list[Mesh]] | None = None,
         local: Stages | None = None,
+        watch: bool = False,
     ) -> None:
         super().__init__(meshes)
         self._first = len(meshes)  # the first pass's meshes
@@ -210,11 +211,12 @@ class Ahead(Source):
         self._joint_programs = joint_programs
         self._run = run
         # ``local``: where this process lays meshes out too, beside
-        # helpers started as fresh interpreters (``workers`` of them).
+        # helpers started as fresh interpreters (``workers`` of them);
+        # ``watch``: forked beside TensorFlow's threads, watched for a stall.
         self.stages = local
         here = local is not None
         count = min(workers, len(meshes) - here)
-        self._pool = Workers(run, new_stages, count, fresh=here)
+        self._pool = Workers(run, new_stages, count, fresh=here, watch=watch)
         processes = self._pool.count + here
         self.suffix = f" (on {processes} processes)"
         #: This process's index among the workers, where it is one.

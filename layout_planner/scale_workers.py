@@ -11,9 +11,17 @@ started its runtime (:func:`tensorflow_running`: its thread pools, which a
 fork would copy half-held; importing TensorFlow starts none), that solves in
 this process (beside a solver process the children would share its pipe),
 runs no other Python thread and is not itself a daemonic worker
-(:func:`fork_is_safe`).  Elsewhere (a program that ran TensorFlow before it
-planned) ``Workers(..., fresh=True)`` starts each helper as a fresh
-interpreter (``python -c``, not ``multiprocessing``'s spawn, which would run
+(:func:`fork_is_safe`).
+
+Beside a running TensorFlow (a program that ran an op before it planned) the
+children are forked all the same, but *watched* (``Workers(..., watch=True)``,
+:func:`watched_fork_possible`): a child never calls TensorFlow, so only a lock
+that one of its threads held at the fork (none does while it idles) could stop
+it, and a stopped child makes no progress.  A busy child whose CPU time
+(``/proc/PID/stat``) stands still for ``stall_s`` while it is not runnable, or
+that dies, raises :class:`UnsafeFork`; this process then forks beside
+TensorFlow no more.  Where no fork is possible (or after such a stall)
+``Workers(..., fresh=True)`` starts each helper as a fresh interpreter (``python -c``, not ``multiprocessing``'s spawn, which would run
 the program's main module again): it imports the planner (about half a
 second), is sent the job and the state maker pickled, says it is ready, and
 serves as a forked worker does (:func:`fresh_helpers_possible`).
@@ -23,6 +31,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import math
 import multiprocessing
 import os
 import pickle
@@ -30,6 +39,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable, Hashable
 from multiprocessing.connection import Connection, wait
@@ -38,34 +48,82 @@ from typing import Any
 from layout_planner import solver_process
 
 __all__ = [
+    "UnsafeFork",
     "WorkerError",
     "Workers",
     "default_workers",
     "fork_is_safe",
     "fresh_helpers_possible",
     "tensorflow_running",
+    "watched_fork_possible",
 ]
 
 #: What a fresh helper sends once it has imported the planner.
 _READY = "ready"
+
+#: Whether the search may fork watched workers beside a running TensorFlow
+#: (:func:`watched_fork_possible`); False: fresh helpers there.
+FORK_BESIDE_TENSORFLOW = True
+
+#: Set when a worker forked beside TensorFlow stalled or died
+#: (:class:`UnsafeFork`): this process forks beside it no more.
+_unsafe_fork_seen = False
 
 
 class WorkerError(RuntimeError):
     """A worker process died or raised what could not be sent back."""
 
 
-def fork_is_safe() -> bool:
-    """Whether this process can fork workers (see the module docstring).
-    Where it can, OR-tools is imported here first, so that the children
-    inherit it instead of each importing it (half a second apiece)."""
+class UnsafeFork(WorkerError):
+    """A worker forked beside TensorFlow's running threads made no progress
+    for its stall time, or died: its work is to be done another way."""
+
+
+def _fork_possible() -> bool:
     return (
         "fork" in multiprocessing.get_all_start_methods()
         # A daemonic process (a pool's worker) may not have children.
         and not multiprocessing.current_process().daemon
-        and not tensorflow_running()
         and threading.active_count() == 1
         and solver_process.solver_location() == "inprocess"
     )
+
+
+def fork_is_safe() -> bool:
+    """Whether this process can fork workers (see the module docstring).
+    Where it can, OR-tools is imported here first, so that the children
+    inherit it instead of each importing it (half a second apiece)."""
+    return _fork_possible() and not tensorflow_running()
+
+
+def watched_fork_possible() -> bool:
+    """Whether this process can fork workers watched for a stall beside
+    TensorFlow's running threads (see the module docstring): a fork is
+    possible but for them, :data:`FORK_BESIDE_TENSORFLOW` allows it, no such
+    worker has stalled here before, and a child's CPU time can be read."""
+    return (
+        FORK_BESIDE_TENSORFLOW
+        and not _unsafe_fork_seen
+        and _fork_possible()
+        and _cpu_ticks(os.getpid()) is not None
+    )
+
+
+def _cpu_ticks(pid: int) -> tuple[int, str] | None:
+    """Process ``pid``'s CPU time (user and system, every thread's) in clock
+    ticks, and its state letter (``R``: runnable), or None where it cannot
+    be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # pid (comm) state ppid ...: comm may hold spaces and parentheses.
+    fields = stat[stat.rfind(")") + 2 :].split()
+    try:
+        return int(fields[11]) + int(fields[12]), fields[0]
+    except (IndexError, ValueError):
+        return None
 
 
 def tensorflow_running() -> bool:
@@ -127,7 +185,10 @@ class Workers:
     pickled.  Fresh interpreters are sent them pickled, pause their
     collector if this process has (as a fork inherits it), and are not idle
     until they say they are ready (:meth:`finished` returns then too); one
-    that dies before is :attr:`lost`, never idle (its work is the caller's)."""
+    that dies before is :attr:`lost`, never idle (its work is the caller's).
+    With ``watch``, forked beside TensorFlow's running threads: a busy worker
+    that makes no progress for ``stall_s`` seconds, or dies, raises
+    :class:`UnsafeFork` in :meth:`finished` (see the module docstring)."""
 
     def __init__(
         self,
@@ -135,13 +196,28 @@ class Workers:
         make_state: Callable[[], Any],
         count: int,
         fresh: bool = False,
+        watch: bool = False,
+        stall_s: float = 1.0,
     ) -> None:
         if fresh and not fresh_helpers_possible():
             raise WorkerError("this process cannot start helper interpreters")
-        if not fresh and not fork_is_safe():
+        if fresh and watch:
+            raise WorkerError("only forked workers are watched")
+        if watch and not watched_fork_possible():
+            raise WorkerError("this process cannot fork watched workers")
+        if not (fresh or watch) and not fork_is_safe():
             raise WorkerError("this process cannot fork workers safely")
+        if not (math.isfinite(stall_s) and stall_s > 0):
+            raise WorkerError(
+                f"stall_s must be a positive number of seconds, got {stall_s!r}"
+            )
         self._job, self._make_state = job, make_state
         self._fresh = fresh
+        self._watch = watch
+        self._stall_s = stall_s
+        #: Per busy watched worker: its CPU ticks when last seen to move, and
+        #: when that was.
+        self._progress: dict[int, tuple[int, float]] = {}
         self._conns: list[Connection] = []
         self._procs: list[Any] = []
         self._busy: dict[int, Hashable] = {}
@@ -224,6 +300,7 @@ class Workers:
         _stop(self._procs[w])
         self._conns[w].close()
         self._busy.pop(w, None)
+        self._progress.pop(w, None)
         self._starting.discard(w)
         self.lost.discard(w)
         self._conns[w], self._procs[w] = self._start()
@@ -237,6 +314,9 @@ class Workers:
             raise WorkerError(f"helper {w} is still starting")
         self._conns[w].send(item)
         self._busy[w] = key
+        if self._watch:
+            seen = _cpu_ticks(self._procs[w].pid)
+            self._progress[w] = (-1 if seen is None else seen[0], time.monotonic())
 
     def finished(self, timeout: float | None = None) -> list[tuple[Hashable, Any]]:
         """The results of the jobs that end next (at least one, unless a
@@ -246,7 +326,10 @@ class Workers:
             if timeout is not None:
                 return []
             raise WorkerError("no job is running")
-        ready = wait([self._conns[w] for w in (*self._busy, *self._starting)], timeout)
+        conns = [self._conns[w] for w in (*self._busy, *self._starting)]
+        ready = (
+            self._wait_watched(conns, timeout) if self._watch else wait(conns, timeout)
+        )
         for w in list(self._starting):
             if self._conns[w] in ready:
                 self._starting.discard(w)
@@ -264,14 +347,53 @@ class Workers:
             try:
                 ok, value = conn.recv()
             except (EOFError, OSError) as e:
-                raise WorkerError(
-                    f"search worker {w} died running {self._busy[w]!r}"
-                ) from e
+                died = f"search worker {w} died running {self._busy[w]!r}"
+                if self._watch:
+                    raise self._unsafe(f"{died}, forked beside TensorFlow") from e
+                raise WorkerError(died) from e
             key = self._busy.pop(w)
+            self._progress.pop(w, None)
             if not ok:
                 raise value
             out.append((key, value))
         return out
+
+    def _wait_watched(
+        self, conns: list[Connection], timeout: float | None
+    ) -> list[Any]:
+        """``wait(conns, timeout)``, checking the busy workers' progress every
+        quarter of the stall time meanwhile."""
+        now = time.monotonic()
+        deadline = math.inf if timeout is None else now + timeout
+        while True:
+            ready = wait(conns, max(0.0, min(self._stall_s / 4, deadline - now)))
+            now = time.monotonic()
+            if ready or now >= deadline:
+                return ready
+            self._check_progress(now)
+
+    def _check_progress(self, now: float) -> None:
+        """Raises :class:`UnsafeFork` if a busy worker's CPU time has stood
+        still for the stall time while it was not runnable."""
+        for w, key in self._busy.items():
+            ticks, since = self._progress[w]
+            seen = _cpu_ticks(self._procs[w].pid)
+            if seen is None:  # gone: its pipe says so next
+                continue
+            if seen[0] != ticks or seen[1] == "R":
+                self._progress[w] = (seen[0], now)
+            elif now - since >= self._stall_s:
+                raise self._unsafe(
+                    f"search worker {w}, forked beside TensorFlow, made no "
+                    f"progress for {now - since:.1f} s running {key!r}"
+                )
+
+    def _unsafe(self, message: str) -> UnsafeFork:
+        """Notes that forking beside TensorFlow failed here (no more
+        watched forks in this process) and says so."""
+        global _unsafe_fork_seen
+        _unsafe_fork_seen = True
+        return UnsafeFork(message)
 
     def close(self) -> None:
         """Stops every worker (a job still running is abandoned)."""
@@ -282,6 +404,7 @@ class Workers:
         for conn in self._conns:
             conn.close()
         self._busy.clear()
+        self._progress.clear()
         self._starting.clear()
 
     def __enter__(self) -> Workers:

@@ -311,31 +311,33 @@ def test_two_processes_give_the_same_plan_and_trials():
     assert fractions == sorted(fractions)
 
 
-def test_after_tensorflow_the_search_forks_until_its_runtime_starts_then_takes_a_fresh_helper():
+def test_after_tensorflow_the_search_forks_and_beside_its_runtime_watches_its_forks():
     # A program that lowers its plan has TensorFlow loaded and its logical
     # devices configured.  Until its first op TensorFlow runs no thread of
-    # its own: the search forks its workers.
-    # Once it has run an op its thread pools exist: no fork; the search
-    # starts a helper as a fresh interpreter and lays meshes out itself
-    # meanwhile.  Every trial is the one process's, to the last bit.
+    # its own: the search forks its workers.  Once it has run an op its
+    # thread pools exist: the search forks all the same, watching each
+    # worker for a stall.  Should one stall (here: a job that sleeps in
+    # every forked worker), the search runs again on helpers started as
+    # fresh interpreters, and forks beside TensorFlow no more.  Every trial
+    # is the one process's, to the last bit.
     import dataclasses
     import json
 
     code = (
         "import os\n"
         "os.environ['TF_CPP_MIN_LOG_LEVEL'] = '2'\n"
-        "import json\n"
+        "import json, time\n"
         "import tensorflow\n"
-        "from layout_planner import scale_workers\n"
+        "from layout_planner import scale_search, scale_workers\n"
         "from layout_planner.choices import plan_transformer\n"
         "from mtf_core.models import TransformerConfig\n"
-        "made = []  # fresh (True) or forked (False), per Workers\n"
+        "made = []  # the kind of each Workers made\n"
         "_make = scale_workers.Workers.__init__\n"
-        "def _record(self, job, make_state, count, fresh=False):\n"
-        "    made.append(fresh)\n"
-        "    _make(self, job, make_state, count, fresh)\n"
+        "def _record(self, job, make_state, count, fresh=False, watch=False):\n"
+        "    made.append('fresh' if fresh else 'watched' if watch else 'forked')\n"
+        "    _make(self, job, make_state, count, fresh, watch)\n"
         "scale_workers.Workers.__init__ = _record\n"
-        "helped = []  # the helper's results, as the search takes them\n"
+        "helped = []  # the workers' results, as the search takes them\n"
         "_taken = scale_workers.Workers.finished\n"
         "def _count(self, timeout=None):\n"
         "    got = _taken(self, timeout)\n"
@@ -350,26 +352,59 @@ def test_after_tensorflow_the_search_forks_until_its_runtime_starts_then_takes_a
         "    hardware='h100-nvlink-ib', memory_limit=30 * 2**20, time_limit_s=30.0)\n"
         "forked_made, made[:], helped[:] = list(made), [], []\n"
         "tensorflow.constant(1.0) + 1  # its runtime starts\n"
-        "ran = [scale_workers.tensorflow_running(), scale_workers.fork_is_safe()]\n"
-        + _TWO_PROCESSES
-        + "print(json.dumps({'imported': imported, 'ran': ran, "
-        "'forked_made': forked_made, 'made': made, 'forked': out(forked), "
-        "'helped': len(helped), 'one': out(one), "
-        "'two': out(two), 'seen': seen, 'wide_one': out(wide_one), "
-        "'wide_two': out(wide_two)}))\n"
+        "ran = [scale_workers.tensorflow_running(), scale_workers.fork_is_safe(),\n"
+        "       scale_workers.watched_fork_possible()]\n"
+        + _TWO_PROCESSES[: _TWO_PROCESSES.index("print(")]
+        + "watched_made, watched_helped, made[:], helped[:] = list(made), len(helped), [], []\n"
+        "# Every forked worker's job stops (fresh helpers run the module's own).\n"
+        "parent, _run = os.getpid(), scale_search.SearchJobs.run\n"
+        "def _stuck(self, stages, task):\n"
+        "    if os.getpid() != parent:\n"
+        "        time.sleep(600)\n"
+        "    return _run(self, stages, task)\n"
+        "_stuck.__name__ = 'run'  # a helper unpickles the job as the module's run\n"
+        "scale_search.SearchJobs.run = _stuck\n"
+        "said = []\n"
+        "start = time.perf_counter()\n"
+        "kw['memory_limit'] = 30 * 2**20\n"
+        "stalled = plan_transformer(cfg, 8, workers=2,\n"
+        "    progress=lambda p, f: said.append(p), **kw)\n"
+        "stalled_s = time.perf_counter() - start\n"
+        "stalled_made, made[:] = list(made), []\n"
+        "after = [scale_workers.watched_fork_possible()]\n"
+        "kw['memory_limit'] = 2 * 2**30\n"
+        "again = plan_transformer(wide, 8, workers=2, **kw)\n"
+        "print(json.dumps({'imported': imported, 'ran': ran, "
+        "'forked_made': forked_made, 'forked': out(forked), "
+        "'watched_made': watched_made, 'watched_helped': watched_helped, "
+        "'one': out(one), 'two': out(two), 'seen': seen, "
+        "'wide_one': out(wide_one), 'wide_two': out(wide_two), "
+        "'stalled': out(stalled), 'stalled_s': stalled_s, 'said': said[:3], "
+        "'stalled_made': stalled_made, 'helped': len(helped), "
+        "'after': after, 'again_made': made, 'again': out(again)}))\n"
     )
     got = _in_fresh_interpreter(code, timeout=600)
     assert got["imported"] == [False, True]  # not running: a fork is safe
-    assert got["forked_made"] == [False]
+    assert got["forked_made"] == ["forked"]
     assert got["forked"] == got["one"]
-    assert got["ran"] == [True, False]
-    assert got["made"] and all(got["made"])  # fresh helpers only
-    assert got["helped"] > 0
+    assert got["ran"] == [True, False, True]  # running: forks are watched
+    assert got["watched_made"] == ["watched", "watched"]  # both models
+    assert got["watched_helped"] > 0
     assert got["one"] == got["two"]
     assert got["wide_one"] == got["wide_two"]
     assert any("or less" in t[-1] for t in got["wide_one"][-1])
     meshes = [p for p, _ in got["seen"] if p.startswith("mesh ")]
     assert meshes and all(p.endswith("(on 2 processes)") for p in meshes)
+    # The stall: found within seconds (one of stall time, then the search
+    # again), the same plan from fresh helpers, and no watched fork since.
+    assert got["stalled_made"] == ["watched", "fresh"]
+    assert got["said"][0].startswith("mesh 1 of")
+    assert "a forked worker stalled" in got["said"][1]
+    assert got["stalled"] == got["one"]
+    assert got["stalled_s"] < 60
+    assert got["after"] == [False]
+    assert got["again_made"] == ["fresh"] and got["again"] == got["wide_one"]
+    assert got["helped"] > 0  # the helpers' results were taken
 
 
 _CHECK_AHEAD = """
@@ -786,11 +821,14 @@ def test_an_idle_worker_checks_a_winner_whose_round_ends_there():
     ]
 
 
-def test_where_a_fork_is_unsafe_the_search_takes_fresh_helpers(monkeypatch):
+def test_where_a_fork_is_unsafe_the_search_watches_its_forks_or_takes_fresh_helpers(
+    monkeypatch,
+):
     import os
     import threading
 
     from layout_planner import scale_workers
+    from layout_planner.scale_search import _processes
     from layout_planner.scale_workers import (
         default_workers,
         fork_is_safe,
@@ -798,16 +836,24 @@ def test_where_a_fork_is_unsafe_the_search_takes_fresh_helpers(monkeypatch):
     )
 
     cores = max(1, min(len(os.sched_getaffinity(0)), 8))
+    assert _processes(False) == "one"
     with monkeypatch.context() as patched:  # TensorFlow's thread pools run
         patched.setattr(scale_workers, "tensorflow_running", lambda: True)
         assert not fork_is_safe() and fresh_helpers_possible()
         assert default_workers() == cores
+        assert _processes(True) == "watched"
+        patched.setattr(scale_workers, "FORK_BESIDE_TENSORFLOW", False)
+        assert _processes(True) == "fresh"
+        patched.setattr(scale_workers, "FORK_BESIDE_TENSORFLOW", True)
+        patched.setattr(scale_workers, "_unsafe_fork_seen", True)  # one stalled
+        assert _processes(True) == "fresh"
     stop = threading.Event()
     other = threading.Thread(target=stop.wait)
     other.start()
-    try:  # another thread could hold a lock a fork would copy
+    try:  # another thread could hold a lock a fork would copy: not watched
         assert not fork_is_safe() and fresh_helpers_possible()
         assert default_workers() == cores
+        assert _processes(True) == "fresh"
     finally:
         stop.set()
         other.join()

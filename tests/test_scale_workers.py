@@ -26,6 +26,14 @@ def job(state, item):
     if item == "slow":
         import time
         time.sleep(1.0)
+    if item == "nap":  # no progress: as a child stopped on a lock would be
+        import time
+        time.sleep(5.0)
+    if item == "spin":  # a second of CPU
+        import time
+        end = time.process_time() + 1.0
+        while time.process_time() < end:
+            pass
     return (state["pid"], state["jobs"], item * 2)
 def run(pool, w, items):
     out = []
@@ -146,6 +154,72 @@ except WorkerError as e:
 """
     )
     assert got == "this process cannot fork workers safely"
+
+
+def test_a_watched_worker_that_stalls_or_dies_ends_forks_beside_tensorflow():
+    # Beside TensorFlow's running threads a fork is not safe, but watched:
+    # a worker busy on the CPU is left to run; one whose CPU time stands
+    # still for the stall time, or that dies, raises UnsafeFork, and this
+    # process forks watched workers no more.
+    got = _run(
+        """
+import time
+from layout_planner import scale_workers
+from layout_planner.scale_workers import UnsafeFork, watched_fork_possible
+scale_workers.tensorflow_running = lambda: True  # its thread pools run
+possible = [scale_workers.fork_is_safe(), watched_fork_possible()]
+refused = []
+for kw in ({}, {"watch": True, "stall_s": float("nan")},
+           {"watch": True, "fresh": True}):
+    try:
+        Workers(job, make_state, 1, **kw)
+    except WorkerError as e:
+        refused.append(str(e))
+with Workers(job, make_state, 2, watch=True, stall_s=0.3) as pool:
+    (spun,) = run(pool, 0, ["spin"])
+    pool.submit(1, "stuck", "nap")
+    start = time.perf_counter()
+    try:
+        pool.finished()
+        stalled = None
+    except UnsafeFork as e:
+        stalled = str(e)
+    waited = time.perf_counter() - start
+after = watched_fork_possible()
+try:
+    Workers(job, make_state, 1, watch=True)
+except WorkerError as e:
+    refused.append(str(e))
+scale_workers._unsafe_fork_seen = False  # as in a fresh process
+with Workers(job, make_state, 1, watch=True) as pool:
+    pool.submit(0, "d", "die")
+    try:
+        pool.finished()
+        died = None
+    except UnsafeFork as e:
+        died = str(e)
+print(json.dumps({"possible": possible, "refused": refused, "spun": spun,
+                  "stalled": stalled, "waited": waited, "after": after,
+                  "died": died, "seen": scale_workers._unsafe_fork_seen}))
+"""
+    )
+    assert got["possible"] == [False, True]
+    assert got["refused"] == [
+        "this process cannot fork workers safely",
+        "stall_s must be a positive number of seconds, got nan",
+        "only forked workers are watched",
+        "this process cannot fork watched workers",
+    ]
+    ((key, (_, jobs, value)),) = got["spun"]
+    assert (key, jobs, value) == (0, 1, "spinspin")  # busy, not stalled
+    assert got["stalled"].startswith(
+        "search worker 1, forked beside TensorFlow, made no progress for "
+    )
+    assert got["stalled"].endswith(" s running 'stuck'")
+    assert got["waited"] < 4.0  # found before the nap's 5 s were over
+    assert got["after"] is False
+    assert got["died"] == "search worker 0 died running 'd', forked beside TensorFlow"
+    assert got["seen"] is True
 
 
 def test_tensorflow_runs_once_its_thread_pools_start_not_when_imported():
@@ -279,6 +353,7 @@ import os, sys
 sys.path.insert(0, {tests!r})
 from layout_planner import scale_workers
 scale_workers.tensorflow_running = lambda: True  # its thread pools run: no fork
+scale_workers.FORK_BESIDE_TENSORFLOW = False  # and no watched fork either
 from scale_worker_jobs import job, make_state
 """
 
