@@ -312,9 +312,12 @@ def search(
     ``fewer_micro_batches``: then, on the best mesh, fewer and larger
     micro-batches (:func:`_fewer_rounds`), by the same processes.
 
-    ``workers > 1`` lays meshes out ahead on that many forked processes
-    (:class:`Ahead`); the passes take their results in the order above, so
-    the trials and the plan are the same for any number of workers.
+    ``workers > 1`` lays meshes out ahead on that many processes
+    (:class:`Ahead`, :func:`_processes`); the passes take their results in
+    the order above, so the trials and the plan are the same for any number
+    and kind of workers.  Should a worker forked beside TensorFlow stall
+    (:class:`~layout_planner.scale_workers.UnsafeFork`), the passes run
+    again on helpers started as fresh interpreters.
     """
     start = time.perf_counter()
     jobs = SearchJobs(

@@ -352,6 +352,10 @@ def test_after_tensorflow_the_search_forks_and_beside_its_runtime_watches_its_fo
         "    hardware='h100-nvlink-ib', memory_limit=30 * 2**20, time_limit_s=30.0)\n"
         "forked_made, made[:], helped[:] = list(made), [], []\n"
         "tensorflow.constant(1.0) + 1  # its runtime starts\n"
+        "# A tf.data pipeline keeps prefetching on TensorFlow's threads meanwhile.\n"
+        "data = iter(tensorflow.data.Dataset.range(10**9).map(lambda x: x * 2)\n"
+        "            .prefetch(256))\n"
+        "next(data)\n"
         "ran = [scale_workers.tensorflow_running(), scale_workers.fork_is_safe(),\n"
         "       scale_workers.watched_fork_possible()]\n"
         + _TWO_PROCESSES[: _TWO_PROCESSES.index("print(")]
@@ -381,7 +385,8 @@ def test_after_tensorflow_the_search_forks_and_beside_its_runtime_watches_its_fo
         "'wide_one': out(wide_one), 'wide_two': out(wide_two), "
         "'stalled': out(stalled), 'stalled_s': stalled_s, 'said': said[:3], "
         "'stalled_made': stalled_made, 'helped': len(helped), "
-        "'after': after, 'again_made': made, 'again': out(again)}))\n"
+        "'after': after, 'again_made': made, 'again': out(again), "
+        "'data': int(next(data))}))\n"
     )
     got = _in_fresh_interpreter(code, timeout=600)
     assert got["imported"] == [False, True]  # not running: a fork is safe
@@ -405,6 +410,7 @@ def test_after_tensorflow_the_search_forks_and_beside_its_runtime_watches_its_fo
     assert got["after"] == [False]
     assert got["again_made"] == ["fresh"] and got["again"] == got["wide_one"]
     assert got["helped"] > 0  # the helpers' results were taken
+    assert got["data"] == 2  # the pipeline still serves
 
 
 _CHECK_AHEAD = """
