@@ -21,10 +21,11 @@ it, and a stopped child makes no progress.  A busy child whose CPU time
 (``/proc/PID/stat``) stands still for ``stall_s`` while it is not runnable, or
 that dies, raises :class:`UnsafeFork`; this process then forks beside
 TensorFlow no more.  Where no fork is possible (or after such a stall)
-``Workers(..., fresh=True)`` starts each helper as a fresh interpreter (``python -c``, not ``multiprocessing``'s spawn, which would run
-the program's main module again): it imports the planner (about half a
-second), is sent the job and the state maker pickled, says it is ready, and
-serves as a forked worker does (:func:`fresh_helpers_possible`).
+``Workers(..., fresh=True)`` starts each helper as a fresh interpreter
+(``python -c``, not ``multiprocessing``'s spawn, which would run the
+program's main module again): it imports the planner (about half a second),
+is sent the job and the state maker pickled, says it is ready, and serves as
+a forked worker does (:func:`fresh_helpers_possible`).
 """
 
 from __future__ import annotations
