@@ -35,6 +35,12 @@ def job(state, item):
         while time.process_time() < end:
             pass
     return (state["pid"], state["jobs"], item * 2)
+def raised(pool, kind):  # what pool.finished() raised of kind (None: returned)
+    try:
+        pool.finished()
+    except kind as e:
+        return str(e)
+    return None
 def run(pool, w, items):
     out = []
     for k, item in enumerate(items):
@@ -179,11 +185,7 @@ with Workers(job, make_state, 2, watch=True, stall_s=0.3) as pool:
     (spun,) = run(pool, 0, ["spin"])
     pool.submit(1, "stuck", "nap")
     start = time.perf_counter()
-    try:
-        pool.finished()
-        stalled = None
-    except UnsafeFork as e:
-        stalled = str(e)
+    stalled = raised(pool, UnsafeFork)
     waited = time.perf_counter() - start
 after = watched_fork_possible()
 try:
@@ -193,11 +195,7 @@ except WorkerError as e:
 scale_workers._unsafe_fork_seen = False  # as in a fresh process
 with Workers(job, make_state, 1, watch=True) as pool:
     pool.submit(0, "d", "die")
-    try:
-        pool.finished()
-        died = None
-    except UnsafeFork as e:
-        died = str(e)
+    died = raised(pool, UnsafeFork)
 print(json.dumps({"possible": possible, "refused": refused, "spun": spun,
                   "stalled": stalled, "waited": waited, "after": after,
                   "died": died, "seen": scale_workers._unsafe_fork_seen}))
