@@ -1,20 +1,20 @@
 """The scale search's planning time in a program that imported TensorFlow.
 
-A program that lowers its plan has TensorFlow loaded when it plans.  Imported
-only, TensorFlow runs no thread of its own, and the search forks its workers
-as without it (``layout_planner.scale_workers.fork_is_safe``); once
-TensorFlow has run an op its thread pools exist, and the search forks its
-workers watched for a stall (``watched_fork_possible``), or, with
-``scale_workers.FORK_BESIDE_TENSORFLOW = False`` (or after a stall), starts
-a helper as a fresh interpreter and lays meshes out itself meanwhile.
-OR-tools is imported after TensorFlow (``RTLD_DEEPBIND``, docs/planner.md).
-This plans each reference model of ``bench/scale.py`` in a fresh
-interpreter that imported TensorFlow and took 8 logical CPUs first (not
-timed): with ``plan_transformer``'s defaults; after one TensorFlow op, with
-the defaults (watched forks), with the helper, and with ``workers=1`` (all
-in this process); and in one that did not import it (the setting of
-``bench/scale.py``).  ``--write`` puts the table in docs/benchmarks.md,
-section ``scale-after-tf``.
+A program that lowers its plan has TensorFlow loaded when it plans.  The
+search forks its workers, watched for a stall, wherever their CPU time can
+be read (``layout_planner.scale_workers.watched_fork_possible``): with
+TensorFlow imported only (which runs no thread of its own, so a fork is safe
+even unwatched, ``fork_is_safe``) and after TensorFlow has run an op (its
+thread pools started).  With ``scale_workers.FORK_BESIDE_TENSORFLOW =
+False`` (or after a stall) it starts a helper as a fresh interpreter there
+instead and lays meshes out itself meanwhile.  OR-tools is imported after
+TensorFlow (``RTLD_DEEPBIND``, docs/planner.md).  This plans each reference
+model of ``bench/scale.py`` in a fresh interpreter that imported TensorFlow
+and took 8 logical CPUs first (not timed): with ``plan_transformer``'s
+defaults; after one TensorFlow op, with the defaults, with the helper, and
+with ``workers=1`` (all in this process); and in one that did not import it
+(the setting of ``bench/scale.py``).  ``--write`` puts the table in
+docs/benchmarks.md, section ``scale-after-tf``.
 
     .venv/bin/python bench/scale_after_tf.py [--runs 3] [--only gpt3,...] [--write]
 """
@@ -75,8 +75,8 @@ plan = plan_transformer(case.config, case.devices, case.hardware,
 seconds = time.perf_counter() - start
 workers = workers or default_workers()
 how = ("one process" if workers == 1
-       else f"{workers}, forked" if fork_is_safe()
        else f"{workers}, forked, watched" if watched_fork_possible()
+       else f"{workers}, forked" if fork_is_safe()
        else f"{workers}, helper")
 trials = [[str(t.choice), t.step_time_s, t.fits, t.note] for t in plan.trials]
 print(json.dumps({"seconds": seconds, "how": how,
@@ -149,9 +149,9 @@ def main() -> None:
         "first and took 8 logical CPUs (`mtf.logical_devices(8)`; not timed), "
         "as a program that lowers its plan has.  *TensorFlow imported*: "
         "`plan_transformer`'s defaults (TensorFlow runs no thread of its own "
-        "yet: the workers are forked); *TensorFlow ran an op* "
-        "(`tf.constant(1.0) + 1`, its thread pools started): the defaults, so "
-        "workers forked and watched for a stall; *no fork beside it*: the "
+        "yet); *TensorFlow ran an op* (`tf.constant(1.0) + 1`, its thread "
+        "pools started): the defaults; both fork the workers, watched for a "
+        "stall; *no fork beside it*: the "
         "same with `scale_workers.FORK_BESIDE_TENSORFLOW = False`, so a helper "
         "started as a fresh interpreter beside this process; *one process*: "
         "`workers=1`; *without*: an interpreter that did not import "

@@ -103,15 +103,15 @@ _log = logging.getLogger(__name__)
 
 def _processes(many: bool) -> str:
     """How the search runs (:func:`search`'s ``attempt``): on forked workers
-    where a fork is safe, else on forked workers watched for a stall beside
-    TensorFlow's running threads, else on fresh helpers, else in one
-    process (and with one worker)."""
+    watched for a stall where their CPU time can be read (beside a running
+    TensorFlow too), else on forked workers where a fork is safe unwatched,
+    else on fresh helpers, else in one process (and with one worker)."""
     if not many:
         return "one"
-    if fork_is_safe():
-        return "forked"
     if watched_fork_possible():
         return "watched"
+    if fork_is_safe():
+        return "forked"
     return "fresh" if fresh_helpers_possible() else "one"
 
 
@@ -315,7 +315,7 @@ def search(
     ``workers > 1`` lays meshes out ahead on that many processes
     (:class:`Ahead`, :func:`_processes`); the passes take their results in
     the order above, so the trials and the plan are the same for any number
-    and kind of workers.  Should a worker forked beside TensorFlow stall
+    and kind of workers.  Should a forked worker stall or die
     (:class:`~layout_planner.scale_workers.UnsafeFork`), the passes run
     again on helpers started as fresh interpreters.
     """
@@ -339,9 +339,9 @@ def search(
         how: str,
     ) -> tuple[list[ScaleTrial], Outcome | None, Checked | None, Stages | None]:
         """The passes (and the winner's check, where a worker ran it ahead)
-        with results from processes of kind ``how``: "forked", "watched"
-        (forked beside TensorFlow's running threads), "fresh" (helpers
-        started as fresh interpreters, this process working too) or "one"."""
+        with results from processes of kind ``how``: "watched" (forked,
+        watched for a stall), "forked", "fresh" (helpers started as fresh
+        interpreters, this process working too) or "one"."""
         source: Source
         if how == "one":
             source = InProcess(meshes, jobs.run, new_stages())
@@ -399,7 +399,10 @@ def search(
         # on helpers that share no state with TensorFlow's threads.
         _log.warning("%s; searching again with helpers started afresh", e)
         if progress is not None:
-            progress("a forked worker stalled: searching again with fresh helpers", 0.0)
+            progress(
+                "a forked worker stalled or died: searching again with fresh helpers",
+                0.0,
+            )
         trials, best, checked, stages = attempt(
             "fresh" if fresh_helpers_possible() else "one"
         )

@@ -6,21 +6,23 @@ size.  :class:`Workers` forks processes that each build their own such state
 once and run job after job on it, so the parent can send the meshes of one
 micro-batch size to the process that already holds its graphs.
 
-Forking is safe only in a process whose TensorFlow, if loaded, has not
-started its runtime (:func:`tensorflow_running`: its thread pools, which a
-fork would copy half-held; importing TensorFlow starts none), that solves in
-this process (beside a solver process the children would share its pipe),
-runs no other Python thread and is not itself a daemonic worker
+Forking unwatched is safe only in a process whose TensorFlow, if loaded,
+has not started its runtime (:func:`tensorflow_running`: its thread pools,
+which a fork would copy half-held; importing TensorFlow starts none), that
+solves in this process (beside a solver process the children would share
+its pipe), runs no other Python thread and is not itself a daemonic worker
 (:func:`fork_is_safe`).
 
-Beside a running TensorFlow (a program that ran an op before it planned) the
-children are forked all the same, but *watched* (``Workers(..., watch=True)``,
-:func:`watched_fork_possible`): a child never calls TensorFlow, so only a lock
-that one of its threads held at the fork (none does while it idles) could stop
-it, and a stopped child makes no progress.  A busy child whose CPU time
-(``/proc/PID/stat``) stands still for ``stall_s`` while it is not runnable, or
-that dies, raises :class:`UnsafeFork`; this process then forks beside
-TensorFlow no more.  Where no fork is possible (or after such a stall)
+The search forks its workers *watched* wherever their CPU time can be read
+(``Workers(..., watch=True)``, :func:`watched_fork_possible`), and so also
+beside a running TensorFlow (a program that ran an op before it planned) or
+another library's native threads: a child never calls them, so only a lock
+that one of their threads held at the fork (none does while it idles) could
+stop it, and a stopped child makes no progress.  A busy child whose CPU
+time (``/proc/PID/stat``) stands still for ``stall_s`` while it is neither
+runnable nor waiting on the disk, or that dies, raises
+:class:`UnsafeFork`; this process then forks no more.  Where no fork is
+possible (or after such a stall)
 ``Workers(..., fresh=True)`` starts each helper as a fresh interpreter
 (``python -c``, not ``multiprocessing``'s spawn, which would run the
 program's main module again): it imports the planner (about half a second),
@@ -62,12 +64,12 @@ __all__ = [
 #: What a fresh helper sends once it has imported the planner.
 _READY = "ready"
 
-#: Whether the search may fork watched workers beside a running TensorFlow
-#: (:func:`watched_fork_possible`); False: fresh helpers there.
+#: Whether the search may fork (watched) workers beside a running
+#: TensorFlow (:func:`watched_fork_possible`); False: fresh helpers there.
 FORK_BESIDE_TENSORFLOW = True
 
-#: Set when a worker forked beside TensorFlow stalled or died
-#: (:class:`UnsafeFork`): this process forks beside it no more.
+#: Set when a forked worker stalled or died (:class:`UnsafeFork`): this
+#: process forks no more.
 _unsafe_fork_seen = False
 
 
@@ -76,8 +78,8 @@ class WorkerError(RuntimeError):
 
 
 class UnsafeFork(WorkerError):
-    """A worker forked beside TensorFlow's running threads made no progress
-    for its stall time, or died: its work is to be done another way."""
+    """A watched forked worker made no progress for its stall time, or
+    died: its work is to be done another way."""
 
 
 def _fork_possible() -> bool:
@@ -86,26 +88,28 @@ def _fork_possible() -> bool:
         # A daemonic process (a pool's worker) may not have children.
         and not multiprocessing.current_process().daemon
         and threading.active_count() == 1
+        and not _unsafe_fork_seen
         and solver_process.solver_location() == "inprocess"
     )
 
 
 def fork_is_safe() -> bool:
-    """Whether this process can fork workers (see the module docstring).
-    Where it can, OR-tools is imported here first, so that the children
-    inherit it instead of each importing it (half a second apiece)."""
+    """Whether this process can fork workers without watching them (see the
+    module docstring).  Where it can, OR-tools is imported here first, so
+    that the children inherit it instead of each importing it (half a second
+    apiece)."""
     return _fork_possible() and not tensorflow_running()
 
 
 def watched_fork_possible() -> bool:
-    """Whether this process can fork workers watched for a stall beside
-    TensorFlow's running threads (see the module docstring): a fork is
-    possible but for them, :data:`FORK_BESIDE_TENSORFLOW` allows it, no such
-    worker has stalled here before, and a child's CPU time can be read."""
+    """Whether this process can fork workers watched for a stall (see the
+    module docstring): a fork is possible but for native threads,
+    :data:`FORK_BESIDE_TENSORFLOW` allows it beside a running TensorFlow, no
+    forked worker has stalled here before, and a child's CPU time can be
+    read."""
     return (
-        FORK_BESIDE_TENSORFLOW
-        and not _unsafe_fork_seen
-        and _fork_possible()
+        _fork_possible()
+        and (FORK_BESIDE_TENSORFLOW or not tensorflow_running())
         and _cpu_ticks(os.getpid()) is not None
     )
 
@@ -187,9 +191,10 @@ class Workers:
     collector if this process has (as a fork inherits it), and are not idle
     until they say they are ready (:meth:`finished` returns then too); one
     that dies before is :attr:`lost`, never idle (its work is the caller's).
-    With ``watch``, forked beside TensorFlow's running threads: a busy worker
-    that makes no progress for ``stall_s`` seconds, or dies, raises
-    :class:`UnsafeFork` in :meth:`finished` (see the module docstring)."""
+    With ``watch`` (forked, possibly beside TensorFlow's running threads), a
+    busy worker that makes no progress for ``stall_s`` seconds, or dies,
+    raises :class:`UnsafeFork` in :meth:`finished` (see the module
+    docstring)."""
 
     def __init__(
         self,
@@ -350,7 +355,7 @@ class Workers:
             except (EOFError, OSError) as e:
                 died = f"search worker {w} died running {self._busy[w]!r}"
                 if self._watch:
-                    raise self._unsafe(f"{died}, forked beside TensorFlow") from e
+                    raise self._unsafe(died) from e
                 raise WorkerError(died) from e
             key = self._busy.pop(w)
             self._progress.pop(w, None)
@@ -375,23 +380,24 @@ class Workers:
 
     def _check_progress(self, now: float) -> None:
         """Raises :class:`UnsafeFork` if a busy worker's CPU time has stood
-        still for the stall time while it was not runnable."""
+        still for the stall time while it was neither runnable nor waiting
+        on the disk."""
         for w, key in self._busy.items():
             ticks, since = self._progress[w]
             seen = _cpu_ticks(self._procs[w].pid)
             if seen is None:  # gone: its pipe says so next
                 continue
-            if seen[0] != ticks or seen[1] == "R":
+            if seen[0] != ticks or seen[1] in "RD":  # running, or paging in
                 self._progress[w] = (seen[0], now)
             elif now - since >= self._stall_s:
                 raise self._unsafe(
-                    f"search worker {w}, forked beside TensorFlow, made no "
-                    f"progress for {now - since:.1f} s running {key!r}"
+                    f"search worker {w} made no progress for "
+                    f"{now - since:.1f} s running {key!r}"
                 )
 
     def _unsafe(self, message: str) -> UnsafeFork:
-        """Notes that forking beside TensorFlow failed here (no more
-        watched forks in this process) and says so."""
+        """Notes that a forked worker failed here (this process forks no
+        more) and says so."""
         global _unsafe_fork_seen
         _unsafe_fork_seen = True
         return UnsafeFork(message)

@@ -314,12 +314,12 @@ def test_two_processes_give_the_same_plan_and_trials():
 def test_after_tensorflow_the_search_forks_and_beside_its_runtime_watches_its_forks():
     # A program that lowers its plan has TensorFlow loaded and its logical
     # devices configured.  Until its first op TensorFlow runs no thread of
-    # its own: the search forks its workers.  Once it has run an op its
-    # thread pools exist: the search forks all the same, watching each
-    # worker for a stall.  Should one stall (here: a job that sleeps in
-    # every forked worker), the search runs again on helpers started as
-    # fresh interpreters, and forks beside TensorFlow no more.  Every trial
-    # is the one process's, to the last bit.
+    # its own: a fork is safe.  Once it has run an op its thread pools
+    # exist: a fork is not safe unwatched, but the search watches each
+    # forked worker for a stall anyway, and forks.  Should one stall (here:
+    # a job that sleeps in every forked worker), the search runs again on
+    # helpers started as fresh interpreters, and forks no more.  Every
+    # trial is the one process's, to the last bit.
     import dataclasses
     import json
 
@@ -390,9 +390,9 @@ def test_after_tensorflow_the_search_forks_and_beside_its_runtime_watches_its_fo
     )
     got = _in_fresh_interpreter(code, timeout=600)
     assert got["imported"] == [False, True]  # not running: a fork is safe
-    assert got["forked_made"] == ["forked"]
+    assert got["forked_made"] == ["watched"]  # watched wherever it can be
     assert got["forked"] == got["one"]
-    assert got["ran"] == [True, False, True]  # running: forks are watched
+    assert got["ran"] == [True, False, True]  # running: not safe unwatched
     assert got["watched_made"] == ["watched", "watched"]  # both models
     assert got["watched_helped"] > 0
     assert got["one"] == got["two"]
@@ -401,7 +401,7 @@ def test_after_tensorflow_the_search_forks_and_beside_its_runtime_watches_its_fo
     meshes = [p for p, _ in got["seen"] if p.startswith("mesh ")]
     assert meshes and all(p.endswith("(on 2 processes)") for p in meshes)
     # The stall: found within seconds (one of stall time, then the search
-    # again), the same plan from fresh helpers, and no watched fork since.
+    # again), the same plan from fresh helpers, and no fork since.
     assert got["stalled_made"] == ["watched", "fresh"]
     assert got["said"][0].startswith("mesh 1 of")
     assert "a forked worker stalled" in got["said"][1]
@@ -843,6 +843,11 @@ def test_where_a_fork_is_unsafe_the_search_watches_its_forks_or_takes_fresh_help
 
     cores = max(1, min(len(os.sched_getaffinity(0)), 8))
     assert _processes(False) == "one"
+    with monkeypatch.context() as patched:
+        patched.setattr(scale_workers, "tensorflow_running", lambda: False)
+        assert _processes(True) == "watched"  # wherever it can be
+        patched.setattr(scale_workers, "_cpu_ticks", lambda pid: None)
+        assert _processes(True) == "forked"  # no /proc: safe unwatched
     with monkeypatch.context() as patched:  # TensorFlow's thread pools run
         patched.setattr(scale_workers, "tensorflow_running", lambda: True)
         assert not fork_is_safe() and fresh_helpers_possible()
@@ -851,8 +856,12 @@ def test_where_a_fork_is_unsafe_the_search_watches_its_forks_or_takes_fresh_help
         patched.setattr(scale_workers, "FORK_BESIDE_TENSORFLOW", False)
         assert _processes(True) == "fresh"
         patched.setattr(scale_workers, "FORK_BESIDE_TENSORFLOW", True)
-        patched.setattr(scale_workers, "_unsafe_fork_seen", True)  # one stalled
-        assert _processes(True) == "fresh"
+        patched.setattr(scale_workers, "_cpu_ticks", lambda pid: None)
+        assert _processes(True) == "fresh"  # no /proc: not watched
+    with monkeypatch.context() as patched:  # a forked worker stalled here
+        patched.setattr(scale_workers, "_unsafe_fork_seen", True)
+        patched.setattr(scale_workers, "tensorflow_running", lambda: False)
+        assert _processes(True) == "fresh" and not fork_is_safe()
     stop = threading.Event()
     other = threading.Thread(target=stop.wait)
     other.start()
