@@ -378,6 +378,12 @@ def test_after_tensorflow_the_search_forks_and_beside_its_runtime_watches_its_fo
         "after = [scale_workers.watched_fork_possible()]\n"
         "kw['memory_limit'] = 2 * 2**30\n"
         "again = plan_transformer(wide, 8, workers=2, **kw)\n"
+        "again_made, made[:] = list(made), []\n"
+        "# Where no helper can start either, the search runs in this process.\n"
+        "import sys\n"
+        "scale_workers._unsafe_fork_seen, sys.executable = False, ''\n"
+        "kw['memory_limit'] = 30 * 2**20\n"
+        "alone = plan_transformer(cfg, 8, workers=2, **kw)\n"
         "print(json.dumps({'imported': imported, 'ran': ran, "
         "'forked_made': forked_made, 'forked': out(forked), "
         "'watched_made': watched_made, 'watched_helped': watched_helped, "
@@ -385,7 +391,8 @@ def test_after_tensorflow_the_search_forks_and_beside_its_runtime_watches_its_fo
         "'wide_one': out(wide_one), 'wide_two': out(wide_two), "
         "'stalled': out(stalled), 'stalled_s': stalled_s, 'said': said[:3], "
         "'stalled_made': stalled_made, 'helped': len(helped), "
-        "'after': after, 'again_made': made, 'again': out(again), "
+        "'after': after, 'again_made': again_made, 'again': out(again), "
+        "'alone_made': made, 'alone': out(alone), "
         "'data': int(next(data))}))\n"
     )
     got = _in_fresh_interpreter(code, timeout=600)
@@ -410,6 +417,7 @@ def test_after_tensorflow_the_search_forks_and_beside_its_runtime_watches_its_fo
     assert got["after"] == [False]
     assert got["again_made"] == ["fresh"] and got["again"] == got["wide_one"]
     assert got["helped"] > 0  # the helpers' results were taken
+    assert got["alone_made"] == ["watched"] and got["alone"] == got["one"]
     assert got["data"] == 2  # the pipeline still serves
 
 
