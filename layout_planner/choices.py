@@ -278,10 +278,11 @@ def plan_transformer(
     fraction)`` is called before each mesh of the search (and once more
     before the winner's check).  ``workers``: processes for the search's
     two passes (default: the usable cores, at most 8,
-    :func:`layout_planner.scale_workers.default_workers`): forked, watched
-    for a stall beside a running TensorFlow, or helper interpreters where no
-    fork is possible (:mod:`layout_planner.scale_workers`); the plan is the
-    same for any number and either kind.
+    :func:`layout_planner.scale_workers.default_workers`): forked (watched
+    for a stall wherever their CPU time can be read, and so beside a running
+    TensorFlow too), or helper interpreters where no fork is possible
+    (:mod:`layout_planner.scale_workers`); the plan is the same for any
+    number and either kind.
     """
     start = time.perf_counter()
     _check_config(config)

@@ -396,7 +396,7 @@ def search(
         trials, best, checked, stages = attempt(how)
     except UnsafeFork as e:
         # Nothing of the stalled attempt is kept: the same passes again,
-        # on helpers that share no state with TensorFlow's threads.
+        # on helpers that share no state (or lock) with this process.
         _log.warning("%s; searching again with helpers started afresh", e)
         if progress is not None:
             progress(

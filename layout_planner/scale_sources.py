@@ -212,7 +212,7 @@ class Ahead(Source):
         self._run = run
         # ``local``: where this process lays meshes out too, beside
         # helpers started as fresh interpreters (``workers`` of them);
-        # ``watch``: forked beside TensorFlow's threads, watched for a stall.
+        # ``watch``: forked workers watched for a stall (UnsafeFork).
         self.stages = local
         here = local is not None
         count = min(workers, len(meshes) - here)
