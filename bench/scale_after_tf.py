@@ -2,7 +2,7 @@
 
 A program that lowers its plan has TensorFlow loaded when it plans.  The
 search forks its workers, watched for a stall, wherever their CPU time can
-be read (``layout_planner.scale_workers.watched_fork_possible``): with
+be read (``layout_planner.scale_search.process_kind``): with
 TensorFlow imported only (which runs no thread of its own, so a fork is safe
 even unwatched, ``fork_is_safe``) and after TensorFlow has run an op (its
 thread pools started).  With ``scale_workers.FORK_BESIDE_TENSORFLOW =
@@ -63,8 +63,8 @@ if setting:
 from bench.scale import CASES
 from layout_planner import scale_workers
 from layout_planner.choices import plan_transformer
-from layout_planner.scale_workers import (
-    default_workers, fork_is_safe, watched_fork_possible)
+from layout_planner.scale_search import process_kind
+from layout_planner.scale_workers import default_workers
 if setting == "ranhelper":
     scale_workers.FORK_BESIDE_TENSORFLOW = False
 case = next(c for c in CASES if c.key == sys.argv[2])
@@ -74,10 +74,9 @@ plan = plan_transformer(case.config, case.devices, case.hardware,
                         encoder_decoder=case.encoder_decoder, workers=workers)
 seconds = time.perf_counter() - start
 workers = workers or default_workers()
-how = ("one process" if workers == 1
-       else f"{workers}, forked, watched" if watched_fork_possible()
-       else f"{workers}, forked" if fork_is_safe()
-       else f"{workers}, helper")
+how = {"one": "one process", "watched": f"{workers}, forked, watched",
+       "forked": f"{workers}, forked",
+       "fresh": f"{workers}, helper"}[process_kind(workers > 1)]
 trials = [[str(t.choice), t.step_time_s, t.fits, t.note] for t in plan.trials]
 print(json.dumps({"seconds": seconds, "how": how,
                   "plan": [str(plan.choice), plan.layout_rules, plan.step_time_s],

@@ -101,11 +101,12 @@ REL_TOL = 1e-9
 _log = logging.getLogger(__name__)
 
 
-def _processes(many: bool) -> str:
-    """How the search runs (:func:`search`'s ``attempt``): on forked workers
-    watched for a stall where their CPU time can be read (beside a running
-    TensorFlow too), else on forked workers where a fork is safe unwatched,
-    else on fresh helpers, else in one process (and with one worker)."""
+def process_kind(many: bool) -> str:
+    """How a search runs in this process (:func:`search`'s ``attempt``;
+    ``many``: more than one worker and mesh): on forked workers watched for
+    a stall where their CPU time can be read (beside a running TensorFlow
+    too), else on forked workers where a fork is safe unwatched, else on
+    fresh helpers, else in one process (and with one worker)."""
     if not many:
         return "one"
     if watched_fork_possible():
@@ -313,7 +314,7 @@ def search(
     micro-batches (:func:`_fewer_rounds`), by the same processes.
 
     ``workers > 1`` lays meshes out ahead on that many processes
-    (:class:`Ahead`, :func:`_processes`); the passes take their results in
+    (:class:`Ahead`, :func:`process_kind`); the passes take their results in
     the order above, so the trials and the plan are the same for any number
     and kind of workers.  Should a forked worker stall or die
     (:class:`~layout_planner.scale_workers.UnsafeFork`), the passes run
@@ -391,7 +392,7 @@ def search(
                     checked = source.checked(best.trial.choice, best.trial.layout_rules)
         return trials, best, checked, source.stages
 
-    how = _processes(workers > 1 and len(meshes) > 1)
+    how = process_kind(workers > 1 and len(meshes) > 1)
     try:
         trials, best, checked, stages = attempt(how)
     except UnsafeFork as e:

@@ -842,7 +842,7 @@ def test_where_a_fork_is_unsafe_the_search_watches_its_forks_or_takes_fresh_help
     import threading
 
     from layout_planner import scale_workers
-    from layout_planner.scale_search import _processes
+    from layout_planner.scale_search import process_kind
     from layout_planner.scale_workers import (
         default_workers,
         fork_is_safe,
@@ -850,33 +850,33 @@ def test_where_a_fork_is_unsafe_the_search_watches_its_forks_or_takes_fresh_help
     )
 
     cores = max(1, min(len(os.sched_getaffinity(0)), 8))
-    assert _processes(False) == "one"
+    assert process_kind(False) == "one"
     with monkeypatch.context() as patched:
         patched.setattr(scale_workers, "tensorflow_running", lambda: False)
-        assert _processes(True) == "watched"  # wherever it can be
+        assert process_kind(True) == "watched"  # wherever it can be
         patched.setattr(scale_workers, "_cpu_ticks", lambda pid: None)
-        assert _processes(True) == "forked"  # no /proc: safe unwatched
+        assert process_kind(True) == "forked"  # no /proc: safe unwatched
     with monkeypatch.context() as patched:  # TensorFlow's thread pools run
         patched.setattr(scale_workers, "tensorflow_running", lambda: True)
         assert not fork_is_safe() and fresh_helpers_possible()
         assert default_workers() == cores
-        assert _processes(True) == "watched"
+        assert process_kind(True) == "watched"
         patched.setattr(scale_workers, "FORK_BESIDE_TENSORFLOW", False)
-        assert _processes(True) == "fresh"
+        assert process_kind(True) == "fresh"
         patched.setattr(scale_workers, "FORK_BESIDE_TENSORFLOW", True)
         patched.setattr(scale_workers, "_cpu_ticks", lambda pid: None)
-        assert _processes(True) == "fresh"  # no /proc: not watched
+        assert process_kind(True) == "fresh"  # no /proc: not watched
     with monkeypatch.context() as patched:  # a forked worker stalled here
         patched.setattr(scale_workers, "_unsafe_fork_seen", True)
         patched.setattr(scale_workers, "tensorflow_running", lambda: False)
-        assert _processes(True) == "fresh" and not fork_is_safe()
+        assert process_kind(True) == "fresh" and not fork_is_safe()
     stop = threading.Event()
     other = threading.Thread(target=stop.wait)
     other.start()
     try:  # another thread could hold a lock a fork would copy: not watched
         assert not fork_is_safe() and fresh_helpers_possible()
         assert default_workers() == cores
-        assert _processes(True) == "fresh"
+        assert process_kind(True) == "fresh"
     finally:
         stop.set()
         other.join()
