@@ -4,9 +4,16 @@ The scale search builds a small stage graph per micro-batch size and
 recomputation option, and checks its winner on the full stage graph: for
 T5-11B that is the whole 48-layer encoder-decoder with Adam (about 21,000
 ops), built while the other worker waits.  Times ``build_encoder_decoder``
-of that graph and ``build_lm`` of GPT-3's 2-layer stage graph (the least
-CPU seconds of ``--repeats`` builds, ten times as many of the small one, in a fresh interpreter, with the
-cyclic collector paused as the search pauses it), by the tree of ``--base``
+of that graph, ``build_lm`` of GPT-3's 2-layer stage graph, and
+``build_lm`` of the 10-layer stage that Llama-2-70B on 64 H100 is checked
+on, every attention and feed-forward block recomputed; and, beyond the
+search, GPT-3's whole 96-layer graph with every block recomputed and a
+pipelined step of 8 stages and 16 micro-batches
+(``mtf_core.pipeline.build_pipelined_lm``), whose backward passes once
+walked the whole graph each: the least CPU
+seconds of ``--repeats`` builds (ten times as many of the small one) in a
+fresh interpreter, with the cyclic collector paused as the search pauses
+it, by the tree of ``--base``
 and by this one in turn, and checks that both trees build the same ops.
 Prints (and with ``--write`` puts in docs/benchmarks.md, section
 ``graph-build``) the medians and their ratio.
@@ -44,13 +51,25 @@ from cost_models.gc_pause import gc_paused
 from layout_planner.choices import ScaleChoice
 from layout_planner.scale_plan import stage_config_for
 from mtf_core.models.transformer import build_encoder_decoder, build_lm
+from mtf_core.pipeline import PipelineStages, build_pipelined_lm
 cases = {c.key: c for c in CASES}
+
+def pipelined(cfg, optimizer):
+    return build_pipelined_lm(cfg, PipelineStages(8, 16, "1f1b"), optimizer)
+
 graphs = {
     "t5": (build_encoder_decoder, stage_config_for(
         cases["t5"].config, ScaleChoice(1, 16, 4, 64, "1f1b", "none", "none"),
         cases["t5"].config.num_layers)),
     "gpt3": (build_lm, stage_config_for(
         cases["gpt3"].config, ScaleChoice(16, 16, 4, 96, "1f1b", "none", "none"), 2)),
+    "llama64": (build_lm, stage_config_for(
+        cases["llama64"].config, ScaleChoice(8, 8, 1, 128, "1f1b", "block", "block"),
+        cases["llama64"].config.num_layers // 8)),
+    "deep": (build_lm, cases["gpt3"].config.replace(
+        recompute_attention="block", recompute_ffn="block", shardable_weights=True)),
+    "pipeline": (pipelined, cases["llama64"].config.replace(
+        num_layers=16, shardable_weights=True)),
 }
 out = {}
 for key, (build, cfg) in graphs.items():
@@ -71,6 +90,15 @@ print(json.dumps(out))
 _TITLES = {
     "t5": "T5-11B stage, 24 + 24 layers (the winner's check)",
     "gpt3": "GPT-3 stage graph, 2 layers (a representative)",
+    "llama64": (
+        "Llama-2-70B on 64 H100, 10 layers, whole blocks recomputed "
+        "(the winner's check)"
+    ),
+    "deep": "GPT-3, all 96 layers, whole blocks recomputed (one graph)",
+    "pipeline": (
+        "Llama-2-70B shape, 16 layers in 8 stages of 16 micro-batches "
+        "(a pipelined step)"
+    ),
 }
 
 

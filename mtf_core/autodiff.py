@@ -59,9 +59,8 @@ def gradients(
                 f"gradients: {t.name} belongs to another graph than "
                 f"{ys[0].name}; ys and xs must be tensors of one graph"
             )
-    if operations is None:
-        ops = list(graph.operations)
-    else:
+    ops: list[Operation] | None = None
+    if operations is not None:
         if isinstance(operations, Operation) or not isinstance(operations, Iterable):
             raise GraphError(
                 f"gradients: operations is {operations!r}; expected a list of "
@@ -74,21 +73,30 @@ def gradients(
                     f"gradients: operations holds {op!r}; expected operations "
                     f"of the graph of {ys[0].name}"
                 )
-    within = set(ops)
-    # tensors downstream of xs
-    downstream: set[Tensor] = set(xs)
-    for op in ops:
-        if any(t in downstream for t in op.inputs):
-            downstream.update(op.outputs)
+    within = None if ops is None else set(ops)
     # ops upstream of ys
     upstream_ops: set[Operation] = set()
     stack = [y.operation for y in ys]
     while stack:
         op = stack.pop()
-        if op in upstream_ops or op not in within:
+        if op in upstream_ops or (within is not None and op not in within):
             continue
         upstream_ops.add(op)
         stack.extend(t.operation for t in op.inputs)
+    # Only they can carry a gradient from ys to xs: the walks below visit
+    # them alone, in graph order, not every op of the graph (a pipeline
+    # takes one backward per stage and micro-batch, each reading a small
+    # part of a large graph).  An input of one of them is made by another of
+    # them or by no op of ``operations``.
+    if ops is None:
+        ops = sorted(upstream_ops, key=_position)
+    else:
+        ops = [op for op in ops if op in upstream_ops]
+    # tensors downstream of xs
+    downstream: set[Tensor] = set(xs)
+    for op in ops:
+        if any(t in downstream for t in op.inputs):
+            downstream.update(op.outputs)
     grads: dict[Tensor, list[Tensor]] = {}
     for i, y in enumerate(ys):
         g = grad_ys[i] if grad_ys is not None else None
@@ -96,7 +104,7 @@ def gradients(
             g if g is not None else ones(y.mesh, y.shape, y.dtype)
         )
     for op in reversed(ops):
-        if op not in upstream_ops or not any(t in downstream for t in op.outputs):
+        if not any(t in downstream for t in op.outputs):
             continue
         out_grads = [_sum(grads.get(t)) for t in op.outputs]
         if all(g is None for g in out_grads):
@@ -110,6 +118,10 @@ def gradients(
                 continue
             grads.setdefault(t, []).append(g)
     return [_sum(grads.get(x)) for x in xs]
+
+
+def _position(op: Operation) -> int:
+    return op.graph_index
 
 
 def zero_filled(

@@ -348,6 +348,8 @@ class Operation:
         self._unsplittable: frozenset[str] = frozenset()
         self._dim_names: frozenset[str] | None = None  # all_dim_names, cached
         self.name = graph.unique_name(name or self.op_type.lower())
+        #: Where this op is in ``graph.operations`` (which only grows).
+        self.graph_index = len(graph.operations)
         graph.operations.append(self)
 
     def _clone(self, inputs: list[Tensor]) -> Operation:
@@ -364,6 +366,7 @@ class Operation:
             Tensor(clone, t.shape, t.dtype, i) for i, t in enumerate(self._outputs)
         ]
         clone.name = self.graph.unique_name(self.name)
+        clone.graph_index = len(self.graph.operations)
         self.graph.operations.append(clone)
         return clone
 

@@ -54,10 +54,14 @@ def recompute_block(fn: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
         ins: list[Tensor], outs: list[Tensor], gys: list[Tensor | None], needed: object
     ) -> list[Tensor | None]:
         grads = zero_filled(gys, outs)
+        start = len(graph.operations)
         fresh = [ew.identity(t) for t in ins]
         with provided_variables(graph, dict(zip(names, fresh[1:]))):
             again = fn(fresh[0])
-        return gradients([again], fresh, grads)
+        # Only the copy made here can lie between ``fresh`` and ``again``:
+        # differentiating through it alone gives the same ops as through the
+        # whole graph, without walking every op of the graph once per block.
+        return gradients([again], fresh, grads, operations=graph.operations[start:])
 
     op = CustomGradientOp([out], [x, *weights], grad_fn, name="recompute")
     return op.outputs[0]
