@@ -37,7 +37,9 @@ def gradients(
 
     ``operations``: the operations to differentiate through, in graph order
     (Mesh TF's argument; default every operation of the graph), e.g. the
-    copies :meth:`~mtf_core.graph.Graph.clone_operations` made.
+    copies :meth:`~mtf_core.graph.Graph.clone_operations` made.  Only those
+    upstream of ``ys`` are walked, so one block's gradient in a large graph
+    costs that block's ops.
 
     >>> # dw = mtf.gradients([loss], [w])[0]
     """
