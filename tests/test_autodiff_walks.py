@@ -10,26 +10,18 @@ The graphs built are the same op for op as through a walk of the whole graph.
 
 from __future__ import annotations
 
+from test_scale_recompute import CFG as SMALL
+
 import mtf_core.autodiff as autodiff
 import mtf_core.pipeline as pipeline
 import mtf_core.recompute as recompute
-from mtf_core.models import TransformerConfig, build_lm
+from mtf_core.models import build_lm
 from mtf_core.ops.variables import Variable
 from mtf_core.pipeline import PipelineStages, build_pipelined_lm
 
-CFG = TransformerConfig(
-    num_layers=4,
-    d_model=32,
-    heads=4,
-    d_kv=8,
-    d_ff=64,
-    vocab=64,
-    length=16,
-    batch=8,
-    activation_dtype="bfloat16",
-    shardable_weights=True,
-    shardable_slots=True,
-)
+# test_scale_recompute's small model, deeper, in mixed precision, with its
+# optimizer slots shardable too.
+CFG = SMALL.replace(num_layers=4, activation_dtype="bfloat16", shardable_slots=True)
 
 
 def _ops(graph) -> list[tuple[str, str, list[str], list[str]]]:
