@@ -3,20 +3,24 @@
 The scale search builds a small stage graph per micro-batch size and
 recomputation option, and checks its winner on the full stage graph: for
 T5-11B that is the whole 48-layer encoder-decoder with Adam (about 21,000
-ops), built while the other worker waits.  Times ``build_encoder_decoder``
-of that graph, ``build_lm`` of GPT-3's 2-layer stage graph, and
-``build_lm`` of the 10-layer stage that Llama-2-70B on 64 H100 is checked
-on, every attention and feed-forward block recomputed; and, beyond the
-search, GPT-3's whole 96-layer graph with every block recomputed and a
-pipelined step of 8 stages and 16 micro-batches
-(``mtf_core.pipeline.build_pipelined_lm``), whose backward passes once
-walked the whole graph each: the least CPU
-seconds of ``--repeats`` builds (ten times as many of the small one) in a
-fresh interpreter, with the cyclic collector paused as the search pauses
-it, by the tree of ``--base``
-and by this one in turn, and checks that both trees build the same ops.
-Prints (and with ``--write`` puts in docs/benchmarks.md, section
-``graph-build``) the medians and their ratio.
+ops), built while the other worker waits.  Times:
+
+* ``build_encoder_decoder`` of that graph;
+* ``build_lm`` of GPT-3's 2-layer stage graph;
+* ``build_lm`` of the 10-layer stage that Llama-2-70B on 64 H100 is checked
+  on, every attention and feed-forward block recomputed;
+* beyond the search, GPT-3's whole 96-layer graph with every block
+  recomputed, and a pipelined step of 8 stages and 16 micro-batches
+  (``mtf_core.pipeline.build_pipelined_lm``): graphs whose backward passes
+  (one per block, one per stage and micro-batch) walked the whole graph
+  each before ``mtf.gradients`` walked only what they differentiate.
+
+Each figure is the least CPU seconds of ``--repeats`` builds (ten times as
+many of the 2-layer graph) in a fresh interpreter, with the cyclic
+collector paused as the search pauses it, by the tree of ``--base`` and by
+this one in turn; both trees must build the same ops.  Prints (and with
+``--write`` puts in docs/benchmarks.md, section ``graph-build``) the
+medians and their ratio.
 
     .venv/bin/python bench/graph_build.py --base REV [--runs 4] [--repeats 3]
         [--write]
