@@ -92,6 +92,10 @@ def gradients(
     # them or by no op of ``operations``.
     if ops is None:
         ops = sorted(upstream_ops, key=_position)
+        listed = graph.operations
+        if not all(_listed_at_its_index(op, listed) for op in ops):
+            # a list someone reordered: find its order the long way
+            ops = [op for op in listed if op in upstream_ops]
     else:
         ops = [op for op in ops if op in upstream_ops]
     # tensors downstream of xs
@@ -123,7 +127,14 @@ def gradients(
 
 
 def _position(op: Operation) -> int:
-    return op.graph_index
+    """Where ``op`` was added to its graph's list (-1 for an op that does
+    not say: made by code that skipped ``Operation.__init__``)."""
+    return getattr(op, "graph_index", -1)
+
+
+def _listed_at_its_index(op: Operation, listed: list[Operation]) -> bool:
+    i = getattr(op, "graph_index", -1)
+    return 0 <= i < len(listed) and listed[i] is op
 
 
 def zero_filled(

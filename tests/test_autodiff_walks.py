@@ -107,3 +107,26 @@ def test_a_pipelines_backward_walks_only_its_own_micro_batch(monkeypatch) -> Non
     )
     again = build_pipelined_lm(CFG, spec, "adam")
     assert _ops(again.graph) == _ops(model.graph)
+
+
+def _small_gradients(corrupt: bool) -> list[tuple[str, str, list[str], list[str]]]:
+    import mtf_core as mtf
+
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "m")
+    x = mtf.placeholder(mesh, "batch:4,d:8")
+    w = mtf.get_variable(mesh, "w", "d:8,h:16")
+    h = mtf.relu(mtf.einsum([x, w], output_shape="batch:4,h:16"))
+    loss = mtf.reduce_sum(h * h)
+    if corrupt:
+        del h.operation.graph_index  # as if made without Operation.__init__
+        loss.operation.graph_index = 0  # as if the list had been reordered
+    mtf.gradients([loss], [w])
+    return _ops(graph)
+
+
+def test_ops_out_of_their_place_are_walked_in_the_lists_order() -> None:
+    """An op whose index does not match ``graph.operations`` (code that
+    reordered the list, or made an op without ``Operation.__init__``) sends
+    ``gradients`` to the list's own order: the same gradient ops."""
+    assert _small_gradients(corrupt=True) == _small_gradients(corrupt=False)
