@@ -127,13 +127,12 @@ def gradients(
 
 
 def _position(op: Operation) -> int:
-    """Where ``op`` was added to its graph's list (-1 for an op that does
-    not say: made by code that skipped ``Operation.__init__``)."""
-    return getattr(op, "graph_index", -1)
+    """``op``'s place in its graph's list (the order the walks take)."""
+    return op.graph_index
 
 
 def _listed_at_its_index(op: Operation, listed: list[Operation]) -> bool:
-    i = getattr(op, "graph_index", -1)
+    i = op.graph_index
     return 0 <= i < len(listed) and listed[i] is op
 
 

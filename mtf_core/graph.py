@@ -66,6 +66,13 @@ class Graph:
             self._names_in_use[key] = 1
         return f"{name}_{uses - 1}"
 
+    def _add_operation(self, op: Operation, name: str) -> None:
+        """Appends ``op`` to :attr:`operations` under a unique form of
+        ``name``, noting its place there (``op.graph_index``)."""
+        op.name = self.unique_name(name)
+        op.graph_index = len(self.operations)
+        self.operations.append(op)
+
     @property
     def tensors(self) -> list[Tensor]:
         return [t for op in self.operations for t in op.outputs]
@@ -311,6 +318,11 @@ class Operation:
     #: Stateful operations (assignments, random numbers) are never merged or pruned
     #: as pure computations.
     stateful: bool = False
+    #: Unique within its graph (:meth:`Graph.unique_name`).
+    name: str
+    #: Where this op is in ``graph.operations``, which only grows; -1 for an
+    #: op made without :meth:`Graph._add_operation`.
+    graph_index: int = -1
 
     def __init__(
         self,
@@ -347,10 +359,7 @@ class Operation:
         self._mesh = mesh
         self._unsplittable: frozenset[str] = frozenset()
         self._dim_names: frozenset[str] | None = None  # all_dim_names, cached
-        self.name = graph.unique_name(name or self.op_type.lower())
-        #: Where this op is in ``graph.operations`` (which only grows).
-        self.graph_index = len(graph.operations)
-        graph.operations.append(self)
+        graph._add_operation(self, name or self.op_type.lower())
 
     def _clone(self, inputs: list[Tensor]) -> Operation:
         """A copy of this op reading ``inputs`` (of the same shapes), added
@@ -365,9 +374,7 @@ class Operation:
         clone._outputs = [
             Tensor(clone, t.shape, t.dtype, i) for i, t in enumerate(self._outputs)
         ]
-        clone.name = self.graph.unique_name(self.name)
-        clone.graph_index = len(self.graph.operations)
-        self.graph.operations.append(clone)
+        self.graph._add_operation(clone, self.name)
         return clone
 
     def _add_output(self, shape: Any, dtype: Any) -> Tensor:
