@@ -3,9 +3,11 @@
 Plans each reference model of ``bench/scale.py`` in one process
 (``workers=1``) and on two forked workers (``workers=2``), with the phases
 of ``bench/scale_phases.py`` clocked in every process (the workers inherit
-the clock at the fork), and counts the stage graphs each process builds and
-the unit prices it computes (``UnitPricer.cost``: what the prices its meshes
-share missed).  Every process writes its counts and its CPU seconds after
+the clock at the fork), and counts the stage graphs each process builds
+(and their layers), the layer stacks it makes afresh (each from a 2-, 3-
+and 4-layer graph; another micro-batch size resizes one), the dimension
+graphs it makes and the unit prices it computes (``UnitPricer.cost``: what
+the prices its meshes share missed).  Every process writes its counts and its CPU seconds after
 each trial and each check to a file of its own, which the parent reads at
 the end (a worker replaced mid-job loses what it did since its last
 write).  Prints (and with ``--write`` puts in docs/benchmarks.md, section
@@ -29,7 +31,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.common import Patching  # noqa: E402
 from bench.scale_phases import PhaseClock, bench_main  # noqa: E402
 from cost_models import units  # noqa: E402
-from layout_planner import scale_search, scale_stages  # noqa: E402
+from layout_planner import scale_search, scale_stages, stacked  # noqa: E402
+from layout_planner.dim_graph import DimensionGraph  # noqa: E402
 
 
 class _Counts(Patching):
@@ -51,6 +54,7 @@ class _Counts(Patching):
             scale_search._trial,
             scale_search._full_evaluation,
         )
+        stack, dim_graph = stacked.LayerStack.__init__, DimensionGraph.from_graph
 
         def counted_price(pricer: Any, *args: Any, **kw: Any) -> Any:
             counts["unit prices"] += 1
@@ -59,7 +63,16 @@ class _Counts(Patching):
         def counted_graph(stages: Any, choice: Any, layers: int) -> Any:
             if stages._key(choice, layers) not in stages._graphs:
                 counts["graphs"] += 1
+                counts["layers"] += layers
             return graph(stages, choice, layers)
+
+        def counted_stack(made: Any, *args: Any, **kw: Any) -> None:
+            counts["stacks"] += 1
+            stack(made, *args, **kw)
+
+        def counted_dim_graph(cls: Any, *args: Any, **kw: Any) -> Any:
+            counts["dimension graphs"] += 1
+            return dim_graph(*args, **kw)
 
         def written_trial(*args: Any, **kw: Any) -> Any:
             try:
@@ -76,6 +89,8 @@ class _Counts(Patching):
         for owner, name, f in (
             (units.UnitPricer, "cost", counted_price),
             (scale_stages.Stages, "graph", counted_graph),
+            (stacked.LayerStack, "__init__", counted_stack),
+            (DimensionGraph, "from_graph", classmethod(counted_dim_graph)),
             (scale_search, "_trial", written_trial),
             (scale_search, "_full_evaluation", written_check),
         ):
@@ -129,7 +144,8 @@ def run(cases: list[Any]) -> str:
     rows = [
         "| model | wall s, 1 / 2 processes | CPU s (every process) "
         "| price tables CPU s | build and analyse graphs CPU s | graphs built "
-        "| unit prices computed |\n|---|---|---|---|---|---|---|"
+        "(layers) | stacks made afresh | dimension graphs | unit prices computed "
+        "|\n|---|---|---|---|---|---|---|---|---|"
     ]
     for case in cases:
         one_wall, one = _plan(case, 1)
@@ -141,6 +157,9 @@ def run(cases: list[Any]) -> str:
             f"| {_pair(one, two, 'cpu', 'price tables')} "
             f"| {_pair(one, two, 'cpu', 'build graphs', 'analyse graphs', 'stack')} "
             f"| {_pair(one, two, 'counts', 'graphs', digits=0)} "
+            f"({_pair(one, two, 'counts', 'layers', digits=0)}) "
+            f"| {_pair(one, two, 'counts', 'stacks', digits=0)} "
+            f"| {_pair(one, two, 'counts', 'dimension graphs', digits=0)} "
             f"| {_pair(one, two, 'counts', 'unit prices', digits=0)} |"
         )
         print(rows[-1], flush=True)
@@ -155,9 +174,10 @@ def main() -> None:
         "Scale search: what the second process repeats",
         "Each model planned in one process and on two forked workers, the "
         "phases of `bench/scale_phases.py` clocked in every process (their CPU "
-        "seconds summed over the processes), the stage graphs built and the "
-        "unit prices computed (each process shares its graphs and prices among "
-        "its meshes, not with the other).",
+        "seconds summed over the processes), the stage graphs built (their "
+        "layers), the layer stacks made afresh, the dimension graphs made and "
+        "the unit prices computed (each process shares its graphs, stacks and "
+        "prices among its meshes, not with the other).",
     )
 
 

@@ -8,6 +8,7 @@ graph on many meshes; all of this is computed once for all of them.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 
@@ -65,7 +66,6 @@ class GraphAnalysis:
         self.outputs = list(outputs)
         self.once_from = once_from
         with gc_paused():
-            self.dim_graph = DimensionGraph.from_graph(graph)
             #: Each step op's signature (:class:`cost_models.signatures.Signer`).
             self.op_signatures: dict[Operation, Signature] = {}
             self.unit_classes: list[UnitClass] = cost_unit_classes(
@@ -74,6 +74,14 @@ class GraphAnalysis:
             self.memory: MemoryModel = memory_model(graph, self.outputs)
             self._live_rows()
         self.seconds = time.perf_counter() - t0
+
+    @functools.cached_property
+    def dim_graph(self) -> DimensionGraph:
+        """The graph's dimension graph, made when first asked for: a stack's
+        3- and 4-layer graphs are analysed for their units and memory and
+        never need it (:mod:`layout_planner.stacked`)."""
+        with gc_paused():
+            return DimensionGraph.from_graph(self.graph)
 
     def _live_rows(self) -> None:
         memory = self.memory

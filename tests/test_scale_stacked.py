@@ -243,3 +243,25 @@ def test_a_resize_without_the_three_layer_graph_refuses_rows_that_do_not_scale(
     monkeypatch.setattr(stacked, "MAX_GRAPH_BYTES", limit)
     with pytest.raises(StackingError, match="may be too large"):
         reference.resized(_analysis(BASE.replace(batch=8), 2))
+
+
+def test_a_stacks_three_and_four_layer_graphs_get_no_dimension_graph():
+    """Stacking reads the 3- and 4-layer graphs' units and memory only: their
+    dimension graphs (a twentieth of the scale search's CPU on Llama-2-70B,
+    docs/scale.md) are never made; the 2-layer graph's is made when a
+    problem asks, and is the one an eager build gives."""
+    from layout_planner.dim_graph import DimensionGraph
+
+    two, three, four = (_analysis(BASE, k) for k in (2, 3, 4))
+    stacked = LayerStack(two, three, four).analysis(7)
+    problem = LayoutProblem(stacked.graph, MESH, HW, stacked.outputs, analysis=stacked)
+    assert problem.free_dims
+    assert "dim_graph" in two.__dict__  # the stack's problem asked for it
+    assert "dim_graph" not in three.__dict__
+    assert "dim_graph" not in four.__dict__
+    eager = DimensionGraph.from_graph(two.graph)
+    assert two.dim_graph.names == eager.names
+    assert two.dim_graph.tensor_conflicts() == eager.tensor_conflicts()
+    assert [two.dim_graph.info(n) for n in eager.names] == [
+        eager.info(n) for n in eager.names
+    ]
