@@ -12,6 +12,12 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
+	# An editable install compiles none of the project's modules; where
+	# PYTHONDONTWRITEBYTECODE is set (as on the CI machines), every fresh
+	# interpreter (a service worker, a search helper, a test's subprocess)
+	# would compile them from source again.  A module edited since is
+	# compiled again on import, as without this.
+	$(PY) -m compileall -q mtf_core cost_models layout_planner api conformance >/dev/null
 	touch $(STAMP)
 
 setup: $(STAMP)
