@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
 	# An editable install compiles none of the project's modules; where
-	# PYTHONDONTWRITEBYTECODE is set (as on the CI machines), every fresh
+	# PYTHONDONTWRITEBYTECODE is set (as on this project's machines), every fresh
 	# interpreter (a service worker, a search helper, a test's subprocess)
 	# would compile them from source again.  A module edited since is
 	# compiled again on import, as without this.

@@ -247,9 +247,9 @@ def test_a_resize_without_the_three_layer_graph_refuses_rows_that_do_not_scale(
 
 def test_a_stacks_three_and_four_layer_graphs_get_no_dimension_graph():
     """Stacking reads the 3- and 4-layer graphs' units and memory only: their
-    dimension graphs (a twentieth of the scale search's CPU on Llama-2-70B,
-    docs/scale.md) are never made; the 2-layer graph's is made when a
-    problem asks, and is the one an eager build gives."""
+    dimension graphs are never made (docs/scale.md, "What keeps it this
+    fast"); the 2-layer graph's is made when a problem asks, and is the one
+    an eager build gives."""
     from layout_planner.dim_graph import DimensionGraph
 
     two, three, four = (_analysis(BASE, k) for k in (2, 3, 4))
