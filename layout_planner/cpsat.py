@@ -42,12 +42,19 @@ _STATUS = {
 # pure-Boolean: presolve probing, and presolve loops after the first, cost more
 # than the whole search; the model breaks its own axis symmetries, so CP-SAT's
 # symmetry detection finds nothing worth its time (together about a fifth of a
-# 3-axis solve, bench/planner.py).
-TUNING: dict[str, int] = {
+# 3-axis solve, bench/planner.py).  Likewise the SAT solver's inprocessing
+# (probing, transitive reduction between restarts) and merging the at-most-one
+# constraints into maximal cliques when the model loads: without them the
+# scale search's programs solve in 0.65-0.74 of the time and the planner's in
+# 0.75, to the same answers (bench/cpsat_settings.py,
+# tests/test_planner_cpsat.py).
+TUNING: dict[str, int | float | bool] = {
     "cp_model_probing_level": 0,
     "linearization_level": 2,
     "symmetry_level": 0,
     "max_presolve_iterations": 1,
+    "use_sat_inprocessing": False,
+    "merge_at_most_one_work_limit": 0.0,
 }
 # The tie-break solves (the time fixed at its optimum, the answer unique) run
 # without the LP relaxation, which costs them more than it saves on the scale

@@ -124,6 +124,51 @@ def test_tie_break_solves_run_without_the_lp_to_the_same_answers(
     assert all(s.status is SolveStatus.OPTIMAL for s in fast.solutions)
 
 
+@pytest.mark.parametrize("objective", [Objective.TIME, Objective.MEMORY])
+def test_without_inprocessing_or_clique_merging_the_answers_are_cp_sats_defaults(
+    objective: Objective, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The planner turns off the SAT solver's inprocessing and the merging of
+    at-most-one constraints into cliques (cpsat.TUNING): every rank, phase by
+    phase, comes out as under CP-SAT's defaults for both."""
+    from ortools.sat import sat_parameters_pb2
+
+    from layout_planner import cpsat
+
+    program = _small_program(objective)
+    params = SolveParams(60, 1, 0, 4, max_objective_weight=50)
+    seen: list[tuple[bool, float]] = []
+    solve = cpsat.cp_model.CpSolver.solve
+
+    def spy(self, model, *args, **kwargs):  # type: ignore[no-untyped-def]
+        prm = self.parameters
+        seen.append((prm.use_sat_inprocessing, prm.merge_at_most_one_work_limit))
+        return solve(self, model, *args, **kwargs)
+
+    monkeypatch.setattr(cpsat.cp_model.CpSolver, "solve", spy)
+    tuned = cpsat.solve_program(program, params)
+    assert seen and set(seen) == {(False, 0.0)}
+    defaults = sat_parameters_pb2.SatParameters()
+    monkeypatch.setitem(
+        cpsat.TUNING, "use_sat_inprocessing", defaults.use_sat_inprocessing
+    )
+    monkeypatch.setitem(
+        cpsat.TUNING,
+        "merge_at_most_one_work_limit",
+        defaults.merge_at_most_one_work_limit,
+    )
+    seen.clear()
+    plain = cpsat.solve_program(program, params)
+    assert set(seen) == {(True, defaults.merge_at_most_one_work_limit)}
+    assert len(tuned.solutions) == len(plain.solutions) == 4
+    assert [s.x for s in tuned.solutions] == [s.x for s in plain.solutions]
+    assert [s.time_ps for s in tuned.solutions] == [s.time_ps for s in plain.solutions]
+    assert [s.peak_bytes for s in tuned.solutions] == [
+        s.peak_bytes for s in plain.solutions
+    ]
+    assert all(s.status is SolveStatus.OPTIMAL for s in tuned.solutions)
+
+
 def test_memory_rows_are_added_only_when_an_answer_breaks_them() -> None:
     model = transformer(**PRESSURE_SIZES)
     free = mtf.auto_layout(
