@@ -18,40 +18,21 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
-from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ortools.sat.python import cp_model  # noqa: E402
 
 from bench.common import machine_summary, markdown_table, replace_section  # noqa: E402
+from bench.cpsat_programs import captured, same_answer, solved  # noqa: E402
 from bench.scale import selected  # noqa: E402
-from layout_planner import cpsat  # noqa: E402
 from layout_planner.choices import plan_transformer  # noqa: E402
-
-
-@dataclass(frozen=True)
-class Run:
-    status: str
-    objective: float
-    seconds: float
 
 
 def _captured(case) -> list[cp_model.CpModel]:
     """Every model the search of ``case`` gives CP-SAT, as given (hints
     included)."""
-    models: list[cp_model.CpModel] = []
-    solve_once = cpsat.SolveLoop._solve_once
-
-    def capture(self, model, phase, workers, hint, *rest):
-        copy = model.clone()
-        cpsat.set_hint(copy, hint)
-        models.append(copy)
-        return solve_once(self, model, phase, workers, hint, *rest)
-
-    cpsat.SolveLoop._solve_once = capture
-    try:
+    with captured() as models:
         plan_transformer(
             case.config,
             case.devices,
@@ -59,26 +40,7 @@ def _captured(case) -> list[cp_model.CpModel]:
             encoder_decoder=case.encoder_decoder,
             workers=1,
         )
-    finally:
-        cpsat.SolveLoop._solve_once = solve_once
-    return models
-
-
-def _solve(model: cp_model.CpModel, presolve: bool) -> Run:
-    solver = cpsat.tuned_solver(1, 0, presolve)
-    t0 = time.perf_counter()
-    code = solver.solve(model)
-    seconds = time.perf_counter() - t0
-    return Run(solver.status_name(code), solver.objective_value, seconds)
-
-
-def _same(a: Run, b: Run) -> bool:
-    # Objective values are integers reported as doubles (up to ~1e17, where
-    # a double's step is 32): equal to within one unit or a few steps.
-    if a.status != b.status:
-        return False
-    close = max(1.0, 1e-15 * abs(a.objective))
-    return a.status != "OPTIMAL" or abs(a.objective - b.objective) <= close
+    return [model for model, _ in models]
 
 
 def main() -> None:
@@ -95,14 +57,14 @@ def main() -> None:
         for i, model in enumerate(models):
             # Alternate which goes first, so neither always runs on a warm cache.
             if i % 2:
-                b = _solve(model, False)
-                a = _solve(model, True)
+                b = solved(model, False)
+                a = solved(model, True)
             else:
-                a = _solve(model, True)
-                b = _solve(model, False)
+                a = solved(model, True)
+                b = solved(model, False)
             on += a.seconds
             off += b.seconds
-            same += _same(a, b)
+            same += same_answer(a, b)
             # A program presolve calls infeasible that is solved without it:
             # with the planner's settings (probing off), presolve is wrong
             # about some tie-break programs, whose last answer is feasible

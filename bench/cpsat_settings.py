@@ -23,20 +23,16 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ortools.sat import sat_parameters_pb2  # noqa: E402
-from ortools.sat.python import cp_model  # noqa: E402
 
 from bench.common import machine_summary, markdown_table, replace_section  # noqa: E402
+from bench.cpsat_programs import captured, same_answer, solved  # noqa: E402
 from bench.planner import SIZES  # noqa: E402
 from bench.scale import CASES  # noqa: E402
-from layout_planner import cpsat  # noqa: E402
 from layout_planner.choices import plan_transformer  # noqa: E402
 from layout_planner.planner import auto_layout  # noqa: E402
 from mtf_core.models import TransformerConfig, build_lm  # noqa: E402
@@ -46,33 +42,6 @@ SETTINGS = ("use_sat_inprocessing", "merge_at_most_one_work_limit")
 _DEFAULTS = {
     name: getattr(sat_parameters_pb2.SatParameters(), name) for name in SETTINGS
 }
-
-
-@dataclass(frozen=True)
-class Run:
-    status: str
-    objective: float
-    seconds: float
-
-
-@contextmanager
-def _captured() -> Iterator[list[tuple[cp_model.CpModel, bool]]]:
-    """Every model CP-SAT is given inside the block, as given (hint
-    included), and whether it was solved with presolve."""
-    models: list[tuple[cp_model.CpModel, bool]] = []
-    solve_once = cpsat.SolveLoop._solve_once
-
-    def capture(self, model, phase, workers, hint, *rest):  # type: ignore[no-untyped-def]
-        copy = model.clone()
-        cpsat.set_hint(copy, hint)
-        models.append((copy, self.params.presolve))
-        return solve_once(self, model, phase, workers, hint, *rest)
-
-    cpsat.SolveLoop._solve_once = capture  # type: ignore[method-assign]
-    try:
-        yield models
-    finally:
-        cpsat.SolveLoop._solve_once = solve_once  # type: ignore[method-assign]
 
 
 def _planner() -> None:
@@ -104,26 +73,6 @@ def _sources() -> dict[str, tuple[str, Callable[[], object]]]:
     return out
 
 
-def _solve(model: cp_model.CpModel, presolve: bool, tuned: bool) -> Run:
-    solver = cpsat.tuned_solver(1, 0, presolve)
-    if not tuned:
-        for name, value in _DEFAULTS.items():
-            setattr(solver.parameters, name, value)
-    t0 = time.perf_counter()
-    code = solver.solve(model)
-    seconds = time.perf_counter() - t0
-    return Run(solver.status_name(code), solver.objective_value, seconds)
-
-
-def _same(a: Run, b: Run) -> bool:
-    # Objectives are integers reported as doubles: equal to within a unit or
-    # a double's step at their size.
-    if a.status != b.status:
-        return False
-    close = max(1.0, 1e-15 * abs(a.objective))
-    return a.status != "OPTIMAL" or abs(a.objective - b.objective) <= close
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
@@ -138,19 +87,19 @@ def main() -> None:
     for key in keys:
         title, run = sources[key]
         print(f"{title}: planning to capture its programs", flush=True)
-        with _captured() as models:
+        with captured() as models:
             run()
         tuned = plain = 0.0
         same = 0
         for i, (model, presolve) in enumerate(models):
             # Alternate which goes first, so neither always runs on a warm cache.
             first = i % 2 == 0
-            a = _solve(model, presolve, first)
-            b = _solve(model, presolve, not first)
+            a = solved(model, presolve, None if first else _DEFAULTS)
+            b = solved(model, presolve, _DEFAULTS if first else None)
             t, p = (a, b) if first else (b, a)
             tuned += t.seconds
             plain += p.seconds
-            same += _same(t, p)
+            same += same_answer(t, p)
         print(
             f"  {len(models)} programs: planner's settings {tuned:.2f} s, "
             f"CP-SAT's defaults {plain:.2f} s, same answer {same} of {len(models)}",
