@@ -18,13 +18,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from functools import partial
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ortools.sat.python import cp_model  # noqa: E402
 
 from bench.common import machine_summary, markdown_table, replace_section  # noqa: E402
-from bench.cpsat_programs import captured, same_answer, solved  # noqa: E402
+from bench.cpsat_programs import alternated, captured, same_answer, solved  # noqa: E402
 from bench.scale import selected  # noqa: E402
 from layout_planner.choices import plan_transformer  # noqa: E402
 
@@ -55,13 +56,9 @@ def main() -> None:
         on = off = 0.0
         same = wrong = 0
         for i, model in enumerate(models):
-            # Alternate which goes first, so neither always runs on a warm cache.
-            if i % 2:
-                b = solved(model, False)
-                a = solved(model, True)
-            else:
-                a = solved(model, True)
-                b = solved(model, False)
+            a, b = alternated(
+                i, partial(solved, model, True), partial(solved, model, False)
+            )
             on += a.seconds
             off += b.seconds
             same += same_answer(a, b)

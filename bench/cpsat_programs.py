@@ -5,7 +5,7 @@ settings on."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -55,6 +55,19 @@ def solved(
     code = solver.solve(model)
     seconds = time.perf_counter() - t0
     return Run(solver.status_name(code), solver.objective_value, seconds)
+
+
+def alternated(
+    i: int, one: Callable[[], Run], other: Callable[[], Run]
+) -> tuple[Run, Run]:
+    """``one()`` and ``other()``, the ``i``-th program's pair: which runs
+    first alternates with ``i``, so that neither always finds the cache
+    warm."""
+    if i % 2:
+        b = other()
+        return one(), b
+    a = one()
+    return a, other()
 
 
 def same_answer(a: Run, b: Run) -> bool:

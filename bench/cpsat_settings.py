@@ -24,13 +24,14 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
+from functools import partial
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ortools.sat import sat_parameters_pb2  # noqa: E402
 
 from bench.common import machine_summary, markdown_table, replace_section  # noqa: E402
-from bench.cpsat_programs import captured, same_answer, solved  # noqa: E402
+from bench.cpsat_programs import alternated, captured, same_answer, solved  # noqa: E402
 from bench.planner import SIZES  # noqa: E402
 from bench.scale import CASES  # noqa: E402
 from layout_planner.choices import plan_transformer  # noqa: E402
@@ -92,11 +93,11 @@ def main() -> None:
         tuned = plain = 0.0
         same = 0
         for i, (model, presolve) in enumerate(models):
-            # Alternate which goes first, so neither always runs on a warm cache.
-            first = i % 2 == 0
-            a = solved(model, presolve, None if first else _DEFAULTS)
-            b = solved(model, presolve, _DEFAULTS if first else None)
-            t, p = (a, b) if first else (b, a)
+            t, p = alternated(
+                i,
+                partial(solved, model, presolve),
+                partial(solved, model, presolve, _DEFAULTS),
+            )
             tuned += t.seconds
             plain += p.seconds
             same += same_answer(t, p)
