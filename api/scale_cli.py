@@ -162,6 +162,13 @@ def scale_request(args: argparse.Namespace) -> dict[str, Any]:
     return body
 
 
+def _nothing_fits(message: str) -> bool:
+    """Whether a ``ScaleError``'s message says the search found no plan (none
+    fits, or none could be laid out), rather than that the request leaves no
+    mesh to search ("no mesh of 7 devices to try: ..."), an input error."""
+    return message.startswith("no plan for ")
+
+
 def cmd_scale(args: argparse.Namespace) -> int:
     from api.planning import RequestError
     from api.scale_schemas import ScalePlanRequest
@@ -180,7 +187,7 @@ def cmd_scale(args: argparse.Namespace) -> int:
                 out = c.scale_plan(body, progress=report)
                 server = c.shown_url  # no password
         except PlannerError as e:  # the answer, or the job it waited for
-            if "ScaleError: no plan" in str(e):
+            if _nothing_fits(str(e).partition("ScaleError: ")[2]):
                 print(f"mtf-planner scale: nothing fits: {e}")
                 return EXIT_NOTHING_FITS
             raise
@@ -216,6 +223,8 @@ def cmd_scale(args: argparse.Namespace) -> int:
         try:
             scale = plan_spec_locally(spec, progress=report, workers=None)
         except ScaleError as e:
+            if not _nothing_fits(str(e)):
+                raise  # a request no mesh can serve: the CLI's input error
             print(f"mtf-planner scale: nothing fits: {e}")
             return EXIT_NOTHING_FITS
         finally:

@@ -52,6 +52,7 @@ from cost_models.pipeline import (
 )
 from cost_models.profiles import get_hardware
 from layout_planner import scale_search
+from layout_planner.options import memory_limit_bytes
 from layout_planner.scale_bounds import flops_bound_s
 from layout_planner.scale_plan import (
     ScaleChoice,
@@ -292,7 +293,7 @@ def plan_transformer(
         else hardware
     )
     if memory_limit is not None:
-        hw = hw.with_memory(memory_limit)
+        hw = hw.with_memory(memory_limit_bytes(memory_limit))
     check_request(config, hw, devices)
     devices = int(devices)  # a numpy integer too
     PipelineSpec(1, 1, schedule)  # checks the schedule's name

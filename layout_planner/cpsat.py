@@ -549,6 +549,20 @@ class SolveLoop:
             left = self.deadline - time.monotonic()
             prm.max_time_in_seconds = max(left, _MIN_PHASE_S)
             code = solver.solve(model)
+        if (
+            code == cp_model.MODEL_INVALID
+            and prm.cp_model_presolve
+            and not model.validate()
+        ):
+            # A valid model whose presolved form CP-SAT then rejects: its
+            # presolve can rewrite an objective that fits in 64 bits into
+            # one that may overflow ("Possible integer overflow in
+            # objective", seen on 4-axis meshes of a 2-layer LM).  Solved
+            # as it is instead.
+            prm.cp_model_presolve = False
+            left = self.deadline - time.monotonic()
+            prm.max_time_in_seconds = max(left, _MIN_PHASE_S)
+            code = solver.solve(model)
         status = _STATUS.get(code)
         if status is None:  # pragma: no cover - a status CP-SAT may add later
             raise SolverError(f"CP-SAT returned an unmapped status {code!r}")

@@ -51,6 +51,25 @@ def _is_int(value: object) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+def memory_limit_bytes(value: object) -> int:
+    """A memory limit given by a caller, in bytes per device: an integer, or
+    a float with a whole value (``16e9``); a :class:`PlannerError` naming it
+    otherwise."""
+    whole: int
+    if _is_int(value):
+        whole = int(value)  # type: ignore[call-overload]  # numbers.Integral
+    elif isinstance(value, float) and value.is_integer():
+        whole = int(value)
+    else:
+        whole = 0
+    if whole <= 0:
+        raise PlannerError(
+            f"memory_limit is {value!r}; expected a positive whole number of "
+            "bytes per device"
+        )
+    return whole
+
+
 @dataclass(frozen=True)
 class PlanOptions:
     """The parameters of one plan request, checked and canonical.
@@ -90,11 +109,9 @@ class PlanOptions:
         set_ = object.__setattr__  # canonicalize a frozen instance
         set_(self, "hardware", get_hardware(self.hardware))
         set_(self, "objective", Objective.parse(self.objective))
-        limit = self.memory_limit_bytes
-        if limit is not None and (not _is_int(limit) or limit <= 0):
-            raise PlannerError(
-                f"memory_limit is {limit!r}; expected a positive number of bytes "
-                "per device"
+        if self.memory_limit_bytes is not None:
+            set_(
+                self, "memory_limit_bytes", memory_limit_bytes(self.memory_limit_bytes)
             )
         if not _is_int(self.top_k) or self.top_k < 1:
             raise PlannerError(f"top_k is {self.top_k!r}; expected an integer >= 1")

@@ -112,6 +112,14 @@ def plan_problem(
     early = _EarlyEvaluation(problem) if verify and params.top_k > 1 else None
     solved = solve_problem(problem, objective, params, early.start if early else None)
     cost, reason = price_solution(problem, solved)
+    if (
+        objective is Objective.MEMORY
+        and solved.status is SolveStatus.OPTIMAL
+        and not cost.fits
+    ):
+        # The smallest peak, proven, does not fit: nothing does, which the
+        # time objective calls infeasible too.
+        solved = replace(solved, status=SolveStatus.INFEASIBLE)
     rules = problem.rules_for(solved.assignment)
     evaluation = None
     if verify:

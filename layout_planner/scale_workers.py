@@ -403,11 +403,15 @@ class Workers:
         return UnsafeFork(message)
 
     def close(self) -> None:
-        """Stops every worker (a job still running is abandoned)."""
+        """Stops every worker (a job still running is abandoned).  Forked
+        workers are not waited for: the kernel frees a worker's memory in
+        10-15 ms, which the plan need not wait out; ``multiprocessing`` reaps
+        them when this process next starts one, lists its children or
+        exits.  Fresh helpers are waited for."""
         for proc in self._procs:
             _stop(proc, wait=False)
         for proc in self._procs:
-            _stop(proc)
+            _stop(proc, wait=isinstance(proc, subprocess.Popen))
         for conn in self._conns:
             conn.close()
         self._busy.clear()

@@ -355,6 +355,13 @@ def test_a_request_nothing_fits_is_a_422_saying_so(client, capsys):
     )
     assert code == 3
     assert "nothing fits" in capsys.readouterr().out
+    # Devices that leave no mesh to search are bad input (exit 1), not
+    # "nothing fits" (exit 3).
+    code = cli_main([*argv, "--devices=7"])
+    captured = capsys.readouterr()
+    assert code == 1, captured.out
+    assert "no mesh of 7 devices to try" in captured.err
+    assert "nothing fits" not in captured.out + captured.err
     # Locally, the same tables as the service's.
     code = cli_main(
         [

@@ -133,6 +133,7 @@ def test_factorizations_are_ordered_shortest_first() -> None:
         ({"time_limit_s": -1}, PlannerError, "time_limit_s is -1"),
         ({"num_workers": 0}, PlannerError, "num_workers is 0"),
         ({"memory_limit": -5}, PlannerError, "memory_limit is -5"),
+        ({"memory_limit": 1e9 + 0.5}, PlannerError, "expected a positive whole"),
         ({"mesh_shape": "x:0"}, PlannerError, "mesh shape 'x:0' is invalid"),
         ({"mesh_shape": ""}, PlannerError, "has no axes"),
         ({"mesh_shape": 0}, PlannerError, "num_devices is 0"),
@@ -145,6 +146,15 @@ def test_bad_requests_raise_errors_naming_the_value(kwargs, error, match) -> Non
     with pytest.raises(error, match=match) as info:
         mtf.auto_layout(ex.graph, outputs=[ex.z], **args)
     assert isinstance(info.value, mtf.MtfError) and isinstance(info.value, ValueError)
+
+
+def test_a_memory_limit_written_as_a_whole_float_is_those_bytes() -> None:
+    ex = mtf_example()
+    by_float = mtf.auto_layout(ex.graph, "x:2", outputs=[ex.z], memory_limit=1e9)
+    by_int = mtf.auto_layout(ex.graph, "x:2", outputs=[ex.z], memory_limit=10**9)
+    assert by_float.cost.memory_capacity_bytes == 10**9
+    assert by_float.layout_rules == by_int.layout_rules
+    assert by_float.cost == by_int.cost
 
 
 def test_outputs_must_belong_to_the_graph() -> None:

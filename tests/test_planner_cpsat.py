@@ -399,6 +399,56 @@ def _satisfied(proto, values) -> bool:
     return True
 
 
+def test_a_program_whose_presolved_form_cp_sat_rejects_is_solved_without_presolve(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A 2-layer LM on a 4-axis mesh: its time-and-tie-break objective fits
+    # in 64 bits, but CP-SAT's presolve rewrites it into one that may
+    # overflow and then calls the model invalid.
+    from layout_planner import cpsat
+    from mtf_core.models import TransformerConfig, build_lm
+
+    model = build_lm(
+        TransformerConfig(
+            num_layers=2, d_model=256, heads=8, d_kv=32, d_ff=1024, vocab=8192,
+            batch=32, length=128,
+        )
+    )  # fmt: skip
+    problem = LayoutProblem(
+        model.graph,
+        mtf.convert_to_shape("x:64;y:4;z:4;w:4"),
+        get_hardware("cpu-host"),
+        [model.loss],
+    )
+    program = problem.program(Objective.TIME, problem.hw.memory_bytes)
+    seen: list[tuple[bool, object, str]] = []
+    solve = cpsat.cp_model.CpSolver.solve
+
+    def spy(self, model, *args, **kwargs):
+        code = solve(self, model, *args, **kwargs)
+        seen.append((self.parameters.cp_model_presolve, code, model.validate()))
+        return code
+
+    monkeypatch.setattr(cpsat.cp_model.CpSolver, "solve", spy)
+    got, _ = solver_process.solve(program, SolveParams(60, 1, 0, 1))
+    # The valid model, rejected after presolve, then solved as it is.
+    assert seen == [
+        (True, cpsat.cp_model.MODEL_INVALID, ""),
+        (False, cpsat.cp_model.OPTIMAL, ""),
+    ]
+    (best,) = got.solutions
+    assert best.status is SolveStatus.OPTIMAL
+    monkeypatch.undo()
+    # Time and tie-break solved one after the other (no large objective):
+    # the same layout and time.
+    split, _ = solver_process.solve(
+        program, SolveParams(60, 1, 0, 1, max_objective_weight=2**40)
+    )
+    assert split.num_solves == 2
+    assert [s.x for s in split.solutions] == [best.x]
+    assert [s.time_ps for s in split.solutions] == [best.time_ps]
+
+
 def test_an_infeasible_answer_of_presolve_is_checked_without_it() -> None:
     # A tie-break program of the scale search of Llama-2-70B on 512 H100
     # (bench/scale.py), as the planner gave it to CP-SAT: the answer before

@@ -100,3 +100,14 @@ def test_when_nothing_fits_the_plan_says_which_tensors_and_by_how_much() -> None
         model.graph, "x:2;y:2", [model.loss], gpu(), objective="memory", top_k=1
     )
     assert plan.cost.peak_memory_bytes == smallest.cost.peak_memory_bytes
+    # Asked for the smallest peak under that limit, the answer is the same:
+    # nothing fits, the same layout, the same reason.
+    least = mtf.auto_layout(
+        model.graph, "x:2;y:2", [model.loss], gpu(), memory_limit=10_000,
+        objective="memory",
+    )  # fmt: skip
+    assert least.status.value == "infeasible" and not least.ok and not least.fits
+    assert least.layout_rules == plan.layout_rules
+    assert least.cost.peak_memory_bytes == plan.cost.peak_memory_bytes
+    assert least.reason == plan.reason
+    assert smallest.status.value == "optimal" and smallest.fits

@@ -110,7 +110,10 @@ def test_auto_mtf_checks_its_arguments() -> None:
         ({"optimizer": None}, "optimizer is None"),
         ({"encoder_decoder": "no"}, "encoder_decoder is 'no'"),
         ({"progress": 1}, "progress is 1"),
-        ({"memory_limit": math.inf}, "memory_bytes is inf"),
+        ({"memory_limit": math.inf}, "memory_limit is inf"),
+        ({"memory_limit": 0}, "memory_limit is 0; expected a positive whole"),
+        ({"memory_limit": 1.5}, "memory_limit is 1.5"),
+        ({"memory_limit": True}, "memory_limit is True"),
     ],
 )
 def test_plan_transformer_names_a_bad_argument(

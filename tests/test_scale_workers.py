@@ -87,6 +87,36 @@ print(json.dumps({"a": a, "b": b, "both": sorted(both), "me": os.getpid()}))
     assert got["both"] == [["x", [pid, 4, 8]], ["y", [other, 2, 10]]]
 
 
+def test_closed_workers_end_and_are_reaped_without_being_waited_for():
+    got = _run(
+        """
+import multiprocessing, signal, time
+with Workers(job, make_state, 2) as pool:
+    pool.submit(0, "busy", "slow")  # abandoned mid-job
+    run(pool, 1, [1])
+    procs = list(pool._procs)
+pids = [p.pid for p in procs]
+deadline = time.monotonic() + 30
+while any(p.exitcode is None for p in procs) and time.monotonic() < deadline:
+    time.sleep(0.01)  # exitcode polls, as multiprocessing reaps them
+codes = [p.exitcode for p in procs]
+left = [c.pid for c in multiprocessing.active_children()]
+with Workers(job, make_state, 1) as again:  # forking goes on as before
+    (nxt,) = run(again, 0, [5])
+gone = [os.path.exists(f"/proc/{pid}") for pid in pids]
+print(json.dumps({"codes": codes, "sig": -signal.SIGTERM, "left": left,
+                  "pids": pids, "gone": gone, "next": nxt}))
+"""
+    )
+    # Both stopped by the terminate of close(), the busy one mid-job; none
+    # left behind as a child or a zombie.
+    assert got["codes"] == [got["sig"], got["sig"]]
+    assert not set(got["left"]) & set(got["pids"])
+    assert got["gone"] == [False, False]
+    ((key, (_, jobs, value)),) = got["next"]
+    assert (key, jobs, value) == (0, 1, 10)
+
+
 def test_a_jobs_exception_is_raised_in_the_parent():
     got = _run(
         """
