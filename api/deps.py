@@ -3,10 +3,11 @@
 The endpoints that cost CPU or memory declare :data:`JsonBody` (or, for the
 dashboard's form, :data:`FormBody`) and no body parameter, so that FastAPI
 reads nothing before these run, in this order: the API token (401), the
-client's concurrency and rate (429), the content type (415), the service's
-budget of body bytes in flight (503), the body itself (413 past
-``max_body_bytes``), its shape before decoding (nesting, string length,
-token count; 422).  Only then does a route decode it (:func:`parse_body`).
+client's concurrency and rate (429), the content type (415), then the body
+as it arrives: the service's budget of body bytes in flight (503), 413 past
+``max_body_bytes``, 408 past ``body_timeout_s``; then its shape before
+decoding (nesting, string length, token count; 422).  Only then does a
+route decode it (:func:`parse_body`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from fastapi import Depends, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ValidationError
+from starlette.requests import ClientDisconnect
 
 from api.limits import BodyBudget, ClientLimiter, LimitExceeded, scan_json
 from api.planning import RequestError
@@ -158,6 +160,31 @@ def _declared_length(request: Request) -> int | None:
     return int(value) if value is not None and value.isdigit() else None
 
 
+async def read_body(
+    request: Request, timeout_s: float, each: Callable[[bytes], None]
+) -> bytes:
+    """``request``'s body, ``each`` called on every chunk as it arrives (it
+    may raise to refuse the rest): 408 if it takes longer than
+    ``timeout_s``, and 499 if the client goes away first (nobody reads that
+    answer, but the logs and metrics then say what happened: no 500)."""
+    chunks = []
+    try:
+        with anyio.fail_after(timeout_s):
+            async for chunk in request.stream():
+                each(chunk)
+                chunks.append(chunk)
+    except TimeoutError:
+        raise HTTPException(
+            408,
+            f"the request body did not arrive within {timeout_s:g} s (body_timeout_s)",
+        ) from None
+    except ClientDisconnect:
+        raise HTTPException(
+            499, "the client closed the connection before its body arrived"
+        ) from None
+    return b"".join(chunks)
+
+
 _OP_TYPE_KEY = re.compile(rb'"op_type"\s*:')
 #: ``\u0000`` in a JSON string (an odd run of backslashes before ``u0000``).
 _NUL_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
@@ -223,17 +250,15 @@ async def json_body(
             "accepts application/json",
         )
     budget: BodyBudget = request.app.state.guards.bodies
-    declared = _declared_length(request)
     reserved = 0
+
+    def hold(chunk: bytes) -> None:  # each chunk as it arrives
+        nonlocal reserved
+        reserved += budget.reserve(len(chunk))  # LimitExceeded: 503
+
     try:
-        if declared is not None:
-            reserved = budget.reserve(declared)  # LimitExceeded: 503
-        chunks = []
-        async for chunk in request.stream():  # BodySizeLimit: 413
-            if declared is None:
-                reserved += budget.reserve(len(chunk))
-            chunks.append(chunk)
-        raw = b"".join(chunks)
+        # BodySizeLimit: 413 past max_body_bytes
+        raw = await read_body(request, service.settings.body_timeout_s, hold)
         request._body = raw  # request.body() answers from here afterwards
         _heavy.set(request.app.state.guards.heavy)
         if service.responses.get(service.responses.key(raw)) is not None:
@@ -285,11 +310,15 @@ async def form_body(request: Request, service: ServiceDep) -> AsyncIterator[Form
     too_big = f"a form body has at most {MAX_FORM_BYTES} bytes"
     if declared is not None and declared > MAX_FORM_BYTES:
         raise HTTPException(413, too_big)
-    raw = b""
-    async for chunk in request.stream():
-        raw += chunk
-        if len(raw) > MAX_FORM_BYTES:
+    size = 0
+
+    def count(chunk: bytes) -> None:
+        nonlocal size
+        size += len(chunk)
+        if size > MAX_FORM_BYTES:
             raise HTTPException(413, too_big)
+
+    raw = await read_body(request, service.settings.body_timeout_s, count)
     try:
         parsed = parse_qs(raw.decode(errors="replace"), max_num_fields=32)
     except ValueError:  # more fields than that

@@ -83,6 +83,14 @@ def opaque_error(
     )
 
 
+def quoted(ident: str, limit: int = 200) -> str:
+    """``repr(ident)`` for an answer that names what a client asked for,
+    cut after ``limit`` characters (a 10 KB id is not echoed back whole)."""
+    if len(ident) <= limit:
+        return repr(ident)
+    return f"{ident[:limit]!r}... ({len(ident):,} characters)"
+
+
 def _snake(name: str) -> str:
     return "".join("_" + c.lower() if c.isupper() else c for c in name).lstrip("_")
 

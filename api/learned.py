@@ -120,6 +120,14 @@ def plausible(measured_s: float, predicted_s: float) -> bool:
     return 1 / MAX_MEASURED_FACTOR <= ratio <= MAX_MEASURED_FACTOR
 
 
+def named_like_a_preset(plan: PlanRecord) -> bool:
+    """Whether ``plan`` was made with a whole profile its request gave under
+    a preset's name: its measurements say nothing of that preset, and must
+    not refit it (for every client)."""
+    source = (plan.summary.get("profile") or {}).get("source")
+    return source == REQUEST and plan.summary.get("hardware") in PRESETS
+
+
 class GraphMissing(LookupError):
     """A measured plan's graph is not in the store."""
 
@@ -166,7 +174,8 @@ def refit_profile(store: Store, hardware: str, backend: str) -> Fit | None:
     The fit starts from the preset of that name (its base profile), or, for a
     profile that is not a preset, from the one the newest measured plan was
     made with.  A measurement whose plan or graph is no longer stored is
-    left out, and so is one out of the range POST /v1/measurements accepts
+    left out, and so is one of a plan made with a request's profile named
+    like a preset (:func:`named_like_a_preset`) and one out of the range POST /v1/measurements accepts
     (:func:`plausible`: stored before that range was checked).  A fit that
     fails on the numbers is a CostModelError naming the hardware."""
     records = store.list_measurements(
@@ -178,8 +187,8 @@ def refit_profile(store: Store, hardware: str, backend: str) -> Fit | None:
         if not plausible(m.measured_s, m.predicted_s):
             continue
         plan = store.get_plan(m.plan_id)
-        if plan is None:
-            continue
+        if plan is None or named_like_a_preset(plan):  # the latter: stored
+            continue  # before POST /v1/measurements refused it
         try:
             features = FEATURES.of(store, plan)
         except GraphMissing:

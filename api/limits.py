@@ -138,8 +138,8 @@ class BodyBudget:
         with self._lock:
             if self._used + n > self.max_bytes:
                 raise LimitExceeded(
-                    f"the service is busy decoding {self._used} bytes of other "
-                    f"requests (max_inflight_body_bytes={self.max_bytes}); retry",
+                    f"the service holds {self._used} bytes of other requests' "
+                    f"bodies (max_inflight_body_bytes={self.max_bytes}); retry",
                     503,
                     1.0,
                 )

@@ -37,7 +37,8 @@ RANGES: dict[str, tuple[float, float]] = {
 
 def _float(name: str, **kw: Any) -> Any:
     lo, hi = RANGES[name]
-    return Field(ge=lo, le=hi, allow_inf_nan=False, **kw)
+    # strict: a JSON number (an integer too), not true or "0.5"
+    return Field(ge=lo, le=hi, allow_inf_nan=False, strict=True, **kw)
 
 
 def _int(name: str, **kw: Any) -> Any:
@@ -206,6 +207,7 @@ class PlanRequest(BaseModel):
         gt=0,
         le=1,
         allow_inf_nan=False,
+        strict=True,
         description="Plan for this fraction of device memory.",
     )
     top_k: int = _int("top_k", default=5, description="How many ranked candidates.")

@@ -56,8 +56,12 @@ class Settings(BaseSettings):
     client_rate_per_s: float = Field(2000.0, ge=0)
     #: requests a client may send at once above its rate
     client_burst: int = Field(4000, ge=1)
-    #: request body bytes all clients together may have in flight; over it, 503
+    #: request body bytes all clients together may have in flight (counted as
+    #: they arrive); over it, 503
     max_inflight_body_bytes: int = Field(48 * 2**20, ge=1024)
+    #: seconds a request's body may take to arrive once its headers have;
+    #: past it, 408 (a stalled upload holds no budget for long)
+    body_timeout_s: float = Field(30.0, gt=0, le=3600)
     #: requests decoding or pricing a large body at once; the rest wait their turn
     #: (pure Python under one GIL: a second one would only slow the event loop)
     heavy_concurrency: int = Field(1, ge=1, le=64)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -306,6 +307,75 @@ def test_a_client_over_its_rate_gets_429_with_retry_after(tmp_path, doc):
         b = {"Authorization": "Bearer b"}
         assert c.post("/v1/evaluate", json=body, headers=b).status_code == 200
         assert c.get("/v1/plans").status_code == 200
+
+
+def _stalled(port: int, length: int, sent: bytes = b"") -> socket.socket:
+    """A connection that sends a JSON POST's headers (and ``sent`` of its
+    ``length`` bytes), then nothing more."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=20)
+    s.sendall(
+        b"POST /v1/evaluate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+        + f"\r\nContent-Length: {length}\r\n\r\n".encode()
+        + sent
+    )
+    return s
+
+
+def _answer(s: socket.socket) -> tuple[int, dict[str, Any]]:
+    data = b""
+    while b"\r\n\r\n" not in data or not data.rstrip().endswith(b"}"):
+        more = s.recv(65536)
+        if not more:
+            break
+        data += more
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)
+
+
+def _requests(url: str, route: str) -> dict[str, float]:
+    """/metrics' request counts of ``route`` by status."""
+    out = {}
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith("mtf_planner_requests_total{") and f'"{route}"' in line:
+            status = line.split('status="')[1].split('"')[0]
+            out[status] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def test_stalled_uploads_hold_no_budget_and_end_in_408_and_a_client_gone_is_499(
+    tmp_path, doc
+):
+    settings = service_settings(
+        tmp_path,
+        max_body_bytes=32 * 1024,
+        max_inflight_body_bytes=32 * 1024,
+        body_timeout_s=2.0,
+    )
+    body = {"graph": doc, "mesh_shape": "x:2", "layout_rules": ""}
+    with ServerThread(settings) as server:
+        # Three uploads that declare 32 KiB each (three times the budget)
+        # and send nothing: other clients are still served.
+        stalled = [_stalled(server.port, 32 * 1024) for _ in range(3)]
+        time.sleep(0.3)
+        r = httpx.post(f"{server.url}/v1/evaluate", json=body, timeout=30)
+        assert r.status_code == 200, r.text
+        start = time.monotonic()
+        for s in stalled:
+            status, answer = _answer(s)
+            assert status == 408
+            assert "did not arrive within 2 s (body_timeout_s)" in answer["detail"]
+            s.close()
+        assert time.monotonic() - start < 15
+        # A client that leaves mid-body: counted as its own doing, not a 500.
+        gone = _stalled(server.port, 100, b'{"gr')
+        time.sleep(0.3)
+        gone.close()
+        deadline = time.monotonic() + 10
+        while "499" not in _requests(server.url, "/v1/evaluate"):
+            assert time.monotonic() < deadline, _requests(server.url, "/v1/evaluate")
+            time.sleep(0.05)
+        counts = _requests(server.url, "/v1/evaluate")
+        assert counts == {"200": 1.0, "408": 3.0, "499": 1.0}
 
 
 @pytest.mark.solver

@@ -231,3 +231,18 @@ def test_unknown_routes_and_methods_answer_json(client):
     check_error(client.get("/v1/nothing-here"), 404, "Not Found")
     check_error(client.put("/v1/plans"), 405, "Method Not Allowed")
     check_error(client.get("/v1/plans", params={"limit": 0}), 422, "limit")
+
+
+def test_an_unknown_id_is_named_in_its_404_but_not_echoed_whole(client):
+    for route, what in (
+        ("/v1/plans", "plan"),
+        ("/v1/jobs", "job"),
+        ("/v1/scale-plans", "scale plan"),
+    ):
+        check_error(client.get(f"{route}/nope"), 404, f"there is no {what} 'nope'")
+        r = client.get(f"{route}/{'a' * 10_000}")
+        detail = check_error(r, 404, f"there is no {what} '{'a' * 200}'... ")["detail"]
+        assert "(10,000 characters)" in detail and len(detail) < 300
+    page = client.get(f"/plans/{'b' * 10_000}")
+    assert page.status_code == 404 and "b" * 200 + "\u2026" in page.text
+    assert "b" * 201 not in page.text

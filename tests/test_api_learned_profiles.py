@@ -19,8 +19,10 @@ from fastapi.testclient import TestClient
 from test_api_scale_jobs import SHORT
 from test_api_scale_plans import MODEL
 
+from api.learned import refit_profile
 from api.main import create_app
 from api.scale_planning import ScaleSpec
+from api.store.base import MeasurementRecord
 from cost_models.hardware import HardwareProfile
 from layout_planner.choices import plan_transformer
 from mtf_core.models import TransformerConfig
@@ -145,6 +147,35 @@ def test_a_profile_object_is_used_as_given(client: TestClient) -> None:
     # the same hash, so the stored plan made with them (the base profile).
     same = _post(client, json.dumps({**BODY, "hardware": preset}).encode())
     assert same["cached"] is True and same["profile"]["source"] == "base"
+    # A step measured on the profile the request gave refits nothing of the
+    # preset it is named like: refused, and the preset's fit is unchanged.
+    before = client.get("/v1/measurements", params={"hardware": "cpu-host"}).json()
+    r = client.post(
+        "/v1/measurements", json={"plan_id": out["id"], "step_s": out["time_s"]}
+    )
+    assert r.status_code == 422, r.text
+    assert (
+        f"plan {out['id']} was made with a hardware profile its request gave, "
+        "named 'cpu-host' like the preset" in r.json()["detail"]
+    )
+    after = client.get("/v1/measurements", params={"hardware": "cpu-host"}).json()
+    assert after == before
+    # One stored before that refusal is left out of the preset's refit.
+    store = client.app.state.service.store  # type: ignore[attr-defined]
+    fit = refit_profile(store, "cpu-host", "placement")
+    store.put_measurement(
+        MeasurementRecord(
+            "stored-before", out["id"], "cpu-host", "placement",
+            100 * out["time_s"], out["time_s"], time.time(), {},
+        )
+    )  # fmt: skip
+    assert refit_profile(store, "cpu-host", "placement") == fit
+    # Named a profile of its own, it is measured and refitted as that one.
+    own = _post(
+        client, json.dumps({**BODY, "hardware": {**mine, "name": "mine"}}).encode()
+    )
+    report = _measure(client, own["id"], 2 * own["time_s"])
+    assert report["hardware"] == "mine" and report["refit_measurements"] == 1
 
 
 def test_use_measurements_must_be_a_boolean(client: TestClient) -> None:
@@ -227,3 +258,20 @@ def test_scale_plans_use_the_refitted_profile_too(tmp_path: Path) -> None:
 
         page = c.get(f"/scale-plans/{learned['id']}").text
         assert "h100-nvlink-ib refitted from 1 measurement on placement" in page
+
+
+def test_a_measured_step_is_a_json_number(client: TestClient) -> None:
+    plan = _post(client, RAW)
+    before = client.get("/v1/measurements", params={"plan_id": plan["id"]}).json()
+    for field, value in (
+        ("step_s", True),
+        ("step_s", "0.01"),
+        ("profile", {"matmul": True}),
+        ("profile", {"matmul": "0.5"}),
+    ):
+        body = {"plan_id": plan["id"], "step_s": plan["time_s"], field: value}
+        r = client.post("/v1/measurements", json=body)
+        assert r.status_code == 422, (field, value, r.text)
+        assert field in r.json()["detail"]
+    after = client.get("/v1/measurements", params={"plan_id": plan["id"]}).json()
+    assert after == before  # nothing stored

@@ -196,3 +196,18 @@ def test_no_number_in_any_field_gives_a_server_error(client, endpoint):
     # Both sides were exercised: accepted numbers and refused ones.
     assert statuses.get(422, 0) > 0
     assert sum(n for s, n in statuses.items() if s < 300) > 0, statuses
+
+
+@pytest.mark.parametrize("endpoint", ["/v1/plans", "/v1/evaluate"])
+def test_a_boolean_or_a_string_is_never_a_number(client, endpoint):
+    """``true`` or ``"1"`` where a number belongs: a 422 naming the field (a
+    lax float took them as 1.0)."""
+    schema = client.get("/openapi.json").json()
+    for path in numeric_paths(schema, ENDPOINTS[endpoint]):
+        for value in (True, "1"):
+            body = copy.deepcopy(base_request(endpoint, path))
+            put(body, path, value)
+            r = client.post(endpoint, json=body)
+            assert r.status_code == 422, (path, value, r.text[:300])
+            named = [p for p in path if p != KEY][-1]
+            assert named in r.json()["detail"], (path, r.json()["detail"])

@@ -124,7 +124,8 @@ def _page(
 
 
 def _not_found(request: Request, kind: str, ident: str) -> Response:
-    return _page(request, "notfound.html", {"kind": kind, "ident": ident}, 404)
+    shown = ident if len(ident) <= 200 else ident[:200] + "\u2026"  # not 10 KB of it
+    return _page(request, "notfound.html", {"kind": kind, "ident": shown}, 404)
 
 
 #: Longest line of a chart label; longer rules wrap at their ';' (never cut).

@@ -17,7 +17,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 from api.deps import JsonBody, ServiceDep, WriteAccess, json_request_body, parse_body
-from api.errors import error_response, opaque_error
+from api.errors import error_response, opaque_error, quoted
 from api.routes import error_responses
 from api.schemas import JobList, JobOut, PlanRequest
 from api.service import (
@@ -132,7 +132,7 @@ def list_jobs(
 def get_job(job_id: str, service: ServiceDep) -> JSONResponse:
     job = service.store.get_job(job_id)
     if job is None:
-        return error_response(404, f"there is no job {job_id!r}")
+        return error_response(404, f"there is no job {quoted(job_id)}")
     return JSONResponse(job_dict(job))
 
 
@@ -148,5 +148,5 @@ def cancel_job(job_id: str, service: ServiceDep, _: WriteAccess) -> JSONResponse
     except JobFinished as e:
         return error_response(409, str(e))
     if job is None:
-        return error_response(404, f"there is no job {job_id!r}")
+        return error_response(404, f"there is no job {quoted(job_id)}")
     return JSONResponse(job_dict(job))

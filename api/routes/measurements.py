@@ -30,6 +30,7 @@ from api.learned import (
     MIN_STEP_S,
     GraphMissing,
     graph_doc,
+    named_like_a_preset,
     plausible,
     refit_profile,
 )
@@ -55,6 +56,7 @@ class MeasurementIn(BaseModel):
         ge=MIN_STEP_S,
         le=MAX_STEP_S,
         allow_inf_nan=False,
+        strict=True,  # a number: not true, not "0.01"
         description="Measured seconds per step (1e-6 to 1e6), within a factor "
         f"of {MAX_MEASURED_FACTOR:g} of the plan's prediction.",
     )
@@ -63,7 +65,7 @@ class MeasurementIn(BaseModel):
     profile: Annotated[
         dict[
             Annotated[str, Field(max_length=64)],
-            Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)],
+            Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False, strict=True)],
         ],
         Field(max_length=64),
     ] = Field(
@@ -139,6 +141,15 @@ def _post(store: Store, body: MeasurementIn) -> dict[str, Any]:
     plan = store.get_plan(body.plan_id)
     if plan is None:
         raise HTTPException(404, f"no plan {body.plan_id!r}")
+    if named_like_a_preset(plan):
+        name = plan.summary["hardware"]
+        raise HTTPException(
+            422,
+            f"plan {plan.id} was made with a hardware profile its request gave, "
+            f"named {name!r} like the preset; its measurements cannot refit that "
+            f"preset: measure a plan made with hardware {name!r} (the name), or "
+            "give the profile a name of its own",
+        )
     hw = _plan_hardware(plan).for_backend(body.backend)
     predicted = _predict(store, plan, hw)
     if not plausible(body.step_s, predicted):

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Query, Response
 from fastapi.concurrency import run_in_threadpool
 
 from api.deps import JsonBody, ServiceDep, json_request_body, parse_body
-from api.errors import error_response
+from api.errors import error_response, quoted
 from api.routes import error_responses
 from api.routes.jobs import answer_job
 from api.schemas import JobOut, PlanList, PlanOut, PlanRequest
@@ -102,5 +102,5 @@ async def get_plan(plan_id: str, service: ServiceDep) -> Response:
     if body is None:
         body = await run_in_threadpool(service.plan_body, plan_id)
     if body is None:
-        return error_response(404, f"there is no plan {plan_id!r}")
+        return error_response(404, f"there is no plan {quoted(plan_id)}")
     return Response(body, media_type=JSON)

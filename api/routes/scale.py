@@ -27,7 +27,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from pydantic import ValidationError
 
 from api.deps import FormBody, JsonBody, ServiceDep, json_request_body, parse_body
-from api.errors import clean_validation_error, error_response
+from api.errors import clean_validation_error, error_response, quoted
 from api.planning import RequestError
 from api.routes import error_responses
 from api.routes.dashboard import _html_responses, _not_found, _page
@@ -142,7 +142,7 @@ def list_scale_plans(
 def get_scale_plan(plan_id: str, service: ServiceDep) -> Response:
     record = service.store.get_scale_plan(plan_id)
     if record is None:
-        return error_response(404, f"there is no scale plan {plan_id!r}")
+        return error_response(404, f"there is no scale plan {quoted(plan_id)}")
     return Response(scale_body(record, cached=True), media_type=JSON)
 
 
