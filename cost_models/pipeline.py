@@ -109,7 +109,8 @@ class PipelineSpec:
         this way."""
         if self.stages > num_layers:
             raise PipelineError(
-                f"{self.stages} pipeline stages for {num_layers} layers; expected "
+                f"{self.stages} pipeline stages for {num_layers} "
+                f"layer{'s' * (num_layers != 1)}; expected "
                 "at most one stage per layer"
             )
         if num_layers % self.stages:

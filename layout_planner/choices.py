@@ -66,7 +66,7 @@ from mtf_core.layout import convert_to_layout_rules
 from mtf_core.models import TransformerConfig, build_encoder_decoder, build_lm
 from mtf_core.models.base import ModelGraph
 from mtf_core.models.transformer import RECOMPUTE_ATTENTION, RECOMPUTE_FFN
-from mtf_core.optimize import Optimizer
+from mtf_core.optimize import Optimizer, make_optimizer
 
 __all__ = [
     "RECOMPUTE_TRIALS",
@@ -214,7 +214,9 @@ def _check_flags(**flags: object) -> None:
 
 
 def _check_optimizer(optimizer: object) -> None:
-    if not isinstance(optimizer, str | Optimizer):
+    if isinstance(optimizer, str):
+        make_optimizer(optimizer)  # a name it knows (ConfigError naming it)
+    elif not isinstance(optimizer, Optimizer):
         raise ScaleError(
             f"optimizer is {optimizer!r}; expected one of 'sgd', 'momentum', "
             "'adam', 'adamw', 'adafactor' (or an mtf Optimizer)"
@@ -338,7 +340,8 @@ def plan_transformer(
     for s in stage_sizes:
         if s > layers:
             raise PipelineError(
-                f"{s} pipeline stages for {layers} layers; expected at most one "
+                f"{s} pipeline stages for {layers} layer{'s' * (layers != 1)}; "
+                "expected at most one "
                 "stage per layer"
             )
     # Tensor axes up to two hosts' worth (the cost model decides whether one

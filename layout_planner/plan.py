@@ -369,20 +369,38 @@ class LayoutPlan:
         )
 
 
+def _in_units(x: float, units: tuple[tuple[str, float], ...]) -> tuple[float, str]:
+    """``x`` in the largest of ``units`` (largest first) where it shows as at
+    least 1 to three digits, never as 1000 or more (``1e+03 MiB``: 1000-1023
+    MiB show as GiB)."""
+    a = abs(x)
+    for i, (name, size) in enumerate(units):
+        shown = float(f"{a / size:.3g}")
+        if shown >= 1 or i == len(units) - 1:
+            if shown >= 1000 and i > 0:
+                name, size = units[i - 1]
+            return x / size, name
+    raise AssertionError("unreachable: the last unit always matches")
+
+
 def fmt_s(s: float) -> str:
-    """Seconds, human-readable (``1.5 ms``)."""
-    if s >= 1:
-        return f"{s:.3g} s"
-    if s >= 1e-3:
-        return f"{s * 1e3:.3g} ms"
-    if s >= 1e-6:
-        return f"{s * 1e6:.3g} us"
-    return f"{s * 1e9:.3g} ns"
+    """Seconds, human-readable (``1.5 ms``, ``-20 us``)."""
+    if s == 0:
+        return "0 s"
+    value, unit = _in_units(s, (("s", 1.0), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9)))
+    return _digits(value, unit)
 
 
 def fmt_bytes(n: float) -> str:
-    """Bytes, human-readable (``3 MiB``)."""
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:.3g} {unit}"
-    return f"{int(n)} B"
+    """Bytes, human-readable (``3 MiB``, ``-512 KiB``, ``12 B``)."""
+    value, unit = _in_units(
+        n, (("GiB", 2.0**30), ("MiB", 2.0**20), ("KiB", 2.0**10), ("B", 1.0))
+    )
+    return f"{int(n)} B" if unit == "B" else _digits(value, unit)
+
+
+def _digits(value: float, unit: str) -> str:
+    """Three significant digits, or whole ones from 1000 up (``1,234 s``)."""
+    if abs(value) >= 1000:
+        return f"{value:,.0f} {unit}"
+    return f"{value:.3g} {unit}"

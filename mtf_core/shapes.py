@@ -30,6 +30,8 @@ _COLON = re.compile(r"\s*:\s*")
 #: "+2" and other scripts' digits).
 _SIZE = re.compile(r"-?[0-9]+")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-/]*$")
+#: A size with a decimal point, as in "x:2.5" (after :func:`tight_colons`).
+_DECIMAL_SIZE = re.compile(r"[A-Za-z_][A-Za-z0-9_\-/]*:(-?[0-9]*\.[0-9]+)")
 
 
 @dataclass(frozen=True)
@@ -318,10 +320,18 @@ def tight_colons(text: str) -> str:
 
 
 def _parse_shape_string(text: str) -> Dims:
-    text = text.strip()
+    text = tight_colons(text.strip())
     if not text:
         return Dims()
-    parts = [p for p in _SEPARATORS.split(tight_colons(text)) if p]
+    # "." separates dims too (Mesh TF's), so "x:2.5" would read as "x:2"
+    # and a dim "5" with no size: name the size instead.
+    decimal = _DECIMAL_SIZE.search(text)
+    if decimal is not None:
+        raise ShapeError(
+            f"dimension {decimal.group(0)!r} has size {decimal.group(1)!r}; "
+            "expected an integer written in the digits 0-9"
+        )
+    parts = [p for p in _SEPARATORS.split(text) if p]
     dims = []
     for p in parts:
         d = convert_to_dimension(p)

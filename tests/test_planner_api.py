@@ -35,6 +35,7 @@ def test_plan_round_trips_through_json(plan: LayoutPlan) -> None:
     text = json.dumps(plan.to_dict())
     again = LayoutPlan.from_dict(json.loads(text))
     assert again == plan
+    assert plan.evaluation is not None and again.evaluation is None  # not rebuilt
     assert again.to_dict()["candidates"] == plan.to_dict()["candidates"]
     d = plan.to_dict()
     assert d["layout_rules"] == str(plan.layout_rules)
@@ -192,3 +193,14 @@ def test_integer_program_does_not_grow_with_depth() -> None:
     assert deep.num_variables == shallow.num_variables
     assert deep.problem["num_dimsets"] == shallow.problem["num_dimsets"]
     assert deep.problem["num_signatures"] <= shallow.problem["num_signatures"] + 10
+
+
+def test_explanations_write_times_and_sizes_in_three_digits_never_in_e_notation():
+    from layout_planner.plan import fmt_bytes, fmt_s
+
+    assert [fmt_s(s) for s in (0.9996, 0.00099996, 1234.5, -0.0046, 0, 2.5e-8)] == [
+        "1 s", "1 ms", "1,234 s", "-4.6 ms", "0 s", "25 ns",
+    ]  # fmt: skip
+    assert [
+        fmt_bytes(n) for n in (1000 * 2**20, 1023 * 2**10, -1020 * 2**20, 5 * 2**40, 12)
+    ] == ["0.977 GiB", "0.999 MiB", "-0.996 GiB", "5,120 GiB", "12 B"]

@@ -108,6 +108,7 @@ def test_auto_mtf_checks_its_arguments() -> None:
         ({"time_limit_s": "5"}, "time_limit_s is '5'"),
         ({"workers": 1.5}, "workers is 1.5"),
         ({"optimizer": None}, "optimizer is None"),
+        ({"optimizer": "lamb"}, "unknown optimizer 'lamb'"),
         ({"encoder_decoder": "no"}, "encoder_decoder is 'no'"),
         ({"progress": 1}, "progress is 1"),
         ({"memory_limit": math.inf}, "memory_limit is inf"),

@@ -101,6 +101,8 @@ def test_shape_arithmetic_and_queries() -> None:
         ("a:\u0661\u0662", "has size '\u0661\u0662'; expected an integer written in"),
         ("a:2_0", "has size '2_0'"),
         ("a:+2", "has size '+2'"),
+        ("x:2.5;y:4", "dimension 'x:2.5' has size '2.5'; expected an integer"),
+        ("x : 1.0", "dimension 'x:1.0' has size '1.0'"),
         ("a:", "has size ''"),
         ("a:0", "size 0"),
         ("a:-1", "size -1"),
