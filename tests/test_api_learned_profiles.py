@@ -147,6 +147,15 @@ def test_a_profile_object_is_used_as_given(client: TestClient) -> None:
     # the same hash, so the stored plan made with them (the base profile).
     same = _post(client, json.dumps({**BODY, "hardware": preset}).encode())
     assert same["cached"] is True and same["profile"]["source"] == "base"
+    # The page's "try another mesh" form offers that profile, not the preset.
+    page = client.get(f"/plans/{out['id']}").text
+    assert (
+        '<option value="__this_plan__" selected>cpu-host (this plan\'s profile)' in page
+    )
+    assert '<option value="cpu-host" selected>' not in page
+    base_page = client.get(f"/plans/{same['id']}").text
+    assert '<option value="cpu-host" selected>' in base_page
+    assert "__this_plan__" not in base_page
     # A step measured on the profile the request gave refits nothing of the
     # preset it is named like: refused, and the preset's fit is unchanged.
     before = client.get("/v1/measurements", params={"hardware": "cpu-host"}).json()

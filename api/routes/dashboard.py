@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from api.deps import FormBody, ServiceDep
 from api.dimgraph_svg import AXIS_COLOURS, axis_colours, dimension_graph_layout
+from api.learned import REQUEST
 from api.plan_detail import DetailCache, plan_detail
 from api.planning import RequestError
 from api.routes.measurements import record_dict
@@ -261,6 +262,10 @@ def _plan_page(
                 for m in service.store.list_measurements(plan_id=record.id, limit=20)
             ],
             "presets": sorted(PRESETS),
+            # A profile the request gave, named like a preset or not: the
+            # form offers it, selected, rather than the preset of its name.
+            "own_profile": plan["hardware"]["name"] not in PRESETS
+            or (record.summary.get("profile") or {}).get("source") == REQUEST,
             "needs_token": bool(service.settings.tokens),
             "form_error": form_error,
         },
