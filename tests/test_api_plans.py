@@ -4,6 +4,7 @@ with the real app, the real SQLite store and a real solve worker process."""
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
@@ -221,6 +222,12 @@ def test_hardware_lists_every_preset(client):
 
 
 def test_healthz_is_liveness_and_readyz_checks_store_and_workers(client):
+    # The solve worker is a spawned interpreter: alive once it has started
+    # (this test may be the first of its module to run).
+    deadline = time.monotonic() + 90
+    while client.get("/healthz").json()["workers_alive"] < 1:
+        assert time.monotonic() < deadline, "the solve worker never started"
+        time.sleep(0.05)
     live = client.get("/healthz")
     assert live.status_code == 200
     body = live.json()
