@@ -173,10 +173,11 @@ def refit_profile(store: Store, hardware: str, backend: str) -> Fit | None:
 
     The fit starts from the preset of that name (its base profile), or, for a
     profile that is not a preset, from the one the newest measured plan was
-    made with.  A measurement whose plan or graph is no longer stored is
-    left out, and so is one of a plan made with a request's profile named
-    like a preset (:func:`named_like_a_preset`) and one out of the range POST /v1/measurements accepts
-    (:func:`plausible`: stored before that range was checked).  A fit that
+    made with.  Left out: a measurement whose plan or graph is no longer
+    stored, one of a plan made with a request's profile named like a preset
+    (:func:`named_like_a_preset`), and one out of the range POST
+    /v1/measurements accepts (the last two: stored before it checked them,
+    :func:`plausible`).  A fit that
     fails on the numbers is a CostModelError naming the hardware."""
     records = store.list_measurements(
         hardware=hardware, backend=backend, limit=MAX_REFIT_ROWS

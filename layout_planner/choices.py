@@ -341,8 +341,7 @@ def plan_transformer(
         if s > layers:
             raise PipelineError(
                 f"{s} pipeline stages for {layers} layer{'s' * (layers != 1)}; "
-                "expected at most one "
-                "stage per layer"
+                "expected at most one stage per layer"
             )
     # Tensor axes up to two hosts' worth (the cost model decides whether one
     # host's is best); any size on meshes without a host hierarchy.

@@ -370,9 +370,9 @@ class LayoutPlan:
 
 
 def _in_units(x: float, units: tuple[tuple[str, float], ...]) -> tuple[float, str]:
-    """``x`` in the largest of ``units`` (largest first) where it shows as at
-    least 1 to three digits, never as 1000 or more (``1e+03 MiB``: 1000-1023
-    MiB show as GiB)."""
+    """``x`` in the largest of ``units`` (largest first) in which, rounded to
+    three digits, it is at least 1; and never 1000 or more of a unit below
+    the largest (1000-1023 MiB are 0.977-0.999 GiB, not ``1e+03 MiB``)."""
     a = abs(x)
     for i, (name, size) in enumerate(units):
         shown = float(f"{a / size:.3g}")
