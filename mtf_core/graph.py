@@ -301,7 +301,29 @@ class DimNames(frozenset[str]):
         return self
 
 
-class Operation:
+class OperationMeta(type):
+    """Operation's metaclass: an op whose constructor raises leaves nothing
+    in its graph.  ``Operation.__init__`` adds the op to its graph before a
+    subclass checks the rest of its arguments (an einsum's output shape, a
+    constant's value), so a failed construction is undone here: the op, and
+    whatever was added after it, leave the graph again (their names stay
+    taken), and the graph lowers and saves as if the call had not been
+    made."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        op = _new_object(cls)  # no op class defines __new__
+        try:
+            op.__init__(*args, **kwargs)
+        except BaseException:
+            op._withdraw()
+            raise
+        return op
+
+
+_new_object: Callable[[type], Any] = object.__new__
+
+
+class Operation(metaclass=OperationMeta):
     """Base class of every operation.
 
     Subclasses call ``super().__init__(inputs, mesh, name)``, then
@@ -360,6 +382,22 @@ class Operation:
         self._unsplittable: frozenset[str] = frozenset()
         self._dim_names: frozenset[str] | None = None  # all_dim_names, cached
         graph._add_operation(self, name or self.op_type.lower())
+
+    def _withdraw(self) -> None:
+        """Takes this op, and every op added after it, out of its graph (see
+        :class:`OperationMeta`); nothing if it was never added."""
+        index = self.graph_index
+        mesh = self.__dict__.get("_mesh")
+        if index < 0 or mesh is None:
+            return
+        graph = mesh.graph
+        ops = graph.operations
+        if index >= len(ops) or ops[index] is not self:
+            return  # withdrawn already
+        gone = set(map(id, ops[index:]))
+        del ops[index:]
+        for kept in (graph.all_variables, graph.trainable_variables):
+            kept[:] = [v for v in kept if id(v) not in gone]
 
     def _clone(self, inputs: list[Tensor]) -> Operation:
         """A copy of this op reading ``inputs`` (of the same shapes), added

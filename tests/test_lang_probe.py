@@ -315,6 +315,85 @@ def test_lowering_names_bad_arguments(devices: list[str]) -> None:
     assert lowering.export_to_tf_tensor(y).numpy().tolist() == [0.0] * 4
 
 
+def test_an_op_whose_construction_fails_leaves_nothing_in_the_graph(
+    devices: list[str],
+) -> None:
+    # Each of these ops was added to the graph before it checked the rest of
+    # its arguments: the graph then held an op without outputs, which the
+    # whole graph's lowering and its JSON could not take.
+    m = _mesh()
+    g = m.graph
+    x = mtf.placeholder(m, [A, B])
+    w = mtf.get_variable(m, "w", [B, C])
+    four = mtf.zeros(m, mtf.Shape([mtf.Dimension("a", 2)]))
+    before = list(g.operations)
+    failing = [
+        lambda: mtf.einsum(x, w, output_shape=[A, mtf.Dimension("c", 5)]),
+        lambda: x + four,
+        lambda: mtf.constant(m, 2.5, [A], "int32"),
+        lambda: mtf.get_variable(m, "v", [A], initializer="zeros"),
+    ]
+    for call in failing:
+        with pytest.raises(mtf.MtfError):
+            call()
+        assert g.operations == before
+        assert [op.graph_index for op in g.operations] == list(range(len(before)))
+        assert g.all_variables == [w.operation] == g.trainable_variables
+    y = mtf.reduce_sum(mtf.einsum(x, w, output_shape=[A, C]), reduced_dim=C)
+    lowering = mtf.Lowering(g, {m: _impl(devices)}, feeds={x: np.ones((4, 6))})
+    assert lowering.export_to_tf_tensor(y).shape == (4,)
+    again = mtf.graph_from_json(mtf.graph_to_json(g))
+    assert [op.op_type for op in again.graph.operations] == [
+        op.op_type for op in g.operations
+    ]
+
+
+def _ids_graph() -> tuple[mtf.Mesh, mtf.Tensor, mtf.Tensor]:
+    m = _mesh()
+    ids = mtf.placeholder(m, [A], dtype="int32")
+    return m, ids, mtf.reduce_sum(mtf.cast(ids, "float32"))
+
+
+@pytest.mark.parametrize(
+    ("fed", "problem"),
+    [
+        (np.full(4, 0.7), "has a fraction or is not finite; a int32 holds"),
+        (np.full(4, 2**40), r"does not fit int32 \(\[-2147483648, 2147483647\]\)"),
+    ],
+    ids=["fraction", "too-large"],
+)
+def test_an_integer_placeholder_takes_only_numbers_it_holds(
+    devices: list[str], fed: np.ndarray, problem: str
+) -> None:
+    # A cast made 0.7 a 0 and 2**40 a 0, eagerly and in compiled steps.
+    m, ids, total = _ids_graph()
+    with pytest.raises(DTypeError, match=rf"placeholder placeholder:0 {problem}"):
+        mtf.Lowering(m.graph, {m: _impl(devices)}, feeds={ids: fed})
+    for impl in (_impl(devices), mtf.SimdMeshImpl("x:2", "a:x", devices[:2])):
+        step = mtf.compile_function(m.graph, {m: impl}, inputs=[ids], outputs=[total])
+        with pytest.raises(DTypeError, match=rf"input placeholder:0 {problem}"):
+            step(fed)
+        # Whole numbers of another dtype that fit (numpy's int64) are taken.
+        assert step(np.arange(4, dtype=np.int64))[0] == 6.0
+        assert step(np.arange(4.0))[0] == 6.0
+
+
+def test_both_compiled_backends_name_an_input_of_another_shape(
+    devices: list[str],
+) -> None:
+    m = _mesh()
+    x = mtf.placeholder(m, [A, B])
+    y = mtf.reduce_sum(x)
+    for impl in (_impl(devices), mtf.SimdMeshImpl("x:2", "a:x", devices[:2])):
+        step = mtf.compile_function(m.graph, {m: impl}, inputs=[x], outputs=[y])
+        with pytest.raises(
+            LoweringError,
+            match=r"input placeholder:0 has shape \[4, 4\]; expected \[a:4,b:6\]",
+        ):
+            step(np.ones((4, 4), np.float32))
+        assert step(np.ones((4, 6), np.float32))[0] == 24.0
+
+
 # -- checkpoints ---------------------------------------------------------------------
 @pytest.mark.parametrize("step", [-1, 1.5, True])
 def test_a_checkpoint_step_must_be_a_whole_number(tmp_path: Path, step: object) -> None:

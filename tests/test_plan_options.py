@@ -44,7 +44,11 @@ def test_defaults_are_canonical_values() -> None:
         ("time_limit_s", float("nan"), "time_limit_s is nan; expected seconds > 0"),
         ("time_limit_s", 0, "time_limit_s is 0"),
         ("time_limit_s", "10", "time_limit_s is '10'"),
-        ("memory_limit_bytes", -1, "memory_limit is -1; expected a positive number"),
+        (
+            "memory_limit_bytes",
+            -1,
+            "memory_limit is -1; expected a positive whole number",
+        ),
         ("memory_limit_bytes", 1.5, "memory_limit is 1.5"),
         ("max_mesh_dims", 0, "max_mesh_dims is 0; expected an integer >= 1"),
         ("num_workers", 0, "num_workers is 0; expected an integer >= 1"),

@@ -24,7 +24,7 @@ from mtf_core.serialization.registry import OpSpec, register
 from mtf_core.shapes import convert_to_shape
 
 
-class _AnyOperationMeta(type):
+class _AnyOperationMeta(graph.OperationMeta):
     """``isinstance(x, mtf.Operation)`` holds for every mtf_core op; for a
     subclass of it, as usual."""
 

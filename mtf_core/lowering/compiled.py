@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from mtf_core.errors import LoweringError
 from mtf_core.graph import Graph, Mesh, Operation, Tensor
 from mtf_core.lowering import tf_private
 from mtf_core.lowering.lowering import Lowering
@@ -111,18 +110,8 @@ class CompiledFunction(CompiledStep):
         return tf.compat.v1.wrap_function(self._run, self._signature)
 
     def __call__(self, *values: Any) -> list[np.ndarray]:
-        self.check_arity(values)
+        args = self.checked_inputs(values)
         self.trace()
-        args = [
-            tf.convert_to_tensor(v, dtype=spec.dtype)
-            for v, spec in zip(values, self._signature)
-        ]
-        for a, spec, t in zip(args, self._signature, self.inputs):
-            if not spec.shape.is_compatible_with(a.shape):
-                raise LoweringError(
-                    f"input {t.name} has shape {a.shape.as_list()}; expected "
-                    f"{spec.shape.as_list()} ([{t.shape}])"
-                )
         with _grappler(self.graph_optimization):
             outs = self.concrete(*args)
         if not tf.executing_eagerly():

@@ -154,8 +154,7 @@ class SpmdCompiledFunction(CompiledStep):
         return coll.sent_collectives(self._trace_replica().graph)
 
     def __call__(self, *values: Any) -> list[np.ndarray]:
-        self.check_arity(values)
-        outs = self._launcher(*values)
+        outs = self._launcher(*self.checked_inputs(values))
         return [o.numpy() for o in outs]
 
 

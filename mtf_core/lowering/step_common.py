@@ -12,11 +12,11 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from mtf_core.errors import LoweringError
+from mtf_core.errors import LoweringError, ShapeError
 from mtf_core.graph import Graph, Mesh, Operation, Tensor
 from mtf_core.lowering.counters import Counters
 from mtf_core.lowering.variables import VariableStore
-from mtf_core.ops.creation import ImportTensor
+from mtf_core.ops.creation import ImportTensor, fed_value
 
 
 class CompiledStep(abc.ABC):
@@ -88,6 +88,20 @@ class CompiledStep(abc.ABC):
                 f"compiled function takes {len(self.inputs)} inputs "
                 f"({[t.name for t in self.inputs]}), got {len(values)}"
             )
+
+    def checked_inputs(self, values: Sequence[Any]) -> list[Any]:
+        """``values`` as tensors of their placeholders' dtypes, after checking
+        their number, shapes and numbers (an integer placeholder takes whole
+        numbers that fit it: :func:`~mtf_core.ops.creation.fed_value`), as
+        both backends check them."""
+        self.check_arity(values)
+        out = []
+        for v, t in zip(values, self.inputs):
+            try:
+                out.append(fed_value(tf, v, t, f"input {t.name}"))
+            except ShapeError as e:
+                raise LoweringError(str(e)) from None
+        return out
 
     @abc.abstractmethod
     def trace(self) -> float:

@@ -80,9 +80,7 @@ class ImportTensor(Operation):
         what = f"the value fed for placeholder {out.name}"
         if out not in lowering.feeds:
             what = f"the value of {out.name}"
-        value = tf.cast(
-            check_full_value(tf.convert_to_tensor(value), out, what), out.dtype
-        )
+        value = fed_value(tf, value, out, what)
         lowering.set_tensor_lowering(
             out, lowering.mesh_impl(self).import_tf_tensor(value, out.shape)
         )
@@ -106,6 +104,38 @@ def check_full_value(value: Any, like: Any, what: str) -> Any:
     if not (dt.is_floating or dt.is_integer or dt.is_bool):
         raise DTypeError(f"{what} has dtype {dt.name}; expected numbers ({like.dtype})")
     return value
+
+
+def fed_value(tf: Any, value: Any, like: Any, what: str) -> Any:
+    """``value`` as a ``tf.Tensor`` of ``like``'s dtype, checked as
+    :func:`check_full_value` checks it and, for an integer dtype, holding
+    whole numbers that fit it (where its numbers can be read: eagerly): a
+    cast would truncate 0.7 to 0 and wrap 2**40 round in an int32."""
+    t = check_full_value(tf.convert_to_tensor(value), like, what)
+    want = tf.as_dtype(like.dtype)
+    if t.dtype == want:
+        return t
+    if want.is_integer and not t.dtype.is_bool and tf.executing_eagerly():
+        problem = integer_problem(t.numpy(), want.name)
+        if problem is not None:
+            raise DTypeError(f"{what} {problem}")
+    return tf.cast(t, want)
+
+
+def integer_problem(arr: np.ndarray, dtype: str) -> str | None:
+    """Why the numbers of ``arr`` (an int or float array) do not fit the
+    integer ``dtype`` as they are, or None if they do."""
+    if not arr.size or arr.dtype.kind == "b":
+        return None
+    if arr.dtype.kind == "f" and not np.all(np.isfinite(arr) & (arr % 1 == 0)):
+        return (
+            f"has a fraction or is not finite; a {dtype} holds whole numbers "
+            "(cast to a float dtype, or round)"
+        )
+    info = np.iinfo(dtype)
+    if arr.min() < info.min or arr.max() > info.max:
+        return f"does not fit {dtype} ([{info.min}, {info.max}])"
+    return None
 
 
 def import_tf_tensor(
@@ -244,18 +274,10 @@ def _checked_value(value: Any, shape: Shape, dtype: str) -> np.ndarray:
             f"constant: value {_short(value)} is not a number; expected a number, "
             "a bool or an array of them"
         )
-    if dtype in dtypes.INTEGER and arr.size and arr.dtype.kind != "b":
-        info = np.iinfo(dtype)
-        if arr.dtype.kind == "f" and not np.all(np.isfinite(arr) & (arr % 1 == 0)):
-            raise DTypeError(
-                f"constant: value {_short(value)} has a fraction or is not finite; "
-                f"a {dtype} holds whole numbers (cast to a float dtype, or round)"
-            )
-        if arr.min() < info.min or arr.max() > info.max:
-            raise DTypeError(
-                f"constant: value {_short(value)} does not fit {dtype} "
-                f"([{info.min}, {info.max}])"
-            )
+    if dtype in dtypes.INTEGER:
+        problem = integer_problem(arr, dtype)
+        if problem is not None:
+            raise DTypeError(f"constant: value {_short(value)} {problem}")
     return arr
 
 
