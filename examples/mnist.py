@@ -196,18 +196,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{args.steps} steps of batch {args.batch_size}",
         flush=True,
     )
-    result = train(
-        mesh_shape=args.mesh_shape,
-        layout=args.layout,
-        steps=args.steps,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        momentum=args.momentum,
-        seed=args.seed,
-        hidden_size=args.hidden_size,
-        log_every=args.log_every,
-        log=lambda line: print(line, flush=True),
-    )
+    try:
+        result = train(
+            mesh_shape=args.mesh_shape,
+            layout=args.layout,
+            steps=args.steps,
+            batch_size=args.batch_size,
+            lr=args.lr,
+            momentum=args.momentum,
+            seed=args.seed,
+            hidden_size=args.hidden_size,
+            log_every=args.log_every,
+            log=lambda line: print(line, flush=True),
+        )
+    except ValueError as e:  # a bad option (mtf's errors are ValueErrors too)
+        parser.error(str(e))  # one line, exit 2
     print(f"lowering (trace) {result.trace_seconds:.2f} s")
     print(
         f"training {result.train_seconds:.2f} s "

@@ -81,6 +81,13 @@ def test_broadcast_incompatible_sizes_are_rejected() -> None:
     _, mesh = _mesh()
     with _raises(mtf.ShapeError, "'batch' has size 8 in one input and 4"):
         mtf.zeros(mesh, "batch:8") + mtf.zeros(mesh, "batch:4")
+    # The error names the tensors, as an einsum's does.
+    x, y = mtf.zeros(mesh, "batch:8,h:2"), mtf.zeros(mesh, "batch:4")
+    with _raises(mtf.ShapeError, f"add: {x.name} [batch:8,h:2] and {y.name} [batch:4]"):
+        _ = x + y
+    cond = mtf.cast(mtf.zeros(mesh, "batch:2"), "bool")
+    with _raises(mtf.ShapeError, f"where: {cond.name} [batch:2] and {x.name}"):
+        mtf.where(cond, x, x)
 
 
 def test_reductions_and_broadcasts_name_the_missing_dim() -> None:

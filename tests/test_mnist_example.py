@@ -162,6 +162,25 @@ def test_mnist_rejects_nonpositive_steps_by_value(mnist: ModuleType) -> None:
         mnist.train(steps=0)
 
 
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--steps", "0"], "steps must be positive, got 0"),
+        (["--mesh_shape", "all:3", "--layout", "batch:all"], "batch"),
+        (["--layout", "batch:nope"], "mesh dimension 'nope'"),
+    ],
+)
+def test_mnist_main_says_a_bad_flag_in_one_line(
+    mnist: ModuleType, devices: list[str], capsys, flags: list[str], said: str
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        mnist.main(flags)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert said in err and "Traceback" not in err
+    assert ": error: " in err.strip().splitlines()[-1]
+
+
 def _readme_first_program() -> tuple[str, str]:
     """The python blocks of README's "A first program" section, and the output
     the README says they print."""

@@ -113,6 +113,15 @@ def broadcast_shape(shapes: Sequence[Shape]) -> Shape:
     return Shape(list(dims.values()))
 
 
+def _broadcast(fn_name: str, tensors: Sequence[Tensor]) -> Shape:
+    """:func:`broadcast_shape` of ``tensors``' shapes, its error naming them."""
+    try:
+        return broadcast_shape([t.shape for t in tensors])
+    except ShapeError as e:
+        named = " and ".join(f"{t.name} [{t.shape}]" for t in tensors)
+        raise ShapeError(f"{fn_name}: {named}: {e}") from None
+
+
 def _as_tensor(x: Any, like: Tensor) -> Tensor:
     if isinstance(x, Tensor):
         return x
@@ -153,9 +162,9 @@ class BinaryOp(Operation):
                 "floating dtype (use floordiv for whole-number division, or cast "
                 "to float32 first)"
             )
+        shape = _broadcast(fn_name, [x, y])
         super().__init__([x, y], name=name or fn_name)
         self.fn_name = fn_name
-        shape = broadcast_shape([x.shape, y.shape])
         if output_shape is not None:
             output_shape = convert_to_shape(output_shape)
             if set(output_shape.dimension_names) != set(shape.dimension_names):
@@ -305,8 +314,8 @@ class WhereOp(Operation):
                 f"where: condition {cond.name} has dtype {cond.dtype}; expected bool"
             )
         check_same_dtype([x, y], "where")
+        shape = _broadcast("where", [cond, x, y])
         super().__init__([cond, x, y], name=name or "where")
-        shape = broadcast_shape([cond.shape, x.shape, y.shape])
         if output_shape is not None:
             shape = convert_to_shape(output_shape)
         self._add_output(shape, x.dtype)

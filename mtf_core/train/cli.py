@@ -247,6 +247,20 @@ def device_count(args: argparse.Namespace) -> int:
     return args.devices or 8
 
 
+def _warn_of_rules_for_no_dim(layout: LayoutChoice, model: Any) -> None:
+    """A rule naming no dim of the model splits nothing (as in Mesh TF, a
+    layout may name dims a model lacks): likely a misspelling, so say so."""
+    dims = {n for op in model.graph.operations for n in op.all_dim_names}
+    for name, axis in layout.rules:
+        if name not in dims:
+            print(
+                f"mtf-train: warning: layout rule '{name}:{axis}' names no dim of "
+                f"this model, so it splits nothing (its dims: {', '.join(sorted(dims))})",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
 def choose_layout(args: argparse.Namespace, model: Any, n: int) -> LayoutChoice:
     """Resolves ``--layout``; ``auto`` asks the layout planner."""
     if args.layout.strip().lower() != "auto":
@@ -309,6 +323,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     model = build_lm(cfg, make_optimizer(args.optimizer, args.learning_rate))
     if layout is None:
         layout = choose_layout(args, model, n)
+    _warn_of_rules_for_no_dim(layout, model)
     print(
         f"model: {cfg.num_layers} layers, d_model {cfg.d_model}, vocab {cfg.vocab}, "
         f"{model.num_parameters:,} parameters; {layout}; corpus {len(ids):,} "
