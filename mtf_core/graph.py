@@ -342,6 +342,7 @@ class Operation(metaclass=OperationMeta):
     stateful: bool = False
     #: Unique within its graph (:meth:`Graph.unique_name`).
     name: str
+    _mesh: Mesh
     #: Where this op is in ``graph.operations``, which only grows; -1 for an
     #: op made without :meth:`Graph._add_operation`.
     graph_index: int = -1
@@ -359,7 +360,7 @@ class Operation(metaclass=OperationMeta):
         if mesh is None:
             if not inputs:
                 raise GraphError(f"{type(self).__name__} needs a mesh or inputs")
-            mesh = inputs[0].mesh
+            mesh = inputs[0].operation._mesh
         elif not isinstance(mesh, Mesh):
             raise GraphTypeError(
                 f"{type(self).__name__}: mesh {mesh!r} is not an mtf.Mesh; expected "
@@ -372,7 +373,7 @@ class Operation(metaclass=OperationMeta):
             )
         graph = mesh.graph
         for t in inputs:
-            if t.graph is not graph:
+            if t.operation._mesh.graph is not graph:  # t.graph, without 2 calls
                 raise GraphError(
                     f"tensor {t.name} belongs to another graph than mesh {mesh.name!r}"
                 )
