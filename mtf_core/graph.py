@@ -529,9 +529,9 @@ def check_same_mesh(tensors: Iterable[Tensor]) -> Mesh:
             check_tensor(t, "input")  # raises
     if not tensors:
         raise GraphError("expected at least one mtf.Tensor, got none")
-    mesh = tensors[0].operation.mesh
+    mesh = tensors[0].operation._mesh  # .mesh, without the property
     for t in tensors[1:]:
-        if t.operation.mesh is not mesh:
+        if t.operation._mesh is not mesh:
             raise GraphError(
                 f"tensors {tensors[0].name} and {t.name} live on different meshes "
                 f"({mesh.name!r}, {t.mesh.name!r})"
