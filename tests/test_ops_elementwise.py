@@ -91,6 +91,44 @@ def test_binary_op_broadcasts_by_name_under_every_layout(
     )
 
 
+@pytest.mark.parametrize(
+    ("left", "right", "out"),
+    [
+        ("b:3", "a:2,b:3", "a:2,b:3"),  # the shorter first: the longer's order
+        ("a:2,b:3", "b:3", "a:2,b:3"),
+        ("a:2", "a:2,b:3", "a:2,b:3"),
+        ("b:3,a:2", "a:2,b:3", "b:3,a:2"),  # neither in the other's order
+        ("a:2", "b:3", "a:2,b:3"),
+        ("c:4,a:2", "b:3,c:4", "c:4,a:2,b:3"),
+    ],
+)
+def test_a_broadcast_orders_its_dims_as_mesh_tf_does(
+    left: str, right: str, out: str
+) -> None:
+    # Mesh TF's _infer_binary_broadcast_shape: the shape whose dims hold the
+    # other's in order, else the first's dims and the second's new ones.
+    m = mtf.Mesh(mtf.Graph(), "m")
+    x, y = mtf.zeros(m, left), mtf.zeros(m, right)
+    for z in (x + y, x * y, mtf.maximum(x, y), mtf.add_n([x, y])):
+        assert z.shape == mtf.convert_to_shape(out)
+    assert mtf.where(mtf.greater(x, y), x, y).shape == mtf.convert_to_shape(out)
+
+
+def test_a_bias_added_first_keeps_the_tensors_order_through_a_reshape(
+    devices: list[str],
+) -> None:
+    # [b] + [a, b] was [b, a], so the reshape below read the sum transposed.
+    m = mtf.Mesh(mtf.Graph(), "m")
+    x = mtf.import_tf_tensor(m, tf.reshape(tf.range(6.0), [2, 3]), "a:2,b:3")
+    bias = mtf.import_tf_tensor(m, tf.constant([10.0, 20.0, 30.0]), "b:3")
+    flat = mtf.reshape(bias + x, "ab:6")
+    lowering = mtf.Lowering(
+        m.graph, {m: mtf.PlacementMeshImpl("x:2", "a:x", devices[:2])}
+    )
+    got = lowering.export_to_tf_tensor(flat).numpy().tolist()
+    assert got == [10.0, 21.0, 32.0, 13.0, 24.0, 35.0]
+
+
 def test_binary_op_with_explicit_output_shape_transposes(devices: list[str]) -> None:
     check_op(
         devices,

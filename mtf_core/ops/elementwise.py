@@ -94,23 +94,43 @@ DIFFERENTIABLE_BINARY = frozenset(
 
 
 def broadcast_shape(shapes: Sequence[Shape]) -> Shape:
-    """Union of dims by name, in order of first appearance; sizes must agree."""
+    """The output shape of an elementwise op on ``shapes``, by Mesh TF's rule
+    (its ``_infer_binary_broadcast_shape``), folded left: of two shapes, the
+    one whose dims hold the other's in the same order (``[a, b]`` for ``[b]``
+    and ``[a, b]``, whichever comes first), else the first's dims and then
+    the second's new ones.  A name's sizes must agree."""
     if len(shapes) == 2:  # most calls: two equal shapes, or one a scalar's
         a, b = shapes
         if not b.dims or a == b:
             return a
         if not a.dims:
             return b
-    dims: dict[str, Any] = {}
-    for s in shapes:
-        for d in s:
-            if d.name in dims and dims[d.name].size != d.size:
-                raise ShapeError(
-                    f"dimension {d.name!r} has size {dims[d.name].size} in one input "
-                    f"and {d.size} in another"
-                )
-            dims.setdefault(d.name, d)
-    return Shape(list(dims.values()))
+    out = shapes[0]
+    for s in shapes[1:]:
+        out = _broadcast_two(out, s)
+    return out
+
+
+def _broadcast_two(a: Shape, b: Shape) -> Shape:
+    sizes = {d.name: d.size for d in a.dims}
+    for d in b.dims:
+        size = sizes.get(d.name)
+        if size is not None and size != d.size:
+            raise ShapeError(
+                f"dimension {d.name!r} has size {size} in one input "
+                f"and {d.size} in another"
+            )
+    if _is_subsequence(a.dims, b.dims):
+        return b
+    if _is_subsequence(b.dims, a.dims):
+        return a
+    return Shape([*a.dims, *(d for d in b.dims if d.name not in sizes)])
+
+
+def _is_subsequence(short: Sequence[Any], long: Sequence[Any]) -> bool:
+    """Whether ``short``'s items appear in ``long`` in the same order."""
+    rest = iter(long)
+    return all(any(x == y for y in rest) for x in short)
 
 
 def _broadcast(fn_name: str, tensors: Sequence[Tensor]) -> Shape:
@@ -314,7 +334,9 @@ class WhereOp(Operation):
                 f"where: condition {cond.name} has dtype {cond.dtype}; expected bool"
             )
         check_same_dtype([x, y], "where")
-        shape = _broadcast("where", [cond, x, y])
+        # Mesh TF's where is x * cond + y * !cond: its shape, so.
+        shape = _broadcast("where", [x, cond]), _broadcast("where", [y, cond])
+        shape = broadcast_shape(list(shape))
         super().__init__([cond, x, y], name=name or "where")
         if output_shape is not None:
             shape = convert_to_shape(output_shape)
