@@ -186,3 +186,29 @@ def test_a_balanced_placer_makes_masters_in_get_variable_and_lowering_reuses_the
         lowering = mtf.Lowering(graph, {mesh: impl})
         masters = list(lowering.variables.masters)
         assert [m.name for m in masters] == ["w0:0", "w1:0", "w2:0"]
+
+
+def test_a_reshape_that_splits_anew_lowers_under_tf1_behaviour():
+    # Under disable_v2_behavior a static dim is a TF1 Dimension: the
+    # allsplit's slice size was one, which tf.slice refused.
+    import subprocess
+    import sys
+
+    code = """
+import numpy as np, tensorflow as tf
+tf.compat.v1.disable_v2_behavior()
+import mtf_core as mtf
+graph = mtf.Graph(); mesh = mtf.Mesh(graph, "m")
+a, b, c = mtf.Dimension("a", 4), mtf.Dimension("b", 2), mtf.Dimension("c", 4)
+x = mtf.import_tf_tensor(mesh, tf.reshape(tf.range(8.0), [4, 2]), [a, b])
+y = mtf.reshape(x, [c, b])
+impl = mtf.PlacementMeshImpl("all:2", "c:all", [""] * 2)
+out = mtf.Lowering(graph, {mesh: impl}).export_to_tf_tensor(y)
+with tf.compat.v1.Session() as s:
+    print(s.run(out).ravel().tolist())
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == str([float(i) for i in range(8)])

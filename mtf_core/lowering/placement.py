@@ -220,7 +220,8 @@ class PlacementMeshImpl(MeshImpl):
         for p, dev in enumerate(self.devices):
             c = self.pnum_to_processor_coordinates(p)[mesh_axis]
             s = x.slices[p]
-            size = s.shape[split_axis] // n
+            # as_list: an int, also where TF1 behaviour makes shape[i] a Dimension
+            size = s.shape.as_list()[split_axis] // n
             with self.on(dev):
                 begin = [0] * s.shape.rank
                 begin[split_axis] = c * size

@@ -330,7 +330,7 @@ class SimdMeshImpl(MeshImpl):
             return x
 
         def fn(t: Any) -> Any:
-            size = t.shape[split_axis] // n
+            size = t.shape.as_list()[split_axis] // n  # an int under TF1 too
             begin = [0] * t.shape.rank
             begin[split_axis] = self._coordinate(mesh_axis) * size
             sizes = t.shape.as_list()

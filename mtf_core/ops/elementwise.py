@@ -335,8 +335,9 @@ class WhereOp(Operation):
             )
         check_same_dtype([x, y], "where")
         # Mesh TF's where is x * cond + y * !cond: its shape, so.
-        shape = _broadcast("where", [x, cond]), _broadcast("where", [y, cond])
-        shape = broadcast_shape(list(shape))
+        shape = broadcast_shape(
+            [_broadcast("where", [x, cond]), _broadcast("where", [y, cond])]
+        )
         super().__init__([cond, x, y], name=name or "where")
         if output_shape is not None:
             shape = convert_to_shape(output_shape)
