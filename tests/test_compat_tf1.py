@@ -212,3 +212,30 @@ with tf.compat.v1.Session() as s:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == str([float(i) for i in range(8)])
+
+
+def test_a_placers_master_is_named_by_its_variable_scope_once():
+    import subprocess
+    import sys
+
+    code = """
+import tensorflow as tf
+tf.compat.v1.disable_eager_execution()
+import mtf_core.compat
+import mesh_tensorflow as mtf
+for placer in (mtf.utils.BalancedVariablePlacer(["/cpu:0", "/cpu:0"]), None):
+    with tf.Graph().as_default():
+        graph = mtf.Graph()
+        mesh = mtf.Mesh(graph, "m", placer)
+        with tf.compat.v1.variable_scope("encoder"):
+            mtf.get_variable(mesh, "w", [mtf.Dimension("d", 4)])
+        impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:1", "", [""])
+        lowering = mtf.Lowering(graph, {mesh: impl})
+        print([m.name for m in lowering.variables.masters])
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    # With a placer (made in get_variable) and without (made by the lowering).
+    assert done.stdout.strip().splitlines()[-2:] == ["['encoder/w:0']"] * 2

@@ -12,6 +12,8 @@ masters; they exist for programs written for Mesh TF.
 
 from __future__ import annotations
 
+import contextlib
+
 from collections.abc import Mapping
 from typing import Any
 
@@ -43,12 +45,21 @@ def make_master(var: Any, device: Any, value: Any = None) -> tf.Variable:
             var,
             f"the initializer's value for variable {var.name}",
         )
-    with outside_all_rewrites(), tf.compat.v1.device(device):
+    with outside_all_rewrites(), tf.compat.v1.device(device), _top_name_scope():
         master = tf.Variable(
             tf.cast(value, var.master_dtype), name=var.name, trainable=var.trainable
         )
     var.tf_master = master
     return master
+
+
+def _top_name_scope() -> Any:
+    """The top-level TF name scope in graph mode: ``var.name`` holds its
+    variable scope already (a placer makes the master inside that scope,
+    which would prefix it again: ``encoder/encoder/w``)."""
+    if tf.executing_eagerly():
+        return contextlib.nullcontext()
+    return tf.compat.v1.get_default_graph().name_scope(None)
 
 
 def _early_master(var: Any) -> Any:
