@@ -13,7 +13,6 @@ masters; they exist for programs written for Mesh TF.
 from __future__ import annotations
 
 import contextlib
-
 from collections.abc import Mapping
 from typing import Any
 
