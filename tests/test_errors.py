@@ -86,7 +86,7 @@ def test_broadcast_incompatible_sizes_are_rejected() -> None:
     with _raises(mtf.ShapeError, f"add: {x.name} [batch:8,h:2] and {y.name} [batch:4]"):
         _ = x + y
     cond = mtf.cast(mtf.zeros(mesh, "batch:2"), "bool")
-    with _raises(mtf.ShapeError, f"where: {cond.name} [batch:2] and {x.name}"):
+    with _raises(mtf.ShapeError, f"where: {x.name} [batch:8,h:2] and {cond.name}"):
         mtf.where(cond, x, x)
 
 
