@@ -239,3 +239,23 @@ for placer in (mtf.utils.BalancedVariablePlacer(["/cpu:0", "/cpu:0"]), None):
     assert done.returncode == 0, done.stderr[-2000:]
     # With a placer (made in get_variable) and without (made by the lowering).
     assert done.stdout.strip().splitlines()[-2:] == ["['encoder/w:0']"] * 2
+
+
+def test_a_lowering_writes_its_variables_and_counters_to_a_log_file(devices, tmp_path):
+    # Mesh TF's transformer/utils.py passes log_file= to its lowering.
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "m")
+    w = mtf.get_variable(mesh, "w", "a:4,b:2")
+    mtf.get_variable(mesh, "steps", "c:3", trainable=False)
+    y = mtf.reduce_sum(w * 2.0)
+    impl = mtf.PlacementMeshImpl("all:2", "a:all", devices[:2])
+    log = tmp_path / "lowering.log"
+    mtf.Lowering(graph, {mesh: impl}, log_file=str(log)).export_to_tf_tensor(y)
+    text = log.read_text()
+    assert "Variable    w " in text and "size 8 " in text and "slice_size 4 " in text
+    assert "Variable    steps" not in text  # not trainable: counted, not listed
+    assert "Trainable Variables count: 1 Total size: 8 Total slice_size: 4" in text
+    assert "All Variables count: 2 Total size: 11 Total slice_size: 7" in text
+    assert text.split("Counters:\n", 1)[1].strip()
+    with pytest.raises(mtf.LoweringError, match="log_file '.*' cannot be written"):
+        mtf.Lowering(graph, {mesh: impl}, log_file=str(tmp_path / "no" / "x.log"))

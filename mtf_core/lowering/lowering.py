@@ -58,6 +58,10 @@ class Lowering:
         :func:`mtf_core.liveness.needed_operations`, the rule the cost model
         prices a step by).
       seed: integer or scalar int tensor mixed into every random op's seed.
+      autostack: accepted for Mesh TensorFlow (whose variables it stacks).
+      log_file: a path (``tf.io.gfile``'s, so ``gs://`` too) to write the
+        variables (shape, size, slice size) and the counters to, as Mesh
+        TensorFlow's lowering does.
     """
 
     def __init__(
@@ -69,6 +73,7 @@ class Lowering:
         targets: Iterable[Tensor | Operation] | None = None,
         seed: Any = 0,
         autostack: bool = True,
+        log_file: Any = None,
     ) -> None:
         del autostack  # accepted for Mesh TensorFlow compatibility
         self.tf = FAST_TF  # tf, making the common ops faster (fast_tf.py)
@@ -108,6 +113,40 @@ class Lowering:
             impl.current_op = None
         self._finish()
         self.tensors.after_force = self._finish
+        if log_file is not None:
+            self._write_log(log_file)
+
+    def _write_log(self, path: Any) -> None:
+        """The variables and counters, as Mesh TF's ``log_file`` holds them."""
+        import tensorflow as tf
+
+        lines = []
+        for tag, variables, each in (
+            ("Trainable Variables", self.graph.trainable_variables, True),
+            ("All Variables", self.graph.all_variables, False),
+        ):
+            total = total_slice = 0
+            for v in sorted(variables, key=lambda v: v.name):
+                size = v.shape.size
+                per_slice = int(np.prod(self.mesh_impl(v).slice_shape(v.shape)))
+                total, total_slice = total + size, total_slice + per_slice
+                if each:
+                    lines.append(
+                        f"Variable    {v.name:<60} size {size:<12} slice_size "
+                        f"{per_slice:<12} {v.shape}"
+                    )
+            lines.append(
+                f"{tag} count: {len(variables)} Total size: {total} Total "
+                f"slice_size: {total_slice}"
+            )
+        lines += ["Counters:", self.counters.summary()]
+        try:
+            with tf.io.gfile.GFile(str(path), "w") as f:
+                f.write("\n".join(lines) + "\n")
+        except (OSError, tf.errors.OpError) as e:
+            raise LoweringError(
+                f"log_file {str(path)!r} cannot be written: {type(e).__name__}: {e}"
+            ) from None
 
     def _finish(self) -> None:
         for impl in self.mesh_to_impl.values():
