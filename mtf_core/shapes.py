@@ -309,8 +309,23 @@ class Shape:
             ]
         )
 
-    def cumprod_to_tensor_axis(self, axis: int) -> int:
-        return math.prod(d.size for d in self.dims[:axis])
+    @property
+    def cumprod(self) -> list[int]:
+        """The exclusive cumulative products of the sizes, as Mesh TF's
+        ``Shape.cumprod``: ``[1, s0, s0 * s1, ...]``, one per dim."""
+        out = [1] * len(self.dims)
+        for i in range(1, len(out)):
+            out[i] = out[i - 1] * self.dims[i - 1].size
+        return out
+
+    def cumprod_to_tensor_axis(self, cumprod: int) -> int | None:
+        """The last tensor axis whose :attr:`cumprod` is ``cumprod``, or None
+        (Mesh TF's)."""
+        products = self.cumprod
+        for i in range(len(products) - 1, -1, -1):
+            if products[i] == cumprod:
+                return i
+        return None
 
 
 def tight_colons(text: str) -> str:

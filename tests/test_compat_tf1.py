@@ -259,3 +259,19 @@ def test_a_lowering_writes_its_variables_and_counters_to_a_log_file(devices, tmp
     assert text.split("Counters:\n", 1)[1].strip()
     with pytest.raises(mtf.LoweringError, match="log_file '.*' cannot be written"):
         mtf.Lowering(graph, {mesh: impl}, log_file=str(tmp_path / "no" / "x.log"))
+
+
+def test_shape_cumprod_and_laid_out_size_are_mesh_tfs(devices):
+    shape = mtf.convert_to_shape("a:4,b:2,c:3")
+    assert shape.cumprod == [1, 4, 8]  # Mesh TF: _cumprod(sizes)[:-1]
+    assert [shape.cumprod_to_tensor_axis(p) for p in (1, 4, 8, 5)] == [0, 1, 2, None]
+    assert mtf.convert_to_shape("a:1,b:1").cumprod_to_tensor_axis(1) == 1  # the last
+    assert mtf.Shape([]).cumprod == []
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "m")
+    x = mtf.zeros(mesh, "a:4,b:2")
+    impl = mtf.PlacementMeshImpl("all:2", "a:all", devices[:2])
+    lowering = mtf.Lowering(graph, {mesh: impl})
+    # Split over both devices: 8 elements in all; replicated: 8 on each.
+    assert lowering.laid_out_size(x) == impl.laid_out_size(x.shape) == 8
+    assert impl.laid_out_size(mtf.convert_to_shape("b:2,c:3")) == 12

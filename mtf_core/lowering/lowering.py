@@ -162,6 +162,10 @@ class Lowering:
             value = self.memo[key] = make()
             return value
 
+    def laid_out_size(self, tensor: Tensor) -> int:
+        """Elements of all of ``tensor``'s slices together (Mesh TF's)."""
+        return self.mesh_impl(tensor).laid_out_size(tensor.shape)
+
     # -- what ops use ----------------------------------------------------------
     def mesh_impl(self, x: Tensor | Operation | Mesh) -> MeshImpl:
         if not isinstance(x, (Tensor, Operation, Mesh)):

@@ -8,6 +8,7 @@ per device) and an SPMD backend are interchangeable.
 from __future__ import annotations
 
 import abc
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -68,6 +69,11 @@ class MeshImpl(abc.ABC):
     def slice_shape(self, shape: Any) -> list[int]:
         self.tensor_layout(shape)  # raises a LayoutError naming the tensor
         return self.ctx.slice_shape(shape)
+
+    def laid_out_size(self, shape: Any) -> int:
+        """Elements of all the slices of a tensor of ``shape`` together (a
+        replicated dim counts once per device), as Mesh TF's."""
+        return math.prod(self.slice_shape(shape)) * self.size
 
     def pnum_to_processor_coordinates(self, pnum: int) -> list[int]:
         coords = []
