@@ -83,12 +83,16 @@ def opaque_error(
     )
 
 
-def quoted(ident: str, limit: int = 200) -> str:
+#: The most characters of a client's id an answer echoes (not 10 KB of it).
+SHOWN_CHARS = 200
+
+
+def quoted(ident: str) -> str:
     """``repr(ident)`` for an answer that names what a client asked for,
-    cut after ``limit`` characters (a 10 KB id is not echoed back whole)."""
-    if len(ident) <= limit:
+    cut after :data:`SHOWN_CHARS` characters."""
+    if len(ident) <= SHOWN_CHARS:
         return repr(ident)
-    return f"{ident[:limit]!r}... ({len(ident):,} characters)"
+    return f"{ident[:SHOWN_CHARS]!r}... ({len(ident):,} characters)"
 
 
 def _snake(name: str) -> str:

@@ -120,12 +120,16 @@ def plausible(measured_s: float, predicted_s: float) -> bool:
     return 1 / MAX_MEASURED_FACTOR <= ratio <= MAX_MEASURED_FACTOR
 
 
+def profile_from_request(plan: PlanRecord) -> bool:
+    """Whether ``plan`` was made with a whole profile its request gave."""
+    return (plan.summary.get("profile") or {}).get("source") == REQUEST
+
+
 def named_like_a_preset(plan: PlanRecord) -> bool:
     """Whether ``plan`` was made with a whole profile its request gave under
     a preset's name: its measurements say nothing of that preset, and must
     not refit it (for every client)."""
-    source = (plan.summary.get("profile") or {}).get("source")
-    return source == REQUEST and plan.summary.get("hardware") in PRESETS
+    return profile_from_request(plan) and plan.summary.get("hardware") in PRESETS
 
 
 class GraphMissing(LookupError):

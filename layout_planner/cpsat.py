@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -540,25 +540,7 @@ class SolveLoop:
         prm.max_time_in_seconds = max(self.deadline - time.monotonic(), _MIN_PHASE_S)
         set_hint(model, hint)
         code = solver.solve(model)
-        if code == cp_model.INFEASIBLE and prm.cp_model_presolve:
-            # With these settings (probing off) CP-SAT's presolve has called
-            # feasible programs infeasible (bench/cpsat_presolve.py;
-            # tests/test_planner_cpsat.py): an infeasible answer is checked
-            # without it.
-            prm.cp_model_presolve = False
-            left = self.deadline - time.monotonic()
-            prm.max_time_in_seconds = max(left, _MIN_PHASE_S)
-            code = solver.solve(model)
-        if (
-            code == cp_model.MODEL_INVALID
-            and prm.cp_model_presolve
-            and not model.validate()
-        ):
-            # A valid model whose presolved form CP-SAT then rejects: its
-            # presolve can rewrite an objective that fits in 64 bits into
-            # one that may overflow ("Possible integer overflow in
-            # objective", seen on 4-axis meshes of a 2-layer LM).  Solved
-            # as it is instead.
+        if prm.cp_model_presolve and _presolve_in_doubt(code, model):
             prm.cp_model_presolve = False
             left = self.deadline - time.monotonic()
             prm.max_time_in_seconds = max(left, _MIN_PHASE_S)
@@ -583,6 +565,21 @@ class SolveLoop:
             list(solver.response_proto.solution),
             wall,
         )
+
+
+def _presolve_in_doubt(code: Any, model: cp_model.CpModel) -> bool:
+    """Whether CP-SAT's answer ``code`` (with presolve) is to be checked by a
+    solve without presolve:
+    * INFEASIBLE: with these settings (probing off) its presolve has called
+      feasible programs infeasible (bench/cpsat_presolve.py;
+      tests/test_planner_cpsat.py);
+    * MODEL_INVALID of a model that validates: its presolve can rewrite an
+      objective that fits in 64 bits into one that may overflow ("Possible
+      integer overflow in objective", seen on 4-axis meshes of a 2-layer LM).
+    """
+    if code == cp_model.INFEASIBLE:
+        return True
+    return bool(code == cp_model.MODEL_INVALID and not model.validate())
 
 
 def solve_program(

@@ -405,9 +405,9 @@ class Workers:
     def close(self) -> None:
         """Stops every worker (a job still running is abandoned).  Forked
         workers are not waited for: the kernel takes 10-30 ms to free the
-        two workers' memory, which the plan need not wait out; ``multiprocessing`` reaps
-        them when this process next starts one, lists its children or
-        exits.  Fresh helpers are waited for."""
+        two workers' memory, which the plan need not wait out;
+        ``multiprocessing`` reaps them when this process next starts one,
+        lists its children or exits.  Fresh helpers are waited for."""
         for proc in self._procs:
             _stop(proc, wait=False)
         for proc in self._procs:

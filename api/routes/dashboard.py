@@ -23,7 +23,8 @@ from pydantic import ValidationError
 
 from api.deps import FormBody, ServiceDep
 from api.dimgraph_svg import AXIS_COLOURS, axis_colours, dimension_graph_layout
-from api.learned import REQUEST
+from api.errors import SHOWN_CHARS
+from api.learned import profile_from_request
 from api.plan_detail import DetailCache, plan_detail
 from api.planning import RequestError
 from api.routes.measurements import record_dict
@@ -125,7 +126,7 @@ def _page(
 
 
 def _not_found(request: Request, kind: str, ident: str) -> Response:
-    shown = ident if len(ident) <= 200 else ident[:200] + "\u2026"  # not 10 KB of it
+    shown = ident if len(ident) <= SHOWN_CHARS else ident[:SHOWN_CHARS] + "\u2026"
     return _page(request, "notfound.html", {"kind": kind, "ident": shown}, 404)
 
 
@@ -265,7 +266,7 @@ def _plan_page(
             # A profile the request gave, named like a preset or not: the
             # form offers it, selected, rather than the preset of its name.
             "own_profile": plan["hardware"]["name"] not in PRESETS
-            or (record.summary.get("profile") or {}).get("source") == REQUEST,
+            or profile_from_request(record),
             "needs_token": bool(service.settings.tokens),
             "form_error": form_error,
         },
