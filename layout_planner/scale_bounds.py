@@ -26,10 +26,17 @@ search could start, more than it saved (docs/scale.md, "Planning time").
 
 from __future__ import annotations
 
-from cost_models.hardware import HardwareProfile
-from mtf_core.models import TransformerConfig
+from collections import Counter
+from collections.abc import Callable, Sequence
 
-__all__ = ["flops_bound_s", "recompute_bound_s"]
+from cost_models.hardware import HardwareProfile
+from cost_models.op_costs import hbm_tensors
+from layout_planner.scale_stages import StageGraph
+from mtf_core.liveness import step_operations
+from mtf_core.models import TransformerConfig
+from mtf_core.models.base import ModelGraph
+
+__all__ = ["copy_rates", "flops_bound_s", "recompute_bound_s"]
 
 
 def flops_bound_s(
@@ -41,42 +48,105 @@ def flops_bound_s(
     return flops / (devices * hw.peak_flops) * (m + pp - 1) / m
 
 
-def recompute_bound_s(
+#: A recomputation option: what is recomputed of (attention, ffn).
+Option = tuple[str, str]
+
+
+def copy_rates(
     cfg: TransformerConfig,
-    recompute: tuple[str, str],
+    builder: Callable[..., ModelGraph],
+    optimizer: str,
+    least: Option,
+    options: Sequence[Option],
     hw: HardwareProfile,
+    encoder_decoder: bool = False,
+) -> dict[Option, float]:
+    """Per option of ``options``: the seconds that one layer's recomputed
+    copy takes at least per sequence of a micro-batch, on a mesh of one
+    device, over the graph of ``least`` (the option each mesh's free layout
+    takes); :func:`recompute_bound_s` spreads it over a stage.
+
+    A recomputed block runs its forward again in the backward pass
+    (:func:`mtf_core.recompute.recompute_block`): an option's stage graph
+    holds every op of ``least``'s, priced the same under a layout, and the
+    copy besides (less what no gradient reads, which the step does not
+    run).  On a roofline profile each op of the copy takes at least its
+    flops at peak or its bytes (inputs and outputs) at HBM bandwidth,
+    whichever is longer, on each of ``n`` devices when all ``n`` split it
+    evenly; its collectives only add.  So the copy is found as the ops of
+    a one-layer graph of the whole batch that ``least``'s lacks (the step's
+    ops before the optimizer's update, each known by its flops and bytes),
+    and the rate is their roofline seconds over the batch.  An op's flops
+    and bytes are affine in the sequences of a micro-batch, with nothing
+    negative left at none (a weight it reads), so a micro-batch of ``b``
+    sequences takes at least ``b`` times the rate.
+
+    0 (no bound) where an option's graph lacks some op of ``least``'s (the
+    copy is then not all it adds), for a mixture of experts (its capacity
+    is rounded per micro-batch, not affine), an encoder-decoder (its stage
+    is not ``layers`` copies of one layer) or a fitted profile (its rates
+    are not a roofline)."""
+    rates = dict.fromkeys(options, 0.0)
+    if encoder_decoder or cfg.experts or hw.rates is not None:
+        return rates
+    base = _step_ops(cfg, builder, optimizer, least)
+    for option in options:
+        if option == least:
+            continue
+        per_batch, once = _step_ops(cfg, builder, optimizer, option)
+        if base[0] - per_batch or base[1] - once:
+            continue
+        rates[option] = (
+            sum(
+                n * max(flops / hw.peak_flops, moved / hw.hbm_bandwidth_bytes_per_s)
+                for (flops, moved), n in (per_batch - base[0]).items()
+            )
+            / cfg.batch
+        )
+    return rates
+
+
+def _step_ops(
+    cfg: TransformerConfig,
+    builder: Callable[..., ModelGraph],
+    optimizer: str,
+    option: Option,
+) -> tuple[Counter[tuple[float, int]], Counter[tuple[float, int]]]:
+    """The (flops, HBM bytes) of each op a step of ``option``'s one-layer
+    graph of the whole batch runs: those before the optimizer's update, and
+    the update's."""
+    attention, ffn = option
+    model = builder(
+        cfg.replace(num_layers=1, recompute_attention=attention, recompute_ffn=ffn),
+        optimizer=optimizer,
+    )
+    first_update = StageGraph(model).first_update
+    position = {id(op): i for i, op in enumerate(model.graph.operations)}
+    per_batch: Counter[tuple[float, int]] = Counter()
+    once: Counter[tuple[float, int]] = Counter()
+    for op in step_operations(model.graph, [model.loss]):
+        fixed, moved = hbm_tensors(op)
+        key = (op.flops(), fixed + sum(t.size_bytes for t in moved))
+        (once if position[id(op)] >= first_update else per_batch)[key] += 1
+    return per_batch, once
+
+
+def recompute_bound_s(
+    rate_s: float,
+    cfg: TransformerConfig,
     stages: int,
     micro_batches: int,
     stage_devices: int,
-    encoder_decoder: bool = False,
 ) -> float:
-    """What recomputing ``recompute`` (attention, ffn) adds at least to the
-    pipelined step of every layout of a mesh with ``stages`` stages of
-    ``stage_devices`` devices each: the recomputed blocks' input projections
-    at peak on every device of a stage, in each of the ``m + pp - 1`` slots.
-
-    A recomputed block runs its forward again in the backward pass
-    (:func:`mtf_core.recompute.recompute_block`): the graph holds every op
-    of the graph without recomputation, priced the same under a layout,
-    and a copy of the block's forward besides, less what no gradient
-    reads (the output projections, ``o`` and ``wo``, whose outputs only the
-    next block reads).  So each layer recomputes at least its q, k, v and
-    wi projections, ``2 x tokens x (3 d_model heads d_kv + d_model d_ff)``
-    flops (the attention scores, norms and activations besides are not
-    counted), and an op takes at least its flops per device at peak on a
-    roofline profile.  So a mesh whose free layout's bound plus this
-    is slower than a fitting step found has no faster layout of the
-    option.  0 (no bound) for another option, a mixture of experts, an
-    encoder-decoder or a fitted profile (its rates are not a roofline)."""
-    if (
-        tuple(recompute) != ("block", "block")
-        or encoder_decoder
-        or cfg.experts
-        or hw.rates is not None
-    ):
-        return 0.0
-    d, h = cfg.d_model, cfg.heads * cfg.d_kv
-    tokens = cfg.batch // micro_batches * cfg.length
+    """What a recomputation option whose copy takes ``rate_s`` (from
+    :func:`copy_rates`) adds at least to the pipelined step of every layout
+    of a mesh with ``stages`` stages of ``stage_devices`` devices each: each
+    of a stage's layers recomputes its copy for the micro-batch's
+    sequences, spread evenly over the stage's devices, in each of the
+    ``m + pp - 1`` slots.  So a mesh whose free layout's bound plus this is
+    slower than a fitting step found has no faster layout of the option."""
     layers = cfg.num_layers // stages
-    flops = 2.0 * tokens * layers * (3 * d * h + d * cfg.d_ff)
-    return (micro_batches + stages - 1) * flops / (stage_devices * hw.peak_flops)
+    sequences = cfg.batch // micro_batches
+    return (
+        (micro_batches + stages - 1) * layers * sequences * rate_s / stage_devices
+    )

@@ -40,6 +40,7 @@ compute them ahead.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import time
@@ -56,7 +57,7 @@ from layout_planner.errors import PlannerError, SolverError
 from layout_planner.plan import LayoutPlan
 from layout_planner.program import SolveParams
 from layout_planner.recompute_program import NothingFitsError, solve_with_recomputation
-from layout_planner.scale_bounds import flops_bound_s, recompute_bound_s
+from layout_planner.scale_bounds import copy_rates, flops_bound_s, recompute_bound_s
 from layout_planner.scale_plan import (
     ScaleChoice,
     ScaleError,
@@ -544,16 +545,30 @@ class SearchJobs:
         except (PlannerError, SolverError) as e:
             return str(e)
 
-    def _extra(self, mesh: Mesh, c: ScaleChoice) -> float:
-        option = (c.recompute_attention, c.recompute_ffn)
-        return recompute_bound_s(
+    @functools.cached_property
+    def _copy_rates(self) -> dict[tuple[str, str], float]:
+        """Each option's recomputed copy per sequence and layer
+        (:func:`~layout_planner.scale_bounds.copy_rates`), made in each
+        process the first time a joint program asks."""
+        one = [ScaleChoice(1, 1, 1, 1, self.schedule, a, f) for a, f in self.recompute]
+        nested = _least(one)
+        if nested is None:
+            return {}
+        least = (nested.recompute_attention, nested.recompute_ffn)
+        return copy_rates(
             self.cfg,
-            option,
+            self.builder,
+            self.optimizer,
+            least,
+            self.recompute,
             self.hw,
-            mesh.stages,
-            mesh.micro_batches,
-            self.devices // mesh.stages,
             self.encoder_decoder,
+        )
+
+    def _extra(self, mesh: Mesh, c: ScaleChoice) -> float:
+        rate = self._copy_rates.get((c.recompute_attention, c.recompute_ffn), 0.0)
+        return recompute_bound_s(
+            rate, self.cfg, mesh.stages, mesh.micro_batches, self.devices // mesh.stages
         )
 
     def _check(self, stages: Stages, task: tuple[ScaleChoice, str]) -> Checked | str:
