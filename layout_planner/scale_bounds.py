@@ -147,6 +147,4 @@ def recompute_bound_s(
     slower than a fitting step found has no faster layout of the option."""
     layers = cfg.num_layers // stages
     sequences = cfg.batch // micro_batches
-    return (
-        (micro_batches + stages - 1) * layers * sequences * rate_s / stage_devices
-    )
+    return (micro_batches + stages - 1) * layers * sequences * rate_s / stage_devices
