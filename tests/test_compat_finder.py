@@ -25,7 +25,10 @@ def test_mesh_tensorflow_names_are_mtf_cores(compat):
 
     assert mtf.Shape is mtf_core.Shape
     assert mtf.einsum is mtf_core.einsum
-    assert mtf.layers is mtf_core.layers
+    # Layers are mtf_core's; the dense family is wrapped to name its weights
+    # as Mesh TF does (tests/test_compat_layer_names.py).
+    assert mtf.layers.layer_norm is mtf_core.layers.layer_norm
+    assert mtf.layers.dense.__wrapped__ is mtf_core.layers.dense
     assert mtf.ops is mtf_core
     import mesh_tensorflow.ops_with_redefined_builtins as owrb
 
@@ -34,11 +37,15 @@ def test_mesh_tensorflow_names_are_mtf_cores(compat):
 
 def test_submodule_alias_is_the_module_itself_with_its_own_spec(compat):
     import mesh_tensorflow.layers as layers
+    import mesh_tensorflow.utils as utils
 
-    assert layers is mtf_core.layers
+    import mtf_core.compat.layers
+
+    assert utils is mtf_core.utils
     # The alias leaves the module's own spec, so it still reloads as itself.
-    assert layers.__spec__.name == "mtf_core.layers"
-    assert sys.modules["mesh_tensorflow.layers"] is mtf_core.layers
+    assert utils.__spec__.name == "mtf_core.utils"
+    assert sys.modules["mesh_tensorflow.utils"] is mtf_core.utils
+    assert layers is sys.modules["mesh_tensorflow.layers"] is mtf_core.compat.layers
     # Mesh TF's optimizers (its constructors) are a thin layer over mtf_core's.
     import mesh_tensorflow.optimize as opt
 

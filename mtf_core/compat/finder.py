@@ -5,7 +5,8 @@ A meta-path finder answers for ``mesh_tensorflow`` and its submodules:
 * the modules that make up Mesh TensorFlow's library (``ops``, ``layers``,
   ``placement_mesh_impl``, ...) are aliases: importing one returns the mtf_core
   module itself (``ALIASES``), so ``mock.patch.object`` on it patches the code
-  that runs;
+  that runs; a few are thin compat modules over mtf_core's (``layers``: the
+  dense family named as Mesh TF names it, :mod:`mtf_core.compat.layers`);
 * ``mesh_tensorflow`` itself is a package module whose attributes are
   mtf_core's and whose ``__path__`` holds the directories of Mesh TF's own
   model packages (``MESH_TF_PACKAGES``), which Python's path finder then loads
@@ -32,7 +33,7 @@ _ROOT = "mesh_tensorflow"
 ALIASES: dict[str, str] = {
     "mesh_tensorflow.ops": "mtf_core",
     "mesh_tensorflow.ops_with_redefined_builtins": "mtf_core",
-    "mesh_tensorflow.layers": "mtf_core.layers",
+    "mesh_tensorflow.layers": "mtf_core.compat.layers",
     "mesh_tensorflow.optimize": "mtf_core.compat.optimize",
     "mesh_tensorflow.placement_mesh_impl": "mtf_core.lowering.placement",
     "mesh_tensorflow.simd_mesh_impl": "mtf_core.compat.simd_mesh_impl",

@@ -12,7 +12,8 @@ so a model starts from the same values whatever mesh it is laid out on.
 'batch:2,d_ff:8'
 
 The family modules: :mod:`.dense`, :mod:`.norms`, :mod:`.attention`,
-:mod:`.conv`, :mod:`.losses`, :mod:`.embedding`, :mod:`.initializers`.
+:mod:`.conv`, :mod:`.losses`, :mod:`.embedding`, :mod:`.initializers`; how
+weights are named: :mod:`.scopes`.
 """
 
 from __future__ import annotations

@@ -2,9 +2,10 @@
 of dense layers (gated linear units), the feed-forward block, and the
 unit-scaling convention.
 
-Weights are named after the layer (``{name}_kernel``, ``{name}_bias``) and
-drawn from a seed derived from that name, so a model starts from the same
-values under every layout.
+Weights are named after the layer (``{name}_kernel``, ``{name}_bias``;
+called from a Mesh TF program, Mesh TF's scoped names instead:
+:mod:`mtf_core.layers.scopes`) and drawn from a seed derived from that
+name, so a model starts from the same values under every layout.
 """
 
 from __future__ import annotations
@@ -26,11 +27,12 @@ from mtf_core.layers.initializers import (
     unit_scaling_convention,
     zeros_initializer,
 )
+from mtf_core.layers.scopes import layer_scope
 from mtf_core.ops import elementwise as ew
 from mtf_core.ops import unary
 from mtf_core.ops.einsum import einsum
 from mtf_core.ops.reshape import rename_dimension
-from mtf_core.ops.variables import get_variable
+from mtf_core.ops.variables import get_variable, scoped_name
 from mtf_core.shapes import Dimension, Shape
 
 
@@ -73,23 +75,28 @@ def get_dense_kernel_weights(
     convention), clipped at 2 sigma.
     """
     vd = _variable_dtype(x, variable_dtype, master_dtype, slice_dtype)
-    kname = f"{name or 'dense'}_kernel"
     init = kernel_initializer
     if isinstance(init, DenseInitializer):
         init = init(list(reduced_dims), list(new_dims))
-    if init is None:
-        fan_in = (
-            1 if unit_scaling_convention() else math.prod(d.size for d in reduced_dims)
-        )
-        stddev = max(1, fan_in) ** -0.5
-        # Mesh TF's default is VarianceScalingInitializer(): a truncated normal
-        init = provided_or(
-            "truncated_normal", stddev, normal_initializer(stddev, kname)
-        )
     shape = Shape([*expert_dims, *reduced_dims, *new_dims])
-    w = get_variable(
-        x.mesh, kname, shape, vd, initializer=named_initializer(init, kname)
-    )
+    with layer_scope(name, "dense") as weight:
+        kname = weight("kernel")
+        seed = scoped_name(kname)  # the stored name: one seed per variable
+        if init is None:
+            fan_in = (
+                1
+                if unit_scaling_convention()
+                else math.prod(d.size for d in reduced_dims)
+            )
+            stddev = max(1, fan_in) ** -0.5
+            # Mesh TF's default is VarianceScalingInitializer(): a truncated
+            # normal
+            init = provided_or(
+                "truncated_normal", stddev, normal_initializer(stddev, seed)
+            )
+        w = get_variable(
+            x.mesh, kname, shape, vd, initializer=named_initializer(init, seed)
+        )
     return ew.cast(w, x.dtype)
 
 
@@ -119,13 +126,13 @@ def dense(
     stored as ``variable_dtype`` (default: float32 master and slices,
     ``x``'s dtype as activations).
     """
-    name = name or "dense"
+    label = name or "dense"
     new = dims(new_dims if new_dims is not None else output_dim)
     if new_dims is None and output_dim is None:
-        raise ShapeError(f"dense {name!r}: give new_dims (the output dimensions)")
-    experts = [dim_in(x, d, f"dense {name!r}") for d in dim_refs(expert_dims)]
+        raise ShapeError(f"dense {label!r}: give new_dims (the output dimensions)")
+    experts = [dim_in(x, d, f"dense {label!r}") for d in dim_refs(expert_dims)]
     reduced = (
-        [dim_in(x, d, f"dense {name!r}") for d in dim_refs(reduced_dims)]
+        [dim_in(x, d, f"dense {label!r}") for d in dim_refs(reduced_dims)]
         if reduced_dims is not None
         else [x.shape.dims[-1]]
     )
@@ -139,7 +146,7 @@ def dense(
     for d in new:
         if d.name in x.shape.dimension_names and d not in reduced:
             raise ShapeError(
-                f"dense {name!r}: new dimension {d} is already a dimension of "
+                f"dense {label!r}: new dimension {d} is already a dimension of "
                 f"{x.name} [{x.shape}] and is not reduced"
             )
     vd = _variable_dtype(x, variable_dtype, master_dtype, slice_dtype)
@@ -150,13 +157,16 @@ def dense(
     out_shape = Shape([d for d in x.shape if d not in reduced] + new)
     y = us_einsum([x, kernel_weights], output_shape=out_shape)
     if use_bias:
-        b = get_variable(
-            x.mesh,
-            f"{name}_bias",
-            Shape([*experts, *new]),
-            vd,
-            initializer=zeros_initializer(),
-        )
+        # Mesh TF opens a second scope for the bias (an unnamed layer's
+        # kernel is ``dense/kernel``, its bias ``dense_1/bias``).
+        with layer_scope(name, "dense") as weight:
+            b = get_variable(
+                x.mesh,
+                weight("bias"),
+                Shape([*experts, *new]),
+                vd,
+                initializer=zeros_initializer(),
+            )
         y = y + ew.cast(b, y.dtype)
     if activation is not None:
         y = activation(y)
@@ -251,33 +261,35 @@ def dense_relu_dense(
     """
     from mtf_core.ops.random import dropout as random_dropout
 
-    name = name or "dense_relu_dense"
     hidden = dims(hidden_channels)
     if len(hidden) != 1:
         raise ShapeError(
-            f"dense_relu_dense {name!r}: hidden_channels {hidden_channels!r} must "
-            "be one sized dimension"
+            f"dense_relu_dense {name or 'dense_relu_dense'!r}: hidden_channels "
+            f"{hidden_channels!r} must be one sized dimension"
         )
     rate = dropout if dropout_rate is None else dropout_rate
     io = x.shape.dims[-1] if output_dim is None else dims(output_dim)[0]
     vd = dtypes.VariableDType(master_dtype, slice_dtype, x.dtype)
-    h = dense(
-        x,
-        hidden,
-        reduced_dims=[x.shape.dims[-1]],
-        use_bias=use_bias,
-        activation=activation,
-        variable_dtype=vd,
-        name=f"{name}_wi",
-    )
-    if rate:
-        broadcast = dims(dropout_broadcast_dims)
-        h = random_dropout(h, is_training, rate=rate, noise_shape=h.shape - broadcast)
-    return dense(
-        h,
-        io,
-        reduced_dims=hidden,
-        use_bias=use_bias,
-        variable_dtype=vd,
-        name=f"{name}_wo",
-    )
+    with layer_scope(name, "dense_relu_dense") as weight:
+        h = dense(
+            x,
+            hidden,
+            reduced_dims=[x.shape.dims[-1]],
+            use_bias=use_bias,
+            activation=activation,
+            variable_dtype=vd,
+            name=weight("wi"),
+        )
+        if rate:
+            broadcast = dims(dropout_broadcast_dims)
+            h = random_dropout(
+                h, is_training, rate=rate, noise_shape=h.shape - broadcast
+            )
+        return dense(
+            h,
+            io,
+            reduced_dims=hidden,
+            use_bias=use_bias,
+            variable_dtype=vd,
+            name=weight("wo"),
+        )

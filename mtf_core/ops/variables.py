@@ -166,7 +166,7 @@ def get_variable(
     # Stored under other dim names (mtf_core.ops.stored) when a policy says so.
     renames = storage_renames(mesh.graph, name, shape)
     stored = storage_shape(shape, renames)
-    full_name = _scoped(name)
+    full_name = scoped_name(name)
     known = mesh.graph.variables_by_name
     existing = known.get(full_name)
     if existing is None:
@@ -202,7 +202,9 @@ def set_variable_scope_provider(provider: Callable[[], str] | None) -> None:
         _SCOPE_PROVIDER.append(provider)
 
 
-def _scoped(name: str) -> str:
+def scoped_name(name: str) -> str:
+    """``name`` as :func:`get_variable` stores it: under the installed scope
+    (see :func:`set_variable_scope_provider`), if any."""
     scope = _SCOPE_PROVIDER[0]() if _SCOPE_PROVIDER else ""
     return f"{scope}/{name}" if scope else name
 
