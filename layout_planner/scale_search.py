@@ -520,10 +520,17 @@ class SearchJobs:
         mesh, cutoff_s, bound_s = task
         every = self.mesh_options(mesh)
         # An option whose least step (the free bound and what its
-        # recomputation adds) exceeds the limit is not even built.
-        options = [
-            c for c in every if not _beyond(bound_s + self._extra(mesh, c), cutoff_s)
-        ]
+        # recomputation adds) exceeds the limit is not even built (without a
+        # limit none does, and the copies' graphs are not made for it).
+        options = (
+            every
+            if math.isinf(cutoff_s)
+            else [
+                c
+                for c in every
+                if not _beyond(bound_s + self._extra(mesh, c), cutoff_s)
+            ]
+        )
         if not options:  # run ahead under a limit below the mesh's bound
             return Slower(cutoff_s, f"no option's bound is {cutoff_s:.6g} s or less")
         try:

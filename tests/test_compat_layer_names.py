@@ -4,6 +4,10 @@ mtf_core's own layers keep their names."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 import mtf_core
@@ -99,3 +103,47 @@ def test_mtf_cores_own_layers_keep_their_names_beside_mesh_tf(mtf):
         "dense_kernel", "dense_bias",
         "dense_relu_dense_wi_kernel", "dense_relu_dense_wo_kernel",
     ]  # fmt: skip
+
+
+def test_a_dense_layer_without_bias_opens_its_second_scope_too(mtf):
+    """Mesh TF opens the bias's scope around the einsum with a bias or
+    without, so an unnamed layer without one still takes two scope names
+    (names from Mesh TF 0.1.21 on the same program)."""
+    import tensorflow as tf
+
+    with tf.Graph().as_default():
+        g = mtf.Graph()
+        m = mtf.Mesh(g, "m")
+        x = mtf.zeros(m, "b:2,d:4")
+        d, o = x.shape.dims[-1], mtf.Dimension("o", 3)
+        y = mtf.layers.dense(x, o, reduced_dims=[d], use_bias=False)
+        mtf.layers.dense(y, d, reduced_dims=[o])
+    assert [v.name for v in g.all_variables] == [
+        "dense/kernel", "dense_2/kernel", "dense_3/bias",
+    ]  # fmt: skip
+
+
+_BEFORE_TF = """
+import sys
+import mtf_core.compat
+import mesh_tensorflow as mtf
+assert "tensorflow" not in sys.modules
+g = mtf.Graph(); m = mtf.Mesh(g, "m")
+x = mtf.zeros(m, "b:2,d:4")
+mtf.layers.dense(x, mtf.Dimension("h", 3), reduced_dims=x.shape.dims[-1:], name="proj")
+mtf.layers.dense(x, mtf.Dimension("h", 3), reduced_dims=x.shape.dims[-1:])
+print(",".join(v.name for v in g.all_variables))
+"""
+
+
+def test_a_program_that_has_not_imported_tensorflow_gets_mesh_tf_names_too():
+    """The first dense call loads TensorFlow (as its default initializers
+    do), so its weights are named like every later one's."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    got = subprocess.run(
+        [sys.executable, "-c", _BEFORE_TF],
+        capture_output=True, text=True, cwd=root, timeout=300,
+        env={**os.environ, "PYTHONPATH": root, "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )  # fmt: skip
+    assert got.returncode == 0, got.stderr[-2000:]
+    assert got.stdout.split() == ["proj/kernel,proj/bias,dense/kernel,dense_1/bias"]

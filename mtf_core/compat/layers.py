@@ -7,15 +7,14 @@ name each weight by its part under it: ``proj/kernel``, and for an unnamed
 layer a fresh scope per call (``dense/kernel`` and ``dense_1/bias``, then
 ``dense_2/kernel``...), so two unnamed layers never share weights.  Called
 through this module, mtf_core's own functions do the same
-(:mod:`mtf_core.layers.scopes`), once TensorFlow is loaded (its variable
-scopes are what a Mesh TF program's names live in).  Every other name is
-mtf_core's layer as it is.
+(:mod:`mtf_core.layers.scopes`), in TensorFlow's variable scopes (the
+first such call loads TensorFlow, as Mesh TF programs have it).  Every
+other name is mtf_core's layer as it is.
 """
 
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar
@@ -31,18 +30,20 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 def _tf_variable_scope(
     name: str | None, default: str
 ) -> AbstractContextManager[object]:
-    tf = sys.modules["tensorflow"]
-    return tf.compat.v1.variable_scope(name, default_name=default)  # type: ignore[no-any-return]
+    # TensorFlow loads on the first layer call, as the default initializers
+    # (TensorFlow's) load it, so no weight of a Mesh TF program is named
+    # otherwise.
+    from mtf_core.lowering.tf_scopes import variable_scope
+
+    return variable_scope(name, default)
 
 
 def _in_tf_scopes(fn: _F) -> _F:
     """``fn`` with its layers' weights named under TF variable scopes, as
-    Mesh TF's are, where TensorFlow is loaded."""
+    Mesh TF's are."""
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
-        if "tensorflow" not in sys.modules:
-            return fn(*args, **kwargs)
         with scopes_opened_by(_tf_variable_scope):
             return fn(*args, **kwargs)
 

@@ -156,10 +156,11 @@ def dense(
         )
     out_shape = Shape([d for d in x.shape if d not in reduced] + new)
     y = us_einsum([x, kernel_weights], output_shape=out_shape)
-    if use_bias:
-        # Mesh TF opens a second scope for the bias (an unnamed layer's
-        # kernel is ``dense/kernel``, its bias ``dense_1/bias``).
-        with layer_scope(name, "dense") as weight:
+    # Mesh TF opens a second scope, for the bias, with a bias or without
+    # (an unnamed layer's kernel is ``dense/kernel``, its bias
+    # ``dense_1/bias``, and the next layer's kernel ``dense_2/kernel``).
+    with layer_scope(name, "dense") as weight:
+        if use_bias:
             b = get_variable(
                 x.mesh,
                 weight("bias"),
@@ -167,7 +168,7 @@ def dense(
                 vd,
                 initializer=zeros_initializer(),
             )
-        y = y + ew.cast(b, y.dtype)
+            y = y + ew.cast(b, y.dtype)
     if activation is not None:
         y = activation(y)
     return y
