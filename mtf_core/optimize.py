@@ -200,12 +200,17 @@ class Optimizer:
             self._consts[key] = t
         return t
 
+    def slot_name(self, var: Variable, suffix: str) -> str:
+        """The name of ``var``'s slot ``suffix`` (``adam_m``, ...):
+        ``{var}/{suffix}``."""
+        return f"{var.name}/{suffix}"
+
     def slot(self, var: Variable, suffix: str, shape: Shape | None = None) -> Tensor:
         """A zero-initialized, non-trainable slot variable named after ``var``
-        (in :meth:`var_shape` unless ``shape`` is given)."""
+        (:meth:`slot_name`; in :meth:`var_shape` unless ``shape`` is given)."""
         return get_variable(
             var.mesh,
-            f"{var.name}/{suffix}",
+            self.slot_name(var, suffix),
             self.var_shape(var) if shape is None else shape,
             var.dtype,
             initializer=_zeros,

@@ -31,13 +31,36 @@ def test_mesh_tf_adam_has_no_bias_correction_and_decays_every_variable(devices):
 def test_mesh_tf_adafactor_factors_only_dims_of_min_size(devices):
     # w is 8x6: below the default min_dim_size_to_factor (128), so one full v.
     _, values, _, _ = _run(mopt.AdafactorOptimizer(), devices, 1)
-    assert "w/adafactor_v" in values and "w/adafactor_vr" not in values
+    # Slots named as Mesh TF 0.1.21 names them ({var}_slot_v, ...).
+    assert "w_slot_v" in values and "w_slot_vr" not in values
     _, values, _, _ = _run(
         mopt.AdafactorOptimizer(min_dim_size_to_factor=4), devices, 1
     )
     # Row statistics drop the largest dim (hidden:8), column ones the other.
-    assert values["w/adafactor_vr"].shape == (6,)
-    assert values["w/adafactor_vc"].shape == (8,)
+    assert values["w_slot_vr"].shape == (6,)
+    assert values["w_slot_vc"].shape == (8,)
+
+
+def test_mesh_tf_optimizers_name_their_slots_as_mesh_tf_does(devices):
+    """Mesh TF 0.1.21's slot names (its optimize.py), so a checkpoint's slots
+    restore by name: Adafactor ``{var}_slot_v`` / ``_slot_m``, Momentum
+    ``{var}_momentum_v``, Adam ``{var}/adam_m``; mtf_core's own keep theirs."""
+    from mtf_core import optimize as core
+
+    slots = {
+        mopt.AdafactorOptimizer(beta1=0.9): {"w_slot_v", "w_slot_m"},
+        mopt.MomentumOptimizer(0.1, 0.9): {"w_momentum_v"},
+        mopt.AdamWeightDecayOptimizer(0.01): {"w/adam_m", "w/adam_v"},
+        core.AdafactorOptimizer(beta1=0.9): {
+            "w/adafactor_vr",
+            "w/adafactor_vc",
+            "w/adafactor_m",
+        },  # fmt: skip
+        core.MomentumOptimizer(0.1, 0.9): {"w/momentum"},
+    }
+    for opt, want in slots.items():
+        _, values, _, _ = _run(opt, devices, 1)
+        assert set(values) - {"w", "global_step"} == want, type(opt)
 
 
 def test_mesh_tf_adafactor_constant_decay_rate_matches_numpy(devices):

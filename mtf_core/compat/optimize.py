@@ -29,6 +29,7 @@ from mtf_core.errors import ConfigError
 from mtf_core.graph import Mesh, Tensor
 from mtf_core.ops.reduce import reduce_mean
 from mtf_core.ops.unary import sqrt, square
+from mtf_core.ops.variables import Variable
 
 # The rest of Mesh TF's module, as mtf_core.optimize has it.
 from mtf_core.optimize import (
@@ -82,7 +83,19 @@ class AdamWeightDecayOptimizer(_core.AdamWeightDecayOptimizer):
 
 
 class AdafactorOptimizer(_core.AdafactorOptimizer):
-    """Mesh TF's Adafactor constructor on mtf_core's Adafactor."""
+    """Mesh TF's Adafactor constructor on mtf_core's Adafactor, its slots
+    named as Mesh TF's (``{var}_slot_v``, ``_slot_vr``, ``_slot_vc``,
+    ``_slot_m``), so a Mesh TF checkpoint's slots restore by name."""
+
+    _SLOTS = {
+        "adafactor_v": "_slot_v",
+        "adafactor_vr": "_slot_vr",
+        "adafactor_vc": "_slot_vc",
+        "adafactor_m": "_slot_m",
+    }
+
+    def slot_name(self, var: Variable, suffix: str) -> str:
+        return var.name + self._SLOTS[suffix]
 
     def __init__(
         self,
@@ -138,7 +151,12 @@ class AdafactorOptimizer(_core.AdafactorOptimizer):
 
 
 class MomentumOptimizer(_core.MomentumOptimizer):
-    """Mesh TF's ``MomentumOptimizer(learning_rate, momentum)``."""
+    """Mesh TF's ``MomentumOptimizer(learning_rate, momentum)``, its slot
+    named as Mesh TF's (``{var}_momentum_v``)."""
+
+    def slot_name(self, var: Variable, suffix: str) -> str:
+        assert suffix == "momentum", suffix
+        return var.name + "_momentum_v"
 
 
 class SgdOptimizer(_core.SgdOptimizer):
