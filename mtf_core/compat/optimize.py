@@ -12,7 +12,10 @@ Mesh TF programs pass and expect:
   decay_rate=None, beta1=0.0, clipping_threshold=1.0, factored=True,
   epsilon1=1e-30, epsilon2=1e-3, min_dim_size_to_factor=128)``: second
   moments are factored only over dims of at least ``min_dim_size_to_factor``,
-  and a given ``decay_rate`` is used as is.
+  and a given ``decay_rate`` is used as is;
+* slots are named as Mesh TF names them (Adafactor's ``{var}_slot_v``,
+  Momentum's ``{var}_momentum_v``; Adam's ``{var}/adam_m`` is mtf_core's
+  too), so a Mesh TF program's checkpoint holds Mesh TF's names.
 
 With gin installed (``pip install mtf-planner[compat]``) they are
 configurable as ``optimize.AdafactorOptimizer`` etc., the names Mesh TF's
