@@ -121,13 +121,12 @@ def _step_ops(
         optimizer=optimizer,
     )
     first_update = StageGraph(model).first_update
-    position = {id(op): i for i, op in enumerate(model.graph.operations)}
     per_batch: Counter[tuple[float, int]] = Counter()
     once: Counter[tuple[float, int]] = Counter()
     for op in step_operations(model.graph, [model.loss]):
         fixed, moved = hbm_tensors(op)
         key = (op.flops(), fixed + sum(t.size_bytes for t in moved))
-        (once if position[id(op)] >= first_update else per_batch)[key] += 1
+        (once if op.graph_index >= first_update else per_batch)[key] += 1
     return per_batch, once
 
 

@@ -313,9 +313,10 @@ class Shape:
     def cumprod(self) -> list[int]:
         """The exclusive cumulative products of the sizes, as Mesh TF's
         ``Shape.cumprod``: ``[1, s0, s0 * s1, ...]``, one per dim."""
-        out = [1] * len(self.dims)
-        for i in range(1, len(out)):
-            out[i] = out[i - 1] * self.dims[i - 1].size
+        out, prefix = [], 1
+        for d in self.dims:
+            out.append(prefix)
+            prefix *= d.size
         return out
 
     def cumprod_to_tensor_axis(self, cumprod: int) -> int | None:

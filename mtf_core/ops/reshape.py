@@ -103,22 +103,13 @@ class ReshapePlan:
     out_layout: TensorLayout
 
 
-def _prefixes(shape: Shape) -> list[int]:
-    """Each dim's flat prefix: the product of the sizes before it (a few
-    multiplications: cheaper than hashing the Shape to remember them)."""
-    out, prefix = [], 1
-    for d in shape.dims:
-        out.append(prefix)
-        prefix *= d.size
-    return out
-
-
 def plan_reshape(ctx: LayoutContext, in_shape: Shape, out_shape: Shape) -> ReshapePlan:
     """Chooses working layouts for reshaping ``in_shape`` to ``out_shape``
     (see the module docstring for the rules)."""
     in_layout = ctx.tensor_layout(in_shape)
     out_layout = ctx.tensor_layout(out_shape)
-    in_pre, out_pre = _prefixes(in_shape), _prefixes(out_shape)
+    # Each dim's flat prefix: the product of the sizes before it.
+    in_pre, out_pre = in_shape.cumprod, out_shape.cumprod
     in_work: list[int | None] = [None] * len(in_shape)
     out_work: list[int | None] = [None] * len(out_shape)
     in_m2t = in_layout.mesh_axis_to_tensor_axis(ctx.ndims)
